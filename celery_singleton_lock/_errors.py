@@ -1,0 +1,76 @@
+"""The exceptions of celery-singleton-lock: one base class, one subclass per way a lock can fail."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AlreadyQueuedError",
+    "LockBackendError",
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockTimeoutError",
+    "TaskLockedError",
+]
+
+
+class LockError(Exception):
+    """Base class of every error this package raises about a lock."""
+
+
+class LockNotOwnedError(LockError):
+    """The caller released (or asked about) a lock that its owner token does not hold."""
+
+
+class LockTimeoutError(LockError):
+    """The lock could not be acquired within the time allowed."""
+
+    def __init__(self, message: str, *, name: str = "", timeout: float | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.timeout = timeout
+
+
+class LockLostError(LockError):
+    """The lease of a held lock ended: it expired, was force-released, or could not be renewed."""
+
+
+class LockBackendError(LockError):
+    """Redis was unreachable or failed; the redis-py error is chained as ``__cause__``."""
+
+
+class AlreadyQueuedError(LockError):
+    """A publish-time duplicate: the same job is already queued or running.
+
+    Raised by ``apply_async`` for tasks with ``lock_on_duplicate="raise"``.
+    ``task_id`` is the id of the task that holds the lock, ``ttl`` the seconds left on its lease.
+    """
+
+    def __init__(self, task_id: str, ttl: float, key: str = "") -> None:
+        super().__init__(task_id, ttl, key)
+        self.task_id = task_id
+        self.ttl = ttl
+        self.key = key
+
+    def __str__(self) -> str:
+        return (
+            f"task {self.task_id} already holds lock {self.key!r} "
+            f"({self.ttl:.1f} s left on its lease); not publishing a duplicate"
+        )
+
+
+class TaskLockedError(LockError):
+    """A run-time duplicate with ``lock_on_locked="raise"``: another run holds the lock.
+
+    ``task_id`` (the holder) is the first constructor argument, so it survives the result
+    backend's round trip of the exception.
+    """
+
+    def __init__(self, task_id: str, key: str = "", *args: Any) -> None:
+        super().__init__(task_id, key, *args)
+        self.task_id = task_id
+        self.key = key
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} holds lock {self.key!r}; this run did not start"

@@ -1,0 +1,110 @@
+"""One process's hold on one lock: shared by every lock object with the same client, name and
+owner, so nested re-entry in a process is counted here and never reaches Redis."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+from ._keys import LockKeys
+
+__all__ = ["Hold", "LeaseLost"]
+
+
+class LeaseLost(threading.Event):
+    """A hold's ``lost``: set by the heartbeat when it finds the lease gone or cannot renew it,
+    and by itself the moment the lease runs out on the local clock while the lock is held.
+
+    The second half matters when the heartbeat cannot say so: it is a single thread, and a call
+    to a Redis that stopped answering (a client without a socket timeout) can keep it from
+    renewing, or from reporting anything, for as long as it hangs. A lease that ran out must
+    still never look held.
+    """
+
+    def __init__(self, hold: Hold) -> None:
+        super().__init__()
+        self._hold = weakref.ref(hold)
+
+    def _lease_left(self) -> float | None:
+        """Seconds left on the lease while the lock is held; ``None`` when it is not held."""
+        hold = self._hold()
+        if hold is None or hold.dead or hold.count <= 0 or hold.valid_until <= 0:
+            return None
+        return hold.lease_left()
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            return True
+        left = self._lease_left()
+        if left is not None and left <= 0:
+            self.set()
+            return True
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            # Sleep until the set() of the heartbeat, the end of the lease as known now (a
+            # renewal moves it: look again then), or the caller's timeout.
+            step = self._lease_left()
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                step = remaining if step is None else min(step, remaining)
+            if super().wait(None if step is None else max(step, 0.0) + 0.001):
+                return True
+        return True
+
+
+class Hold:
+    __slots__ = (
+        "__weakref__",
+        "client",
+        "count",
+        "dead",
+        "fence",
+        "keys",
+        "lease_ms",
+        "lost",
+        "mutex",
+        "next_renew",
+        "owner",
+        "pid",
+        "renew",
+        "thread",
+        "ttl",
+        "valid_until",
+    )
+
+    def __init__(self, client: Any, keys: LockKeys, owner: str, ttl: float, renew: bool) -> None:
+        self.client = client
+        self.keys = keys
+        self.owner = owner
+        self.ttl = ttl
+        self.lease_ms = max(1, round(ttl * 1000))
+        self.renew = renew
+        #: nesting depth in this process; Redis counts this whole hold as one
+        self.count = 0
+        self.fence: int | None = None
+        self.lost: threading.Event = LeaseLost(self)
+        self.mutex = threading.Lock()
+        self.pid = os.getpid()
+        #: set when the hold left the registry; a thread that finds it dead looks again
+        self.dead = False
+        #: the thread that took it, when the owner is that thread's default token: renewal stops
+        #: if that thread ends without releasing (a lease must not outlive its holder)
+        self.thread: weakref.ReferenceType[threading.Thread] | None = None
+        #: monotonic time at which the lease ends as far as this process can know: the moment
+        #: the last successful acquire or renew was *sent*, plus the lease
+        self.valid_until = 0.0
+        self.next_renew = 0.0
+
+    def lease_left(self) -> float:
+        return self.valid_until - time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"<Hold {self.keys.lock} owner={self.owner} count={self.count} fence={self.fence}>"

@@ -1,0 +1,48 @@
+"""Redis key names of one lock; every key of a lock shares one ``{...}`` hash tag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LockKeys", "check_prefix"]
+
+
+def check_prefix(prefix: object, parameter: str = "prefix") -> str:
+    if not isinstance(prefix, str) or not prefix:
+        raise TypeError(f"{parameter} must be a non-empty str, got {prefix!r}")
+    if "{" in prefix or "}" in prefix:
+        raise ValueError(
+            f"{parameter} {prefix!r} must not contain '{{' or '}}': the lock name is the Redis "
+            "Cluster hash tag of every key of a lock, and braces in the prefix would move it"
+        )
+    return prefix
+
+
+@dataclass(frozen=True)
+class LockKeys:
+    """``lock`` is the hash (field = owner, value = hold count); ``meta`` keeps the fencing
+    token and operator info; ``channel`` is the prefix-wide wake-up channel."""
+
+    prefix: str
+    name: str
+    lock: str
+    meta: str
+    channel: str
+
+    @classmethod
+    def for_name(cls, prefix: str, name: str) -> LockKeys:
+        # The braces make the whole name the hash tag: both keys land in one Cluster slot.
+        lock = f"{prefix}:{{{name}}}"
+        return cls(prefix, name, lock, lock + ":meta", prefix + ":wake")
+
+    @classmethod
+    def from_lock_key(cls, lock_key: str) -> LockKeys:
+        """The keys of a lock found by SCAN (``prefix:{name}``)."""
+        prefix, sep, rest = lock_key.partition(":{")
+        if not sep or not rest.endswith("}"):
+            raise ValueError(f"{lock_key!r} is not a lock key of the form 'prefix:{{name}}'")
+        return cls.for_name(prefix, rest[:-1])
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return (self.lock, self.meta)

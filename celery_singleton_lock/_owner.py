@@ -1,0 +1,49 @@
+"""Default owner tokens: unique per process and thread, and new in a forked child."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import uuid
+
+__all__ = ["default_owner", "new_request_id"]
+
+_local = threading.local()
+_process_token = uuid.uuid4().hex[:12]
+_request_ids = itertools.count(1)
+#: numbers the threads that ask for a token: the OS reuses a thread id as soon as its thread
+#: ends, and a new thread must not inherit the token (and the holds) of one that is gone
+_thread_numbers = itertools.count(1)
+
+
+def _after_fork_in_child() -> None:
+    global _process_token, _request_ids
+    _process_token = uuid.uuid4().hex[:12]
+    _request_ids = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def default_owner() -> str:
+    """The calling thread's owner token: ``host:pid:token:thread-n``, new after fork.
+
+    A thread-local token is issued to each new thread: the thread id with a number that is
+    never reused (the OS reuses thread ids, and a thread that ended without releasing must not
+    pass its locks on to the next thread that gets its id), and the per-process token changes
+    in a forked child, so a child never holds its parent's locks.
+    """
+    token: str | None = getattr(_local, "token", None)
+    if token is None or _local.process != _process_token:
+        thread = f"{threading.get_ident()}-{next(_thread_numbers)}"
+        token = f"{socket.gethostname()}:{os.getpid()}:{_process_token}:{thread}"
+        _local.token = token
+        _local.process = _process_token
+    return token
+
+
+def new_request_id() -> str:
+    """An id unique to one acquire call, so a resend of that call is recognised in Redis."""
+    return f"{_process_token}:{next(_request_ids)}"

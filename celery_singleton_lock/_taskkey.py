@@ -1,0 +1,167 @@
+"""Lock keys for Celery tasks: the task name plus the arguments bound to its signature.
+
+``f(1)``, ``f(x=1)`` and ``f(1, y=<default>)`` are one key. Values are put in a canonical form
+that survives the message serializer's round trip (json turns tuples into lists and int dict
+keys into strings; pickle keeps both), so the publisher and the worker compute the same key.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+import inspect
+import json
+import math
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["MAX_PART", "bind_arguments", "canonical", "task_lock_name"]
+
+#: the longest argument part (or task name) kept as written; longer ones are hashed
+MAX_PART = 128
+
+
+#: json.dumps(value, sort_keys=True, separators=(",", ":")), with the encoder made once (json.dumps
+#: builds a new one per call whenever an option is given)
+_KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= MAX_PART:
+        return text
+    return f"{text[: MAX_PART - 34]}~{_digest(text)}"
+
+
+def _dict_key(key: object, where: str) -> str:
+    # json writes every key as a string; do the same here so both sides agree.
+    if isinstance(key, str):
+        return key
+    if key is None:
+        return "null"
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int):
+        return str(key)
+    if isinstance(key, float):
+        # json's spelling: NaN / Infinity / -Infinity for non-finite keys (repr says nan, inf)
+        return json.dumps(key)
+    raise TypeError(
+        f"cannot build a lock key: argument {where!r} has a dict key of type "
+        f"{type(key).__name__}; pass lock_key=callable or lock_unique_on=[...] to choose the "
+        "key's arguments"
+    )
+
+
+def canonical(value: Any, where: str) -> Any:
+    """A JSON-able canonical form of ``value``; ``where`` names the argument for errors."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else ["$float", repr(value)]
+    if isinstance(value, (list, tuple)):
+        return [canonical(v, where) for v in value]
+    if isinstance(value, Mapping):
+        items = {}
+        for k, v in value.items():
+            items[_dict_key(k, where)] = canonical(v, where)
+        return {"$dict": sorted(items.items())}
+    if isinstance(value, datetime.datetime):
+        return ["$datetime", value.isoformat()]
+    if isinstance(value, datetime.date):
+        return ["$date", value.isoformat()]
+    if isinstance(value, datetime.time):
+        return ["$time", value.isoformat()]
+    if isinstance(value, datetime.timedelta):
+        return ["$timedelta", value.total_seconds()]
+    if isinstance(value, uuid.UUID):
+        return ["$uuid", value.hex]
+    if isinstance(value, decimal.Decimal):
+        return ["$decimal", str(value)]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return ["$bytes", bytes(value).hex()]
+    if isinstance(value, (set, frozenset)):
+        return ["$set", sorted(json.dumps(canonical(v, where), sort_keys=True) for v in value)]
+    raise TypeError(
+        f"cannot build a lock key: argument {where!r} is a {type(value).__module__}."
+        f"{type(value).__qualname__}, which has no stable encoding; pass lock_key=callable "
+        "(returning a str from the arguments) or lock_unique_on=[...] (naming the arguments "
+        "that identify the job)"
+    )
+
+
+#: id(signature) -> (signature, its parameter names when all are plain positional-or-keyword ones
+#: without a default, else None); the signature is kept so that its id stays its own
+_positional: dict[int, tuple[inspect.Signature, tuple[str, ...] | None]] = {}
+
+
+def _positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
+    entry = _positional.get(id(signature))
+    if entry is None or entry[0] is not signature:
+        params = signature.parameters.values()
+        plain = all(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+            for p in params
+        )
+        if len(_positional) >= 1024:  # one per task class in practice; never unbounded
+            _positional.clear()
+        entry = _positional[id(signature)] = (
+            signature,
+            tuple(p.name for p in params) if plain else None,
+        )
+    return entry[1]
+
+
+def bind_arguments(
+    signature: inspect.Signature | None, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The arguments by parameter name, defaults applied; positional ones by index when the
+    signature does not fit (the run then fails on its own; the key stays stable)."""
+    if signature is not None:
+        if not kwargs:
+            # Every parameter given by position (the usual message): what bind() returns,
+            # without its general machinery (the key is computed on every publish and run).
+            names = _positional_names(signature)
+            if names is not None and len(names) == len(args):
+                return dict(zip(names, args, strict=True))
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            pass
+        else:
+            bound.apply_defaults()
+            return dict(bound.arguments)
+    merged: dict[str, Any] = {f"${i}": v for i, v in enumerate(args)}
+    merged.update(kwargs)
+    return merged
+
+
+def task_lock_name(
+    task_name: str,
+    signature: inspect.Signature | None,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    unique_on: Sequence[str] | None = None,
+    key_func: Callable[..., Any] | None = None,
+) -> str:
+    """The lock name of one job: ``task name:argument part``, bounded in length."""
+    args = tuple(args or ())
+    kwargs = dict(kwargs or {})
+    if key_func is not None:
+        part = key_func(*args, **kwargs)
+        if not isinstance(part, str):
+            raise TypeError(
+                f"lock_key of task {task_name!r} must return a str, got {type(part).__name__}"
+            )
+        return f"{_bounded(task_name)}:{_bounded(part)}"
+    arguments = bind_arguments(signature, args, kwargs)
+    if unique_on is not None:
+        arguments = {name: arguments.get(name) for name in unique_on}
+    encoded = {name: canonical(value, name) for name, value in arguments.items()}
+    text = _KEY_JSON(sorted(encoded.items()))
+    return f"{_bounded(task_name)}:{_digest(text)}"

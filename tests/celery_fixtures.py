@@ -1,0 +1,219 @@
+"""Helpers of the Celery tests: a real Redis started by the test module, an app configured
+on it (broker on db 0, results on db 1, locks on db 2) and a real embedded worker
+(:func:`celery.contrib.testing.worker.start_worker`) running the module's tasks.
+
+Each ``tests/test_celery_*.py`` module defines its app and tasks at module level (distinct
+task names), then uses :func:`celery_env` from a module-scoped fixture: one server, one worker
+per module keeps the suite fast. Blocking task bodies use :class:`Gates` (the worker runs in
+this process with the ``threads`` pool, so a ``threading.Event`` reaches the body).
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from kombu.asynchronous import set_event_loop
+
+from celery_singleton_lock._settings import reset_client
+from celery_singleton_lock.testing import RedisServer
+
+DB_BROKER, DB_RESULTS, DB_LOCKS = 0, 1, 2
+
+#: configuration every test app gets (fast, quiet, nothing left to chance)
+BASE_CONF: dict[str, Any] = {
+    "task_serializer": "json",
+    "result_serializer": "json",
+    "accept_content": ["json", "pickle"],
+    "result_accept_content": ["json", "pickle"],
+    "worker_hijack_root_logger": False,
+    "worker_redirect_stdouts": False,
+    "broker_connection_retry_on_startup": True,
+    "task_default_queue": "celery",
+    "result_expires": 3600,
+    "worker_prefetch_multiplier": 4,
+    # a result backend whose server a finished module stopped: give up at once (an
+    # AsyncResult collected later unsubscribes from it)
+    "result_backend_transport_options": {
+        "retry_policy": {
+            "max_retries": 1,
+            "interval_start": 0,
+            "interval_step": 0.1,
+            "interval_max": 0.1,
+        },
+    },
+}
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {predicate}")
+        time.sleep(interval)
+
+
+def new_app(main: str) -> Celery:
+    """An app for module-level task definitions; :func:`configure` points it at a server."""
+    return Celery(main, set_as_current=False)
+
+
+def configure(app: Celery, server: RedisServer, **conf: Any) -> None:
+    settings = dict(BASE_CONF)
+    settings.update(
+        broker_url=f"redis://127.0.0.1:{server.port}/{DB_BROKER}",
+        result_backend=f"redis://127.0.0.1:{server.port}/{DB_RESULTS}",
+        singleton_lock_redis_url=f"redis://127.0.0.1:{server.port}/{DB_LOCKS}",
+    )
+    settings.update(conf)
+    app.conf.update(settings)
+    reset_client(app)
+
+
+class Gates:
+    """Per-key events a task body can block on: ``enter(key)`` counts a run of the body, says
+    it started, and blocks until the test calls ``open(key)`` (at most ``timeout`` s)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._started: dict[str, threading.Event] = defaultdict(threading.Event)
+        self._release: dict[str, threading.Event] = defaultdict(threading.Event)
+        self.runs: dict[str, int] = defaultdict(int)
+        self.data: dict[str, list[Any]] = defaultdict(list)
+
+    def _events(self, key: str) -> tuple[threading.Event, threading.Event]:
+        with self._mutex:
+            return self._started[key], self._release[key]
+
+    def enter(self, key: str, timeout: float = 15.0) -> bool:
+        started, release = self._events(key)
+        with self._mutex:
+            self.runs[key] += 1
+        started.set()
+        return release.wait(timeout)
+
+    def mark(self, key: str, value: Any = None) -> None:
+        """Count a run of a body that does not block (and keep ``value``)."""
+        started, _ = self._events(key)
+        with self._mutex:
+            self.runs[key] += 1
+            self.data[key].append(value)
+        started.set()
+
+    def wait_started(self, key: str, timeout: float = 10.0) -> None:
+        started, _ = self._events(key)
+        assert started.wait(timeout), f"the body for {key!r} did not start within {timeout} s"
+
+    def open(self, key: str) -> None:
+        self._events(key)[1].set()
+
+    def open_all(self) -> None:
+        with self._mutex:
+            events = list(self._release.values())
+        for event in events:
+            event.set()
+
+
+@dataclass
+class CeleryEnv:
+    app: Celery
+    server: RedisServer
+    worker: Any
+
+    @property
+    def locks(self) -> redis.Redis:
+        """A client of the lock database (db 2)."""
+        return self.server.client(db=DB_LOCKS)
+
+    @property
+    def broker(self) -> redis.Redis:
+        return self.server.client(db=DB_BROKER)
+
+    def state(self, task_id: str) -> str:
+        return str(self.app.AsyncResult(task_id).state)
+
+    def wait_state(self, task_id: str, *states: str, timeout: float = 10.0) -> str:
+        def reached() -> str | None:
+            state = self.state(task_id)
+            return state if state in states else None
+
+        try:
+            return str(wait_until(reached, timeout))
+        except AssertionError:
+            raise AssertionError(
+                f"task {task_id} is {self.state(task_id)}, not one of {states}, after {timeout} s"
+            ) from None
+
+    def meta(self, task_id: str) -> Any:
+        return self.app.AsyncResult(task_id).info
+
+
+@contextmanager
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@contextmanager
+def running_worker(
+    app: Celery, pool: str = "threads", concurrency: int = 8, **kwargs: Any
+) -> Iterator[Any]:
+    with start_worker(
+        app,
+        pool=pool,
+        concurrency=concurrency,
+        perform_ping_check=False,
+        shutdown_timeout=30,
+        loglevel="WARNING",
+        **kwargs,
+    ) as worker:
+        # Tick the event loop: without it an idle asynloop (the amqp transport) only sees the
+        # stop request when its poll times out, about 10 s later.
+        worker.timer.call_repeatedly(0.3, lambda: None)
+        try:
+            yield worker
+        finally:
+            # The worker's event loop is kombu's process-wide "current" loop, and the next
+            # in-process worker would take it over, timer and all: on Celery 5.4 its ETA
+            # messages (retry countdowns) then never fire. Every worker gets a loop of its own.
+            set_event_loop(None)
+
+
+@contextmanager
+def celery_env(
+    app: Celery,
+    gates: Gates | None = None,
+    pool: str = "threads",
+    concurrency: int = 8,
+    **conf: Any,
+) -> Iterator[CeleryEnv]:
+    """A Redis server of its own, ``app`` configured on it and a worker running its tasks."""
+    with redis_server() as server:
+        configure(app, server, **conf)
+        with running_worker(app, pool=pool, concurrency=concurrency) as worker:
+            try:
+                yield CeleryEnv(app, server, worker)
+            finally:
+                if gates is not None:
+                    gates.open_all()
+        # collect the module's AsyncResults while their result backend still answers
+        gc.collect()

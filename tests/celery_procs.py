@@ -1,0 +1,215 @@
+"""Real ``celery worker`` / ``celery beat`` subprocesses for the fault tests, and bounded waits.
+
+A :class:`WorkerProcess` runs ``python -m celery -A tests.faultapp worker`` in a process group
+of its own (``start_new_session``), logs to a file the tests read, is ready when its log says
+so, and is always stopped: SIGTERM, then SIGKILL to its whole group (main process, pool
+children, embedded beat) if it does not exit in time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import faultapp
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns something truthy (returned), at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def redis_base(port: int) -> str:
+    return f"redis://127.0.0.1:{port}"
+
+
+class WorkerProcess:
+    """One ``celery worker`` subprocess (``-P pool -c concurrency``)."""
+
+    def __init__(
+        self,
+        base: str,
+        log_dir: Path,
+        *,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
+        self.base = base
+        self.node = f"fault-{uuid.uuid4().hex[:8]}"
+        self.hostname = f"{self.node}@{socket.gethostname()}"
+        self.log_path = Path(log_dir) / f"{self.node}.log"
+        self.pool = pool
+        self.concurrency = concurrency
+        self.env = dict(env or {})
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_file: Any = None
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "tests.faultapp", "worker",
+            "-P", self.pool, "-n", self.hostname,
+            "--without-mingle", "--without-gossip", "--without-heartbeat",
+            "-l", "info", "-Q", "fault",
+        ]  # fmt: skip
+        if self.pool != "solo":
+            cmd += ["-c", str(self.concurrency)]
+        return cmd + list(self.args)
+
+    def start(self, timeout: float = 45.0) -> WorkerProcess:
+        env = dict(os.environ)
+        env.update(self.env)
+        env[faultapp.URL_ENV] = self.base
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+        env["PYTHONUNBUFFERED"] = "1"
+        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.command(),
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_for(self._ready, timeout, f"worker {self.hostname} to be ready", 0.05)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"worker exited with {self.proc.returncode} at start:\n{self.log()[-4000:]}"
+            )
+        return re.search(r"\bready\.", self.log()) is not None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_log(self, pattern: str, timeout: float, count: int = 1) -> list[re.Match[str]]:
+        """Wait until ``pattern`` (a regex) matches the log ``count`` times."""
+
+        def found() -> list[re.Match[str]] | None:
+            matches = list(re.finditer(pattern, self.log()))
+            return matches if len(matches) >= count else None
+
+        return wait_for(found, timeout, f"{pattern!r} in the log of {self.hostname}", 0.05)
+
+    def children(self) -> list[int]:
+        """Pids of the main process's child processes (pool children, embedded beat)."""
+        try:
+            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(p) for p in text.split()]
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signum)
+
+    def kill_group(self) -> None:
+        """SIGKILL the main process and every process of its group at once."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL to the whole group if it takes too long."""
+        if self.proc is None:
+            return
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout)
+            # Whatever is left of the group (a child that outlived its main process).
+            self.kill_group()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+        finally:
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def close_app(app: Any) -> None:
+    """Close the test-process app while its redis-server still runs.
+
+    The Redis result backend subscribes to a task's result channel when the task is sent, and
+    an ``AsyncResult`` unsubscribes when it is garbage-collected. A failed test keeps its
+    results alive (in the traceback) until after the server is gone, and their unsubscribe
+    would then retry against a dead server: forget the subscriptions now instead.
+    """
+    consumer = getattr(app.backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.subscribed_to.clear()
+        consumer.stop()
+        # Celery before 5.5 still unsubscribes on a stopped consumer (AsyncResult.__del__),
+        # retrying against the gone server for about 20 s: without a pubsub it does nothing.
+        consumer._pubsub = None
+    app.close()
+
+
+def records(client: Any, kind: str, job: str) -> list[dict[str, Any]]:
+    """The JSON items the tasks recorded (``starts``, ``intervals``, ...) for ``job``."""
+    return [json.loads(item) for item in client.lrange(f"{kind}:{job}", 0, -1)]
+
+
+def new_job(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def no_overlap(intervals: list[dict[str, Any]]) -> bool:
+    ordered = sorted(intervals, key=lambda i: i["start"])
+    return all(b["start"] >= a["end"] for a, b in itertools.pairwise(ordered))

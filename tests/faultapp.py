@@ -1,0 +1,288 @@
+"""The Celery app of the fault tests, run by real ``celery worker`` subprocesses.
+
+The tests start their own redis-server and a worker with
+``python -m celery -A tests.faultapp worker ...``; this module reads where Redis is from the
+environment (:data:`URL_ENV`, ``redis://127.0.0.1:PORT`` without a database) and uses
+database 0 as the broker, 1 for results, 2 for the locks and 3 for what the tasks record
+(:func:`data`), so that a test can check the lock database without the records in the way.
+
+The test process builds the same app with :func:`make_app` (every task has an explicit name,
+so the module's import name does not matter) to publish, inspect and compute lock keys.
+
+What the tasks record, per ``job`` (a unique string each test makes up):
+
+* ``starts:<job>``: one JSON item per body start: task id, pid, time, thread names;
+* ``intervals:<job>``: one JSON item per body end: task id, pid, start, end;
+* ``cur:<job>`` / ``max:<job>``: runs of the job in the body now / at most at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.exceptions import SoftTimeLimitExceeded
+from celery.worker.control import inspect_command
+
+from celery_singleton_lock import LockedTask, LockLostError
+from celery_singleton_lock._heartbeat import get_heartbeat
+
+URL_ENV = "CSL_FAULT_REDIS"
+#: a short broker visibility timeout (seconds), for the redelivery test
+VISIBILITY_ENV = "CSL_FAULT_VISIBILITY"
+#: "1": a beat schedule with ``fault.tick`` due every second
+BEAT_ENV = "CSL_FAULT_BEAT"
+
+BROKER_DB, RESULT_DB, LOCK_DB, DATA_DB = 0, 1, 2, 3
+HEARTBEAT_THREAD = "celery-singleton-lock-heartbeat"
+
+_ENTER = """
+local n = redis.call('incr', KEYS[1])
+local m = tonumber(redis.call('get', KEYS[2]) or '0')
+if n > m then redis.call('set', KEYS[2], n) end
+redis.call('rpush', KEYS[3], ARGV[1])
+return n
+"""
+
+_clients: dict[tuple[int, str], Any] = {}
+
+
+def data(app: Celery) -> Any:
+    """This process's client of the records database."""
+    key = (os.getpid(), app.conf.fault_data_url)
+    client = _clients.get(key)
+    if client is None:
+        client = _clients[key] = redis.Redis.from_url(
+            app.conf.fault_data_url, socket_timeout=10, socket_connect_timeout=10
+        )
+    return client
+
+
+def _thread_names() -> list[str]:
+    return [t.name for t in threading.enumerate()]
+
+
+def _enter(task: Any, job: str) -> float:
+    start = time.time()
+    item = {
+        "id": task.request.id,
+        "pid": os.getpid(),
+        "t": start,
+        "threads": _thread_names(),
+        "held": task.lock is not None,
+        "redelivered": bool((task.request.delivery_info or {}).get("redelivered")),
+    }
+    data(task.app).eval(_ENTER, 3, f"cur:{job}", f"max:{job}", f"starts:{job}", json.dumps(item))
+    return start
+
+
+def _leave(task: Any, job: str, start: float, **extra: Any) -> None:
+    item = {"id": task.request.id, "pid": os.getpid(), "start": start, "end": time.time()}
+    item.update(extra)
+    client = data(task.app)
+    client.decr(f"cur:{job}")
+    client.rpush(f"intervals:{job}", json.dumps(item))
+
+
+def _sleep(seconds: float) -> None:
+    # Small steps, so a soft time limit (a signal) lands between them promptly.
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.05))
+
+
+@inspect_command()
+def fault_threads(state: Any, **kwargs: Any) -> dict[str, Any]:
+    """The worker MAIN process's pid and thread names (remote control, answered by the main
+    process, never a pool child)."""
+    return {"pid": os.getpid(), "threads": _thread_names()}
+
+
+def make_app(base: str, *, visibility: float | None = None, beat: bool = False) -> Celery:
+    """The fault-test app on the Redis server at ``base`` (``redis://127.0.0.1:PORT``)."""
+    base = base.rstrip("/")
+    app = Celery("faultapp", set_as_current=False)
+    transport: dict[str, Any] = {}
+    if visibility is not None:
+        # Restore unacked messages older than the visibility timeout every second.
+        transport = {
+            "visibility_timeout": visibility,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        }
+    app.conf.update(
+        broker_url=f"{base}/{BROKER_DB}",
+        result_backend=f"{base}/{RESULT_DB}",
+        singleton_lock_redis_url=f"{base}/{LOCK_DB}",
+        fault_data_url=f"{base}/{DATA_DB}",
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        worker_prefetch_multiplier=1,
+        worker_redirect_stdouts=False,
+        task_default_queue="fault",
+        result_expires=None,
+        # a result backend whose server is gone (a finished test): give up at once
+        result_backend_transport_options={
+            "retry_policy": {"max_retries": 1, "interval_start": 0, "interval_step": 0.1},
+        },
+    )
+    if beat:
+        app.conf.beat_schedule = {
+            "fault-tick": {"task": "fault.tick", "schedule": 1.0, "args": ("beat",)},
+        }
+
+    @app.task(base=LockedTask, bind=True, name="fault.work", lock_ttl=30, shared=False)
+    def work(self: Any, job: str, seconds: float = 0.0, fail: bool = False) -> dict[str, Any]:
+        start = _enter(self, job)
+        try:
+            _sleep(seconds)
+            if fail:
+                raise ValueError(f"{job} fails on purpose")
+            return {"pid": os.getpid(), "held": self.lock is not None}
+        finally:
+            _leave(self, job, start)
+
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="fault.publish_work",
+        lock_at="publish",
+        lock_ttl=30,
+        shared=False,
+    )
+    def publish_work(self: Any, job: str, seconds: float = 0.0) -> int:
+        start = _enter(self, job)
+        try:
+            _sleep(seconds)
+            return os.getpid()
+        finally:
+            _leave(self, job, start)
+
+    @app.task(
+        base=LockedTask, bind=True, name="fault.soft", soft_time_limit=1, lock_ttl=30, shared=False
+    )
+    def soft(self: Any, job: str, seconds: float = 10.0) -> None:
+        start = _enter(self, job)
+        try:
+            _sleep(seconds)
+        except SoftTimeLimitExceeded:
+            data(self.app).rpush(
+                f"soft:{job}", json.dumps({"t": time.time(), "held": self.lock is not None})
+            )
+            raise
+        finally:
+            _leave(self, job, start)
+
+    @app.task(
+        base=LockedTask, bind=True, name="fault.hard", time_limit=2, lock_ttl=30, shared=False
+    )
+    def hard(self: Any, job: str, seconds: float = 10.0) -> None:
+        start = _enter(self, job)
+        _sleep(seconds)
+        _leave(self, job, start)
+
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="fault.redeliver",
+        acks_late=True,
+        lock_ttl=30,
+        shared=False,
+    )
+    def redeliver(self: Any, job: str, seconds: float = 6.0) -> int:
+        start = _enter(self, job)
+        try:
+            _sleep(seconds)
+            return os.getpid()
+        finally:
+            _leave(self, job, start)
+
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="fault.lost",
+        acks_late=True,
+        reject_on_worker_lost=True,
+        lock_ttl=60,
+        shared=False,
+    )
+    def lost(self: Any, job: str, first_seconds: float = 30.0) -> int:
+        start = _enter(self, job)
+        # The first run sleeps until the test kills its process; the redelivery is quick.
+        first = data(self.app).llen(f"starts:{job}") == 1
+        _sleep(first_seconds if first else 0.2)
+        _leave(self, job, start)
+        return os.getpid()
+
+    @app.task(base=LockedTask, bind=True, name="fault.lease3", lock_ttl=3, shared=False)
+    def lease3(self: Any, job: str, seconds: float = 30.0) -> None:
+        start = _enter(self, job)
+        _sleep(seconds)
+        _leave(self, job, start)
+
+    @app.task(base=LockedTask, bind=True, name="fault.short_lease", lock_ttl=1, shared=False)
+    def short_lease(self: Any, job: str, seconds: float = 6.0) -> dict[str, Any]:
+        start = _enter(self, job)
+        _sleep(seconds)
+        lost = self.lock.lost.is_set()
+        _leave(self, job, start)
+        return {"lost": lost, "threads": _thread_names()}
+
+    @app.task(base=LockedTask, bind=True, name="fault.threads", lock_ttl=30, shared=False)
+    def threads(self: Any, job: str, seconds: float = 0.0) -> dict[str, Any]:
+        start = _enter(self, job)
+        _sleep(seconds)
+        heartbeat = get_heartbeat()
+        reply = {
+            "pid": os.getpid(),
+            "threads": _thread_names(),
+            "heartbeat_pid": heartbeat.pid,
+            "heartbeat_holds": len(heartbeat.held()),
+        }
+        _leave(self, job, start)
+        return reply
+
+    @app.task(base=LockedTask, bind=True, name="fault.lose", lock_ttl=1, shared=False)
+    def lose(self: Any, job: str, wait: float = 8.0) -> dict[str, Any]:
+        start = _enter(self, job)
+        lock = self.lock
+        client = data(self.app)
+        client.set(f"ready:{job}", time.time())
+        lost_at = None
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if lock.lost.wait(0.005):
+                lost_at = time.time()
+                break
+        try:
+            lock.ensure_held()
+            ensure = "held"
+        except LockLostError as exc:
+            ensure = type(exc).__name__
+        _leave(self, job, start)
+        return {"lost_at": lost_at, "ensure_held": ensure}
+
+    @app.task(base=LockedTask, bind=True, name="fault.tick", lock_ttl=5, shared=False)
+    def tick(self: Any, job: str, seconds: float = 3.0) -> None:
+        start = _enter(self, job)
+        _sleep(seconds)
+        _leave(self, job, start)
+
+    return app
+
+
+if os.environ.get(URL_ENV):
+    _vis = os.environ.get(VISIBILITY_ENV)
+    app = make_app(
+        os.environ[URL_ENV],
+        visibility=float(_vis) if _vis else None,
+        beat=os.environ.get(BEAT_ENV) == "1",
+    )

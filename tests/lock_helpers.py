@@ -1,0 +1,115 @@
+"""Helpers of the lock tests: bounded waiting, server statistics, and the bodies of the
+processes that the multi-process tests start (module-level, so any start method can run them)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from celery_singleton_lock import ReentrantLock
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.01) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {predicate}")
+        time.sleep(interval)
+
+
+def evalsha_calls(client: Any) -> int:
+    """How many EVALSHA commands the server has run (INFO commandstats)."""
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def command_calls(client: Any) -> dict[str, int]:
+    """Calls per command name, from INFO commandstats."""
+    stats = client.info("commandstats")
+    return {name[len("cmdstat_") :]: int(v["calls"]) for name, v in stats.items()}
+
+
+def counting_client(port: int, **options: Any) -> Any:
+    """A redis-py client that counts its round trips (each write of one or more commands to
+    the socket) in ``client.round_trips[0]``: client-side, no MONITOR, no fake."""
+    sent = [0]
+
+    class CountingConnection(redis.Connection):
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            sent[0] += 1
+            super().send_packed_command(command, check_health)
+
+    pool = redis.ConnectionPool(port=port, connection_class=CountingConnection, **options)
+    client = redis.Redis(connection_pool=pool)
+    client.round_trips = sent
+    return client
+
+
+def hold_counts(client: Any, key: str) -> dict[str, int]:
+    """The lock hash as Redis has it: owner -> hold count."""
+    return {
+        (k.decode() if isinstance(k, bytes) else k): int(v) for k, v in client.hgetall(key).items()
+    }
+
+
+# -- bodies of child processes -------------------------------------------------------------
+
+
+def overlap_worker(
+    port: int, name: str, rounds: int, ttl: float, barrier: Any, results: Any
+) -> None:
+    """Take and release ``name`` ``rounds`` times; report the hold intervals.
+
+    Inside each hold it does a read-modify-write of a counter without any atomicity of its own,
+    so an overlap would also lose increments. Reports ``(pid, intervals, error)`` where an
+    interval is ``(start, end, fence)`` in ``time.monotonic()`` (system-wide on Linux).
+    """
+    intervals: list[tuple[float, float, int]] = []
+    error = ""
+    try:
+        client = redis.Redis(port=port, socket_timeout=10, socket_connect_timeout=10)
+        lock = ReentrantLock(client, name, ttl=ttl)
+        counter = f"counter:{{{name}}}"
+        barrier.wait(30)
+        for _ in range(rounds):
+            if not lock.acquire(timeout=60):
+                error = "acquire timed out"
+                break
+            start = time.monotonic()
+            fence = lock.fence
+            value = int(client.get(counter) or 0)
+            time.sleep(0.0005)
+            client.set(counter, value + 1)
+            end = time.monotonic()
+            lock.release()
+            assert fence is not None
+            intervals.append((start, end, fence))
+    except BaseException as exc:  # report everything: the parent asserts
+        error = f"{type(exc).__name__}: {exc}"
+    results.put((os.getpid(), intervals, error))
+
+
+def try_once_worker(port: int, name: str, barrier: Any, results: Any) -> None:
+    """One non-blocking attempt at ``name`` after the barrier; reports (pid, acquired)."""
+    client = redis.Redis(port=port, socket_timeout=10)
+    lock = ReentrantLock(client, name, ttl=10.0)
+    barrier.wait(30)
+    got = lock.acquire(blocking=False)
+    results.put((os.getpid(), got))
+
+
+def hold_forever_worker(port: int, name: str, ttl: float, held: Any) -> None:
+    """Take ``name`` (renewed by the heartbeat), say so, and wait to be killed."""
+    client = redis.Redis(port=port, socket_timeout=10)
+    lock = ReentrantLock(client, name, ttl=ttl)
+    lock.acquire()
+    held.set()
+    time.sleep(120)

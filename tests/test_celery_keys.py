@@ -1,0 +1,235 @@
+"""SPEC §5 row 1: the lock key is the task name + the arguments bound to the task's signature,
+stable across the message serializer's round trip, with clear errors and a bounded length."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery_fixtures import CeleryEnv, celery_env, new_app
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kombu import serialization
+
+from celery_singleton_lock import LockedTask
+
+app = new_app("csl_keys")
+
+
+@app.task(base=LockedTask, name="keys.f")
+def f(x: Any, y: Any = 2) -> Any:
+    return None
+
+
+@app.task(base=LockedTask, bind=True, name="keys.bound")
+def bound(self: Any, x: Any, y: Any = 2) -> str:
+    return str(self.lock.key)
+
+
+@app.task(base=LockedTask, bind=True, name="keys.echo")
+def echo(self: Any, *args: Any, **kwargs: Any) -> str:
+    """Returns the key the worker computed from the arguments it received."""
+    return str(self.lock.key)
+
+
+@app.task(base=LockedTask, name="keys.any")
+def anyargs(a: Any = None, b: Any = None, *rest: Any, **extra: Any) -> None:
+    return None
+
+
+@app.task(base=LockedTask, name="keys.pub", lock_at="publish")
+def pub(x: Any) -> None:
+    return None
+
+
+@app.task(base=LockedTask, name="keys.custom", lock_key=lambda x, y=2: "k" * 100_000 + str(x))
+def custom(x: Any, y: Any = 2) -> None:
+    return None
+
+
+LONG_NAME = "keys." + "n" * 1000
+
+
+@app.task(base=LockedTask, name=LONG_NAME)
+def long_named(x: Any) -> None:
+    return None
+
+
+@app.task(base=LockedTask, name=LONG_NAME + "2")
+def long_named2(x: Any) -> None:
+    return None
+
+
+class ClassBased(LockedTask):  # type: ignore[misc]
+    name = "keys.class_based"
+
+    def run(self, x: Any, y: Any = 2) -> str:
+        return str(self.lock.key)
+
+
+class_based = app.register_task(ClassBased())
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[CeleryEnv]:
+    with celery_env(app, concurrency=4) as env:
+        yield env
+
+
+def test_positional_keyword_and_default_are_one_key(env: CeleryEnv) -> None:
+    key = f.lock_key_for(1)
+    assert key == f.lock_key_for(x=1) == f.lock_key_for(1, y=2) == f.lock_key_for(1, 2)
+    assert key == f.lock_key_for(y=2, x=1)
+    assert key != f.lock_key_for(1, y=3)
+    assert key != f.lock_key_for(2)
+    assert key.startswith("lock:{keys.f:")
+    # a different task with the same arguments is another lock
+    assert key != anyargs.lock_key_for(1)
+
+
+def test_self_of_a_bound_task_is_not_part_of_the_key(env: CeleryEnv) -> None:
+    key = bound.lock_key_for(1)
+    assert key == bound.lock_key_for(x=1) == bound.lock_key_for(1, y=2)
+    # the worker, which calls the bound task with self, computes the same key
+    assert bound.delay(1).get(timeout=10) == key
+    assert bound.delay(x=1).get(timeout=10) == key
+    assert bound.apply_async((1, 2)).get(timeout=10) == key
+
+
+def test_a_class_based_task_binds_its_run_signature_without_self(env: CeleryEnv) -> None:
+    key = class_based.lock_key_for(1)
+    assert key == class_based.lock_key_for(x=1) == class_based.lock_key_for(1, y=2)
+    assert key.startswith("lock:{keys.class_based:")
+    assert class_based.delay(x=1).get(timeout=10) == key
+
+
+def test_tuples_lists_dict_order_and_rich_types() -> None:
+    assert f.lock_key_for((1, 2)) == f.lock_key_for([1, 2])
+    assert f.lock_key_for({"a": 1, "b": [1, (2, 3)]}) == f.lock_key_for(
+        {"b": ((1, [2, 3])), "a": 1}
+    )
+    assert f.lock_key_for({1: "a"}) == f.lock_key_for({"1": "a"})  # what json makes of it
+    u = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    assert f.lock_key_for(u) == f.lock_key_for(uuid.UUID(str(u)))
+    assert f.lock_key_for(u) != f.lock_key_for(uuid.uuid4())
+    d = datetime.datetime(2024, 5, 6, 7, 8, 9, 10)
+    assert f.lock_key_for(d) == f.lock_key_for(datetime.datetime.fromisoformat(d.isoformat()))
+    assert f.lock_key_for(d) != f.lock_key_for(d + datetime.timedelta(microseconds=1))
+    assert f.lock_key_for(decimal.Decimal("1.10")) == f.lock_key_for(decimal.Decimal("1.10"))
+    assert f.lock_key_for(decimal.Decimal("1.1")) != f.lock_key_for(decimal.Decimal("1.2"))
+    assert f.lock_key_for(b"\x00\xff") == f.lock_key_for(bytearray(b"\x00\xff"))
+    assert f.lock_key_for(b"\x00\xff") != f.lock_key_for(b"\x00\xfe")
+    assert f.lock_key_for(float("nan")) == f.lock_key_for(float("nan"))
+
+
+RICH_ARGS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    ((1, "two", 3.5, None, True), {}),
+    (((1, (2, 3)), [4, [5]]), {"k": {"b": 1, "a": (2, 3)}}),
+    ((uuid.UUID("12345678-1234-5678-1234-567812345678"),), {}),
+    ((datetime.datetime(2024, 1, 2, 3, 4, 5, 678, tzinfo=datetime.UTC),), {}),
+    ((datetime.datetime(2024, 1, 2, 3, 4, 5),), {"d": datetime.date(2020, 2, 29)}),
+    ((decimal.Decimal("12.3400"),), {}),
+    ((b"bytes", b"\xff\x00 not utf-8"), {}),
+    (({1: "int key", "x": [1.5, -0.0]},), {"when": datetime.time(1, 2, 3)}),
+]
+
+
+@pytest.mark.parametrize("serializer", ["json", "pickle"])
+@pytest.mark.parametrize("args,kwargs", RICH_ARGS)
+def test_worker_key_equals_publisher_key_after_the_serializer(
+    env: CeleryEnv, serializer: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    expected = echo.lock_key_for(*args, **kwargs)
+    worker_key = echo.apply_async(args, kwargs, serializer=serializer).get(timeout=10)
+    assert worker_key == expected
+
+
+def _round_trip(args: Any, kwargs: Any, serializer: str) -> tuple[Any, Any]:
+    content_type, encoding, data = serialization.dumps((args, kwargs, {}), serializer=serializer)
+    loaded = serialization.loads(data, content_type, encoding, accept={content_type})
+    return loaded[0], loaded[1]
+
+
+# -- property: any argument values: the key function never crashes, and agrees after both
+# -- round trips ------------------------------------------------------------------------------
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.binary(max_size=12),
+    st.uuids(),
+    st.datetimes(timezones=st.none() | st.just(datetime.UTC) | st.timezones()),
+    st.dates(),
+    st.decimals(),
+)
+_dict_keys = st.one_of(
+    st.text(max_size=6), st.integers(), st.floats(allow_nan=True), st.booleans(), st.none()
+)
+_values = st.recursive(
+    _scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.tuples(children, children),
+        st.dictionaries(_dict_keys, children, max_size=4),
+    ),
+    max_leaves=12,
+)
+_kwargs = st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), _values, max_size=3)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(args=st.lists(_values, max_size=3), kwargs=_kwargs)
+def test_property_key_never_crashes_and_survives_json_and_pickle(
+    args: list[Any], kwargs: dict[str, Any]
+) -> None:
+    key = anyargs.lock_key_for(*args, **kwargs)
+    assert isinstance(key, str)
+    assert len(key) <= 300
+    for serializer in ("json", "pickle"):
+        a, kw = _round_trip(args, kwargs, serializer)
+        assert anyargs.lock_key_for(*a, **kw) == key, serializer
+
+
+def test_an_unencodable_argument_names_it_and_points_to_the_options(env: CeleryEnv) -> None:
+    with pytest.raises(TypeError) as info:
+        f.lock_key_for(1, y=object())
+    message = str(info.value)
+    assert "'y'" in message
+    assert "lock_key" in message and "lock_unique_on" in message
+    # nested inside a container, it is still the argument that is named
+    with pytest.raises(TypeError, match=r"'x'.*lock_key"):
+        f.lock_key_for([1, {"a": object()}])
+    # a publish-time task refuses it at publish, and sends nothing
+    before = env.broker.llen("celery")
+    with pytest.raises(TypeError, match=r"'x'.*lock_unique_on"):
+        pub.delay(object())
+    assert env.broker.llen("celery") == before
+    assert not env.locks.keys("lock:{keys.pub:*")
+
+
+def test_keys_have_a_bounded_length() -> None:
+    huge = "a" * 1_000_000
+    key = f.lock_key_for(huge)
+    assert len(key) <= 300
+    assert key != f.lock_key_for(huge[:-1] + "b")  # still tells them apart
+    key = f.lock_key_for(list(range(100_000)), y={str(i): i for i in range(10_000)})
+    assert len(key) <= 300
+    # a huge lock_key result: bounded, still distinct, still scoped by the task name
+    k1, k2 = custom.lock_key_for(1), custom.lock_key_for(2)
+    assert len(k1) <= 300 and len(k2) <= 300 and k1 != k2
+    assert k1.startswith("lock:{keys.custom:")
+    # a very long task name: bounded, and two names that differ at the end stay apart
+    k3, k4 = long_named.lock_key_for(1), long_named2.lock_key_for(1)
+    assert len(k3) <= 300 and len(k4) <= 300 and k3 != k4

@@ -1,0 +1,260 @@
+"""SPEC §3 settings and the validation of §4 options at decoration time.
+
+Every app here is made by the test (tasks are defined with ``shared=False``, so a task with
+bad options never reaches another app's finalization)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery_fixtures import BASE_CONF, DB_BROKER, redis_server, running_worker
+
+from celery_singleton_lock import LockBackendError, LockedTask, install
+from celery_singleton_lock._settings import reset_client
+from celery_singleton_lock.testing import RedisServer, free_port
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+def _app(name: str, **conf: Any) -> Celery:
+    app = Celery(name, set_as_current=False)
+    app.conf.update(BASE_CONF)
+    app.conf.update(conf)
+    return app
+
+
+def _queued_lock_task(app: Celery, **options: Any) -> Any:
+    """A publish-time task: publishing it to a queue no worker reads takes its lock."""
+
+    @app.task(base=LockedTask, name="settings.queued", lock_at="publish", shared=False, **options)
+    def queued(x: Any) -> None:
+        return None
+
+    return queued
+
+
+def _lock_keys(client: Any) -> list[str]:
+    return sorted(k.decode() for k in client.scan_iter(match="*{settings.queued:*}"))
+
+
+# -- where the locks live ---------------------------------------------------------------------
+
+
+def test_url_defaults_to_a_redis_broker_url(server: RedisServer) -> None:
+    app = _app("s_default", broker_url=f"redis://127.0.0.1:{server.port}/3")
+    task = _queued_lock_task(app)
+    task.apply_async((uuid.uuid4().hex,), queue="csl-nowhere")
+    locks = _lock_keys(server.client(db=3))
+    assert len(locks) == 1 and locks[0].startswith("lock:{settings.queued:")
+    assert not _lock_keys(server.client(db=4))
+
+
+def test_singleton_lock_redis_url_wins_over_the_broker(server: RedisServer) -> None:
+    app = _app(
+        "s_url",
+        broker_url=f"redis://127.0.0.1:{server.port}/3",
+        singleton_lock_redis_url=f"redis://127.0.0.1:{server.port}/4",
+    )
+    task = _queued_lock_task(app)
+    x = uuid.uuid4().hex
+    task.apply_async((x,), queue="csl-nowhere")
+    assert server.client(db=4).exists(task.lock_key_for(x))
+    assert not server.client(db=3).exists(task.lock_key_for(x))
+
+
+def test_a_non_redis_broker_needs_the_url_and_says_so_at_first_use() -> None:
+    app = _app("s_amqp", broker_url="amqp://guest:guest@127.0.0.1:5672//")
+    task = _queued_lock_task(app)  # defining the task does not fail
+    app.finalize()
+    assert task.lock_key_for(1)  # nor does computing a key
+    with pytest.raises(LockBackendError) as info:
+        task.is_locked(1)
+    assert "singleton_lock_redis_url" in str(info.value)
+    assert "amqp" in str(info.value)
+    with pytest.raises(LockBackendError, match="singleton_lock_redis_url"):
+        task.delay(1)
+
+
+def test_a_wrong_url_names_the_setting() -> None:
+    app = _app(
+        "s_wrong",
+        broker_url="redis://127.0.0.1:1/0",
+        singleton_lock_redis_url="http://127.0.0.1:6379/0",
+    )
+    task = _queued_lock_task(app)
+    with pytest.raises(ValueError, match="singleton_lock_redis_url"):
+        task.is_locked(1)
+    app.conf.singleton_lock_redis_url = "redis://127.0.0.1:notaport/0"
+    reset_client(app)
+    with pytest.raises(ValueError, match="singleton_lock_redis_url"):
+        task.is_locked(1)
+
+
+def test_singleton_lock_client_as_a_client_takes_precedence(server: RedisServer) -> None:
+    client = server.client(db=5)
+    app = _app(
+        "s_client",
+        broker_url=f"redis://127.0.0.1:{server.port}/3",
+        singleton_lock_redis_url=f"redis://127.0.0.1:{free_port()}/0",  # nothing listens
+        singleton_lock_client=client,
+    )
+    task = _queued_lock_task(app)
+    x = uuid.uuid4().hex
+    task.apply_async((x,), queue="csl-nowhere")
+    assert client.exists(task.lock_key_for(x))
+    assert task.is_locked(x)
+
+
+def test_singleton_lock_client_as_a_callable(server: RedisServer) -> None:
+    calls: list[int] = []
+
+    def make() -> Any:
+        calls.append(1)
+        return server.client(db=6)
+
+    app = _app(
+        "s_callable",
+        broker_url=f"redis://127.0.0.1:{server.port}/3",
+        singleton_lock_client=make,
+    )
+    task = _queued_lock_task(app)
+    x = uuid.uuid4().hex
+    task.apply_async((x,), queue="csl-nowhere")
+    assert task.is_locked(x) and task.lock_holder(x)
+    assert server.client(db=6).exists(task.lock_key_for(x))
+    assert calls == [1]  # made once, then reused
+
+
+def test_singleton_lock_client_of_the_wrong_type_names_the_setting() -> None:
+    app = _app("s_badclient", broker_url="redis://127.0.0.1:1/0", singleton_lock_client="nope")
+    task = _queued_lock_task(app)
+    with pytest.raises(TypeError, match="singleton_lock_client"):
+        task.is_locked(1)
+
+
+def test_singleton_lock_prefix(server: RedisServer) -> None:
+    app = _app(
+        "s_prefix",
+        broker_url=f"redis://127.0.0.1:{server.port}/3",
+        singleton_lock_redis_url=f"redis://127.0.0.1:{server.port}/8",
+        singleton_lock_prefix="myapp-locks",
+    )
+    task = _queued_lock_task(app)
+    x = uuid.uuid4().hex
+    key = task.lock_key_for(x)
+    assert key.startswith("myapp-locks:{settings.queued:")
+    task.apply_async((x,), queue="csl-nowhere")
+    found = [k.decode() for k in server.client(db=8).scan_iter(match="*")]
+    assert key in found
+    assert all(k.startswith("myapp-locks:") for k in found)
+    app.conf.singleton_lock_prefix = "bad{prefix}"
+    with pytest.raises(ValueError, match="singleton_lock_prefix"):
+        task.lock_key_for(x)
+
+
+def test_django_style_celery_namespace_settings(server: RedisServer) -> None:
+    class DjangoSettings:
+        CELERY_BROKER_URL = f"redis://127.0.0.1:{server.port}/{DB_BROKER}"
+        CELERY_RESULT_BACKEND = f"redis://127.0.0.1:{server.port}/1"
+        CELERY_SINGLETON_LOCK_REDIS_URL = f"redis://127.0.0.1:{server.port}/9"
+        CELERY_SINGLETON_LOCK_PREFIX = "dj"
+        CELERY_SINGLETON_LOCK_TTL = 5
+        CELERY_SINGLETON_LOCK_QUEUE_TTL = 77
+        CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+    app = Celery("s_django", set_as_current=False)
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    locks = server.client(db=9)
+
+    @app.task(base=LockedTask, bind=True, name="settings.dj_run", shared=False)
+    def dj_run(self: Any, x: Any) -> dict[str, Any]:
+        return {"key": self.lock.key, "pttl": int(locks.pttl(self.lock.key))}
+
+    queued = _queued_lock_task(app)
+    x = uuid.uuid4().hex
+    queued.apply_async((x,), queue="csl-nowhere")
+    key = queued.lock_key_for(x)
+    assert key.startswith("dj:{")
+    assert 75_000 < locks.pttl(key) <= 77_000  # CELERY_SINGLETON_LOCK_QUEUE_TTL
+
+    with running_worker(app, pool="solo", concurrency=1):
+        seen = dj_run.delay(x).get(timeout=10)
+    assert seen["key"].startswith("dj:{settings.dj_run:")
+    assert 3_000 < seen["pttl"] <= 5_000  # CELERY_SINGLETON_LOCK_TTL
+    assert not locks.exists(seen["key"])
+
+
+# -- bad options at decoration time ----------------------------------------------------------
+
+
+def _finalized_app() -> Celery:
+    app = _app("s_opts", broker_url="redis://127.0.0.1:1/0")
+    app.finalize()
+    return app
+
+
+def _body(x: Any, y: Any = 1) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    "options,error,words",
+    [
+        ({"lock_at": "x"}, ValueError, ["lock_at", "'x'"]),
+        ({"lock_on_locked": "nope"}, ValueError, ["lock_on_locked", "'nope'"]),
+        ({"lock_on_duplicate": "ignore"}, ValueError, ["lock_on_duplicate"]),
+        ({"lock_ttl": -1}, ValueError, ["lock_ttl", "-1"]),
+        ({"lock_queue_ttl": 0}, ValueError, ["lock_queue_ttl"]),
+        ({"lock_wait_timeout": "soon"}, TypeError, ["lock_wait_timeout"]),
+        ({"lock_retry_countdown": -5}, ValueError, ["lock_retry_countdown"]),
+        ({"lock_unique_on": ["missing_param"]}, ValueError, ["lock_unique_on", "missing_param"]),
+        ({"lock_unique_on": "x"}, TypeError, ["lock_unique_on"]),
+        ({"lock_key": "notcallable"}, TypeError, ["lock_key", "notcallable"]),
+        ({"lock_release_on_start": True}, ValueError, ["lock_release_on_start", "publish"]),
+    ],
+    ids=lambda v: str(v) if isinstance(v, dict) else "",
+)
+def test_bad_options_raise_at_decoration_naming_task_and_option(
+    options: dict[str, Any], error: type[Exception], words: list[str]
+) -> None:
+    app = _finalized_app()
+    with pytest.raises(error) as info:
+        app.task(base=LockedTask, name="settings.bad", shared=False, **options)(_body)
+    message = str(info.value)
+    assert "settings.bad" in message
+    for word in words:
+        assert word in message
+
+
+def test_bad_options_on_a_lazy_app_raise_at_finalize_naming_the_task() -> None:
+    app = _app("s_lazy", broker_url="redis://127.0.0.1:1/0")
+    app.task(base=LockedTask, name="settings.lazy_bad", shared=False, lock_at="x")(_body)
+    with pytest.raises(ValueError, match=r"settings\.lazy_bad.*lock_at"):
+        app.finalize()
+
+
+def test_bad_options_on_a_subclass_raise_at_class_creation() -> None:
+    with pytest.raises(ValueError, match=r"MyTask.*lock_on_locked"):
+
+        class MyTask(LockedTask):  # type: ignore[misc]
+            lock_on_locked = "sometimes"
+
+
+def test_unknown_or_bad_options_via_install_name_task_and_option() -> None:
+    app = _app("s_install", broker_url="redis://127.0.0.1:1/0")
+    with pytest.raises(TypeError) as info:
+        install(app, tasks={"settings.plain": {"lock_frobnicate": 1}})
+    assert "settings.plain" in str(info.value) and "lock_frobnicate" in str(info.value)
+    with pytest.raises(ValueError, match=r"settings\.plain.*lock_at"):
+        install(app, tasks={"settings.plain": {"lock_at": "x"}})
+    app.conf.singleton_lock_tasks = {"settings.other": {"lock_ttl": -1}}
+    with pytest.raises(ValueError, match=r"settings\.other.*lock_ttl"):
+        install(app)

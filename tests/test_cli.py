@@ -1,0 +1,118 @@
+"""The operator CLI (SPEC §7), run as real subprocesses against a real server: what it shows of
+held locks, and that release and purge free them (and only them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from celery_singleton_lock import ReentrantLock
+from celery_singleton_lock.testing import RedisServer
+
+TASK_INFO = json.dumps(
+    {"task": "proj.rebuild", "id": "task-1", "state": "running", "host": "w1", "pid": 4242}
+)
+
+
+def cli(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery_singleton_lock", "--url", server.url, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+
+
+def listed(server: RedisServer) -> list[dict[str, Any]]:
+    done = cli(server, "list", "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def test_list_shows_who_holds_what(redis_server: RedisServer, redis_client: Any) -> None:
+    task_lock = ReentrantLock(
+        redis_client, "proj.rebuild:abc", ttl=30, owner="task-1", info=TASK_INFO
+    )
+    plain = ReentrantLock(redis_client, "plain", ttl=20)
+    assert task_lock.acquire(blocking=False) and plain.acquire(blocking=False)
+    try:
+        views = {v["key"]: v for v in listed(redis_server)}
+        assert set(views) == {"lock:{proj.rebuild:abc}", "lock:{plain}"}
+        view = views["lock:{proj.rebuild:abc}"]
+        assert view["task"] == "proj.rebuild"
+        assert view["holder"] == "task-1"
+        assert (view["host"], view["pid"], view["state"]) == ("w1", 4242, "running")
+        assert view["fence"] == task_lock.fence
+        assert view["hold_count"] == 1
+        assert 25 < view["lease_s"] <= 30
+        assert 0 <= view["age_s"] < 10
+        assert views["lock:{plain}"]["holder"] == plain.owner
+
+        table = cli(redis_server, "list")
+        assert table.returncode == 0, table.stderr
+        assert "lock:{proj.rebuild:abc}" in table.stdout and "task-1" in table.stdout
+
+        shown = cli(redis_server, "show", "proj.rebuild:abc", "--json")
+        assert json.loads(shown.stdout)["holder"] == "task-1"
+    finally:
+        task_lock.release()
+        plain.release()
+    assert listed(redis_server) == []
+
+
+def test_release_frees_one_lock_and_checks_the_holder(
+    redis_server: RedisServer, redis_client: Any
+) -> None:
+    lock = ReentrantLock(redis_client, "job:1", ttl=30, owner="task-9")
+    other = ReentrantLock(redis_client, "job:2", ttl=30, owner="task-8")
+    assert lock.acquire(blocking=False) and other.acquire(blocking=False)
+
+    wrong = cli(redis_server, "release", "lock:{job:1}", "--holder", "someone-else", "--json")
+    assert json.loads(wrong.stdout) == {"key": "lock:{job:1}", "released": False}
+    assert redis_client.exists("lock:{job:1}")
+
+    done = cli(redis_server, "release", "lock:{job:1}", "--json")
+    assert json.loads(done.stdout) == {"key": "lock:{job:1}", "released": True}
+    assert not redis_client.exists("lock:{job:1}")
+    assert redis_client.exists("lock:{job:2}")  # only the named lock
+    assert lock.lost.wait(15)  # the holder's heartbeat notices on its next renewal (ttl/3)
+    other.release()
+
+
+def test_purge_frees_the_matching_locks(redis_server: RedisServer, redis_client: Any) -> None:
+    locks = [ReentrantLock(redis_client, f"sync:{i}", ttl=30, renew=False) for i in range(5)]
+    keep = ReentrantLock(redis_client, "report:1", ttl=30, renew=False)
+    for lock in [*locks, keep]:
+        assert lock.acquire(blocking=False)
+    done = cli(redis_server, "purge", "--match", "sync:*", "--yes", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"released": 5}
+    assert [v["key"] for v in listed(redis_server)] == ["lock:{report:1}"]
+    keep.release()
+
+
+def test_purge_asks_before_it_acts(redis_server: RedisServer, redis_client: Any) -> None:
+    lock = ReentrantLock(redis_client, "asked", ttl=30, renew=False)
+    assert lock.acquire(blocking=False)
+    refused = subprocess.run(
+        [sys.executable, "-m", "celery_singleton_lock", "--url", redis_server.url, "purge"],
+        input="n\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode != 0
+    assert redis_client.exists("lock:{asked}")
+    lock.release()
+
+
+def test_a_down_server_is_a_clear_error(make_redis_server: Any) -> None:
+    server = make_redis_server()
+    server.stop()
+    done = cli(server, "list")
+    assert done.returncode != 0
+    assert "Redis failed" in done.stderr and "Traceback" not in done.stderr

