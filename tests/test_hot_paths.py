@@ -153,6 +153,25 @@ def test_the_kept_connection_survives_a_server_restart(make_redis_server: Any) -
     client.close()
 
 
+def test_a_kept_connection_closed_by_the_server_is_replaced(make_redis_server: Any) -> None:
+    """The server closes the kept connection while it sits unused (CLIENT KILL stands for an
+    idle timeout or a proxy): the next acquire and release go through on a new connection, with
+    no retry configured on the client (redis-py before 6 retries nothing by default), and the
+    hold is counted once."""
+    server: RedisServer = make_redis_server()
+    client = redis.Redis(port=server.port, retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
+    admin = server.client()
+    lock = ReentrantLock(client, "hot-killed", ttl=5, renew=False)
+    with lock:
+        pass
+    killed = admin.client_kill_filter(_type="normal", skipme=True)
+    assert killed >= 1
+    with lock:
+        assert admin.hgetall(lock.key) == {lock.owner.encode(): b"1"}
+    assert not admin.exists(lock.key)
+    client.close()
+
+
 def test_a_single_connection_client_is_left_alone(redis_server: RedisServer) -> None:
     client = redis.Redis(host="127.0.0.1", port=redis_server.port, single_connection_client=True)
     with ReentrantLock(client, "hot-single", ttl=5, renew=False):
