@@ -75,14 +75,47 @@ def _give_back(pool: Any) -> None:
         _kept[pool] = max(_kept.get(pool, 1) - 1, 0)
 
 
+def _pack(command: Sequence[Any], encoding: str, errors: str) -> list[bytes] | None:
+    """The RESP form of ``command``, as ``conn.pack_command`` makes it (its encoder's
+    encoding for str, decimal digits for int) in about a third of its time: the lock's
+    commands are an EVALSHA of about ten short arguments, and redis-py's general packer costs
+    as much as 4 % of an acquire+release cycle. ``None`` for any other argument type."""
+    name = command[0]
+    if type(name) is not str:
+        return None
+    # like redis-py: the command name in UTF-8 whatever the encoding, "CLIENT KILL" as two
+    words = name.encode().split()
+    parts = [b"*%d\r\n" % (len(words) + len(command) - 1)]
+    append = parts.append
+    for word in words:
+        append(b"$%d\r\n%s\r\n" % (len(word), word))
+    for arg in command[1:]:
+        kind = type(arg)
+        if kind is str:
+            data = arg.encode(encoding, errors)
+        elif kind is int:
+            data = b"%d" % arg
+        elif kind is bytes:
+            data = arg
+        else:
+            return None
+        append(b"$%d\r\n" % len(data))
+        append(data)
+        append(b"\r\n")
+    return [b"".join(parts)]
+
+
 class _Borrowed:
-    __slots__ = ("conn", "pid", "pool", "used")
+    __slots__ = ("conn", "encoding", "errors", "pid", "pool", "used")
 
     def __init__(self, pool: Any) -> None:
         # counted by the caller (_keep_one)
         self.conn = pool.get_connection("EVALSHA") if _NAME_REQUIRED else pool.get_connection()
         self.pid = os.getpid()
         self.pool = weakref.ref(pool)
+        encoder = self.conn.encoder
+        self.encoding: str = encoder.encoding
+        self.errors: str = encoder.encoding_errors
         #: a command went through on the connection since it was (re)connected
         self.used = False
 
@@ -105,8 +138,13 @@ class _Borrowed:
     def _execute(self, command: Sequence[Any]) -> Any:
         conn = self.conn
 
+        packed = _pack(command, self.encoding, self.errors)
+
         def send() -> Any:
-            conn.send_command(*command)
+            if packed is None:
+                conn.send_command(*command)
+            else:
+                conn.send_packed_command(packed)
             return conn.read_response()
 
         try:

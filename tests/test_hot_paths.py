@@ -153,6 +153,28 @@ def test_the_kept_connection_survives_a_server_restart(make_redis_server: Any) -
     client.close()
 
 
+@pytest.mark.parametrize(
+    ("encoding", "errors"), [("utf-8", "strict"), ("latin-1", "replace"), ("utf-16", "strict")]
+)
+def test_the_lock_s_packer_writes_what_redis_py_writes(encoding: str, errors: str) -> None:
+    """The kept connection packs the scripts' commands itself: byte for byte what redis-py's
+    packer makes with the client's encoding, for every argument type the lock sends."""
+    client = redis.Redis(encoding=encoding, encoding_errors=errors)
+    conn = client.connection_pool.make_connection()
+    commands = [
+        ("EVALSHA", "a" * 40, 2, "lock:{n}", "lock:{n}:meta", "host:1:tok:1", 30000, "r:1", "", 0),
+        ("EVALSHA", "f" * 40, 2, "lock:{ünï ☃}", "lock:{ünï ☃}:meta", -1, 2**63 - 1, b"\x00\xff"),
+        ("PING",),
+        ("CLIENT SETNAME", "lock-ünï"),
+        ("SET", "k", "v" * 10_000),
+    ]
+    for command in commands:
+        assert _direct._pack(command, encoding, errors) == [b"".join(conn.pack_command(*command))]
+    # anything else is left to redis-py's packer
+    assert _direct._pack(("SET", "k", 1.5), encoding, errors) is None
+    assert _direct._pack(("SET", "k", True), encoding, errors) is None
+
+
 def test_a_kept_connection_closed_by_the_server_is_replaced(make_redis_server: Any) -> None:
     """The server closes the kept connection while it sits unused (CLIENT KILL stands for an
     idle timeout or a proxy): the next acquire and release go through on a new connection, with
