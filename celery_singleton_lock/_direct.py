@@ -113,9 +113,10 @@ class _Borrowed:
         self.conn = pool.get_connection("EVALSHA") if _NAME_REQUIRED else pool.get_connection()
         self.pid = os.getpid()
         self.pool = weakref.ref(pool)
-        encoder = self.conn.encoder
-        self.encoding: str = encoder.encoding
-        self.errors: str = encoder.encoding_errors
+        # None (a connection class without redis-py's encoder): redis-py packs the commands
+        encoder = getattr(self.conn, "encoder", None)
+        self.encoding: str | None = getattr(encoder, "encoding", None)
+        self.errors: str = getattr(encoder, "encoding_errors", "strict")
         #: a command went through on the connection since it was (re)connected
         self.used = False
 
@@ -127,8 +128,8 @@ class _Borrowed:
         except RedisConnectionError:
             if not (resend and self.used):
                 raise
-        # The kept connection had worked before and now failed at once: most likely the
-        # server closed it (a restart, a failover, an idle timeout) while it sat unused. A
+        # The kept connection had worked before and now failed (not timed out): most likely
+        # the server closed it (a restart, a failover, an idle timeout) while it sat unused. A
         # pool checks for that at every checkout (and reconnects); this connection is never
         # checked in, so it is checked here, after the fact: one more try on a new
         # connection. Only for commands that are safe to send twice (``resend``).
@@ -138,7 +139,7 @@ class _Borrowed:
     def _execute(self, command: Sequence[Any]) -> Any:
         conn = self.conn
 
-        packed = _pack(command, self.encoding, self.errors)
+        packed = None if self.encoding is None else _pack(command, self.encoding, self.errors)
 
         def send() -> Any:
             if packed is None:
