@@ -66,18 +66,18 @@ _ROOT = _HERE.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from celery import Celery, Task  # noqa: E402
+from celery import Celery, Task
 
-from celery_singleton_lock import LockedTask  # noqa: E402
+from celery_singleton_lock import LockedTask
 
 try:
     from celery_once import QueueOnce
 except ImportError:  # pragma: no cover - optional contender
-    QueueOnce = None  # type: ignore[assignment,misc]
+    QueueOnce = None  # type: ignore[assignment,misc]  # the peer is optional: its row is left out
 try:
     from celery_singleton import Singleton
 except ImportError:  # pragma: no cover - optional contender
-    Singleton = None  # type: ignore[assignment,misc]
+    Singleton = None  # type: ignore[assignment,misc]  # the peer is optional: its row is left out
 
 TARGET_RUN_RATIO = 0.90
 QUEUE = "bench"
@@ -154,7 +154,7 @@ def make_app(broker_url: str, locks_url: str, counter_path: str, body_incr: bool
 
     floor_client: list[Any] = []
 
-    class FloorRunTask(Task):  # type: ignore[misc]
+    class FloorRunTask(Task):  # type: ignore[misc]  # celery ships no type information
         """The floor of a run-time lock: ``SET key id NX PX`` before the body and a
         compare-and-delete after it, nothing else (no re-entry, renewal, fencing, skip state):
         exactly two round trips per run through the same redis-py client methods a lock uses."""
@@ -260,7 +260,7 @@ class Worker:
         ]  # fmt: skip
         if pool != "solo":
             cmd += ["-c", str(concurrency)]
-        self.log = open(workdir / f"worker-{pool}.log", "wb")  # noqa: SIM115
+        self.log = open(workdir / f"worker-{pool}.log", "wb")  # noqa: SIM115  # closed in stop()
         self.proc = subprocess.Popen(
             cmd, cwd=str(_HERE), env=env, stdout=self.log, stderr=subprocess.STDOUT
         )

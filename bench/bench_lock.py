@@ -66,11 +66,11 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-import redis  # noqa: E402
+import redis
 
-import celery_singleton_lock  # noqa: E402
-from celery_singleton_lock import ReentrantLock  # noqa: E402
-from celery_singleton_lock._heartbeat import get_heartbeat  # noqa: E402
+import celery_singleton_lock
+from celery_singleton_lock import ReentrantLock
+from celery_singleton_lock._lock.heartbeat import get_heartbeat
 
 try:
     import redis_lock  # type: ignore[import-untyped]  # python-redis-lock
@@ -209,24 +209,24 @@ LABELS = {
 
 def scripts_runner(client: Any, names: Names, lease_ms: int) -> Callable[[int], None] | None:
     """A diagnostic contender, no target: the two calls a ReentrantLock cycle makes to Redis
-    (``_backend.acquire`` and ``_backend.release``: its Lua scripts with their arguments),
+    (``commands.acquire`` and ``commands.release``: its Lua scripts with their arguments),
     without the lock object around them (registry, hold, heartbeat). Between it and the floor
     lies the cost of the scripts and their arguments; between it and ReentrantLock, the cost
     of the lock object. Internal API: skipped if it changed."""
     try:
-        from celery_singleton_lock import _backend
-        from celery_singleton_lock._keys import LockKeys
-        from celery_singleton_lock._owner import default_owner, new_request_id
+        from celery_singleton_lock._lock import commands
+        from celery_singleton_lock._lock.keys import LockKeys
+        from celery_singleton_lock._lock.owner import default_owner, new_request_id
 
         keys = LockKeys.for_name(names.prefix, "uncontended-scripts")
         owner = default_owner()
 
         def run(n: int) -> None:
-            acquire, release, request = _backend.acquire, _backend.release, new_request_id
+            acquire, release, request = commands.acquire, commands.release, new_request_id
             for _ in range(n):
                 if not acquire(client, keys, owner, lease_ms, request()).acquired:
                     raise RuntimeError("scripts: uncontended acquire failed")
-                if release(client, keys, owner) != 0:
+                if not release(client, keys, owner).freed:
                     raise RuntimeError("scripts: release did not free the lock")
 
         run(1)
@@ -262,11 +262,12 @@ def section_uncontended(client: Any, names: Names, rounds: int, cycles: int) -> 
         return run
 
     def run_floor_direct(n: int) -> None:
-        # The same two commands, sent the way the lock sends its scripts (_direct: a connection
-        # the thread keeps, without redis-py's per-command pool checkout). Not a target: it
-        # shows how much of the lock's standing against the floor comes from that transport
-        # rather than from its scripts, which cost more server time than SET and a tiny CAD.
-        from celery_singleton_lock._direct import execute
+        # The same two commands, sent the way the lock sends its scripts (connection.py: a
+        # connection the thread keeps, without redis-py's per-command pool checkout). Not a
+        # target: it shows how much of the lock's standing against the floor comes from that
+        # transport rather than from its scripts, which cost more server time than SET and a
+        # tiny CAD.
+        from celery_singleton_lock._lock.connection import execute
 
         key, tok, sha, px = floor_key, token, cad_sha, lease_ms
         for _ in range(n):
@@ -563,7 +564,7 @@ def section_handoff(url: str, names: Names, rounds: int, slow_rounds: int) -> di
 def section_renewal(
     client: Any, names: Names, count: int, ttl: float, periods: int, own_server: bool
 ) -> dict[str, Any]:
-    from celery_singleton_lock import _heartbeat
+    from celery_singleton_lock._lock import heartbeat as _heartbeat
 
     hb = get_heartbeat()
     locks = [

@@ -7,6 +7,9 @@ per process, woken by push, with fencing tokens; and on it a Celery ``Task`` bas
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
+from ._celery import LockedTask, install
 from ._errors import (
     AlreadyQueuedError,
     LockBackendError,
@@ -14,13 +17,15 @@ from ._errors import (
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
+    MisconfiguredError,
     TaskLockedError,
 )
-from ._install import install
 from ._lock import ReentrantLock
-from ._task import LockedTask
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("celery-singleton-lock")
+except PackageNotFoundError:  # pragma: no cover - imported from a checkout, not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AlreadyQueuedError",
@@ -30,6 +35,7 @@ __all__ = [
     "LockNotOwnedError",
     "LockTimeoutError",
     "LockedTask",
+    "MisconfiguredError",
     "ReentrantLock",
     "TaskLockedError",
     "install",

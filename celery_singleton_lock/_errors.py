@@ -11,6 +11,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
+    "MisconfiguredError",
     "TaskLockedError",
 ]
 
@@ -38,6 +39,12 @@ class LockLostError(LockError):
 
 class LockBackendError(LockError):
     """Redis was unreachable or failed; the redis-py error is chained as ``__cause__``."""
+
+
+class MisconfiguredError(LockBackendError):
+    """No usable Redis is configured for the locks (e.g. ``singleton_lock_redis_url`` is
+    missing and the broker is not Redis): a setting to fix, never an outage, so
+    ``singleton_lock_on_backend_error="proceed"`` never goes on past it."""
 
 
 class AlreadyQueuedError(LockError):

@@ -38,10 +38,10 @@ _ROOT = _HERE.parent
 if (_ROOT / "celery_singleton_lock").is_dir() and str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run from a checkout without installing
 
-import redis  # noqa: E402
-from celery import Celery  # noqa: E402
+import redis
+from celery import Celery
 
-from celery_singleton_lock import LockedTask  # noqa: E402
+from celery_singleton_lock import LockedTask
 
 # -- the Celery app: what a project would write -------------------------------------------------
 

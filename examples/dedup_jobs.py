@@ -35,10 +35,10 @@ _ROOT = _HERE.parent
 if (_ROOT / "celery_singleton_lock").is_dir() and str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run from a checkout without installing
 
-import redis  # noqa: E402
-from celery import Celery  # noqa: E402
+import redis
+from celery import Celery
 
-from celery_singleton_lock import AlreadyQueuedError, LockedTask  # noqa: E402
+from celery_singleton_lock import AlreadyQueuedError, LockedTask
 
 # -- the Celery app: what a project would write -------------------------------------------------
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 demo(client)
         finally:
             for result in results:
-                result.forget()  # type: ignore[attr-defined]
+                result.forget()  # type: ignore[attr-defined]  # AsyncResult | EagerResult: both have it
             keys = list(client.scan_iter(f"{run}-*")) + list(client.scan_iter(f"*{run}*"))
             if keys:
                 client.delete(*set(keys))

@@ -5,9 +5,12 @@
 -- ARGV[1]  wake-up channel; the lock's key is published on it when a lock was deleted
 -- ARGV[2]  how long the meta hash (and with it the last fencing token) outlives the lock, ms
 -- ARGV[3]  expected holder: "" for any, else release only when this owner holds it
+-- ARGV[4]  "1": release only while no run has entered the hold (no run token recorded: it
+--          waits in the queue, from a publish or a parked retry); "" for any hold
 --
 -- Returns 1 when a lock was released, 0 when it was free (or held by someone other than
--- ARGV[3]). The fencing token is kept, so the next holder still gets a larger one.
+-- ARGV[3], or entered by a run with ARGV[4] set). The fencing token is kept, so the next
+-- holder still gets a larger one.
 
 local lock, meta = KEYS[1], KEYS[2]
 if redis.call('exists', lock) == 0 then
@@ -15,6 +18,12 @@ if redis.call('exists', lock) == 0 then
 end
 if ARGV[3] ~= '' and redis.call('hexists', lock, ARGV[3]) == 0 then
     return 0
+end
+if ARGV[4] == '1' then
+    local run = redis.call('hget', meta, 'run')
+    if run and run ~= '' then
+        return 0
+    end
 end
 redis.call('del', lock)
 redis.call('hdel', meta, 'req', 'info', 'since', 'run')

@@ -3,16 +3,19 @@
 -- KEYS[1]  lock hash
 -- KEYS[2]  meta hash
 --
--- Returns {remaining_lease_ms, fence, since_ms, info, owner1, count1, owner2, count2, ...}
+-- Returns {remaining_lease_ms, fence, since_ms, info, run, owner1, count1, owner2, count2, ...}
 --   remaining_lease_ms is -2 when the lock is free (no owners follow then);
---   fence, since_ms and info are "" when unknown.
+--   fence, since_ms, info and run (the run token of the run that entered it) are "" when
+--   unknown or none.
 
 local lock, meta = KEYS[1], KEYS[2]
+local state = redis.call('hmget', meta, 'fence', 'since', 'info', 'run')
 local reply = {
     redis.call('pttl', lock),
-    redis.call('hget', meta, 'fence') or '',
-    redis.call('hget', meta, 'since') or '',
-    redis.call('hget', meta, 'info') or '',
+    state[1] or '',
+    state[2] or '',
+    state[3] or '',
+    state[4] or '',
 }
 local fields = redis.call('hgetall', lock)
 for i = 1, #fields do

@@ -18,14 +18,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar, cast, overload
 
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from kombu.asynchronous import set_event_loop
 
-from celery_singleton_lock._settings import reset_client
+from celery_singleton_lock import LockedTask
+from celery_singleton_lock._celery.client import reset_client
 from celery_singleton_lock.testing import RedisServer
 
 DB_BROKER, DB_RESULTS, DB_LOCKS = 0, 1, 2
@@ -55,7 +56,14 @@ BASE_CONF: dict[str, Any] = {
 }
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T | Literal[False] | None],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+) -> T:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -65,6 +73,21 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
         if time.monotonic() >= deadline:
             raise AssertionError(f"condition not met within {timeout} s: {predicate}")
         time.sleep(interval)
+
+
+TaskT = TypeVar("TaskT", bound=LockedTask)
+
+
+@overload
+def app_task(
+    app: Celery, *, base: type[TaskT], **options: Any
+) -> Callable[[Callable[..., Any]], TaskT]: ...
+@overload
+def app_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any]: ...
+def app_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``app.task(**options)``, typed: celery ships no type information. The task it makes of a
+    function (a proxy to it until the app is finalized) is an instance of ``base``."""
+    return cast("Callable[[Callable[..., Any]], Any]", app.task(**options))
 
 
 def new_app(main: str) -> Celery:
@@ -137,11 +160,11 @@ class CeleryEnv:
     @property
     def locks(self) -> redis.Redis:
         """A client of the lock database (db 2)."""
-        return self.server.client(db=DB_LOCKS)
+        return cast(redis.Redis, self.server.client(db=DB_LOCKS))
 
     @property
     def broker(self) -> redis.Redis:
-        return self.server.client(db=DB_BROKER)
+        return cast(redis.Redis, self.server.client(db=DB_BROKER))
 
     def state(self, task_id: str) -> str:
         return str(self.app.AsyncResult(task_id).state)

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import faultapp
 
@@ -29,7 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+def wait_for(
+    predicate: Callable[[], T | Literal[False] | None],
+    timeout: float,
+    what: str,
+    interval: float = 0.02,
+) -> T:
     """Poll ``predicate`` until it returns something truthy (returned), at most ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:

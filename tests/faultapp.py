@@ -22,7 +22,8 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import redis
 from celery import Celery
@@ -30,7 +31,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.control import inspect_command
 
 from celery_singleton_lock import LockedTask, LockLostError
-from celery_singleton_lock._heartbeat import get_heartbeat
+from celery_singleton_lock._lock.heartbeat import get_heartbeat
 
 URL_ENV = "CSL_FAULT_REDIS"
 #: a short broker visibility timeout (seconds), for the redelivery test
@@ -99,7 +100,25 @@ def _sleep(seconds: float) -> None:
         time.sleep(min(left, 0.05))
 
 
-@inspect_command()
+FuncT = TypeVar("FuncT", bound=Callable[..., Any])
+TaskT = TypeVar("TaskT", bound=LockedTask)
+
+
+def _inspect_command(**options: Any) -> Callable[[FuncT], FuncT]:
+    """``inspect_command(**options)``, typed (celery ships no type information): it registers
+    the function as a remote control command and returns it unchanged."""
+    return cast("Callable[[FuncT], FuncT]", inspect_command(**options))
+
+
+def _app_task(
+    app: Celery, *, base: type[TaskT], **options: Any
+) -> Callable[[Callable[..., Any]], TaskT]:
+    """``app.task(base=base, **options)``, typed (celery ships no type information): the task
+    it makes of a function is an instance of ``base``."""
+    return cast("Callable[[Callable[..., Any]], TaskT]", app.task(base=base, **options))
+
+
+@_inspect_command()
 def fault_threads(state: Any, **kwargs: Any) -> dict[str, Any]:
     """The worker MAIN process's pid and thread names (remote control, answered by the main
     process, never a pool child)."""
@@ -139,7 +158,7 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
             "fault-tick": {"task": "fault.tick", "schedule": 1.0, "args": ("beat",)},
         }
 
-    @app.task(base=LockedTask, bind=True, name="fault.work", lock_ttl=30, shared=False)
+    @_app_task(app, base=LockedTask, bind=True, name="fault.work", lock_ttl=30, shared=False)
     def work(self: Any, job: str, seconds: float = 0.0, fail: bool = False) -> dict[str, Any]:
         start = _enter(self, job)
         try:
@@ -150,7 +169,8 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         finally:
             _leave(self, job, start)
 
-    @app.task(
+    @_app_task(
+        app,
         base=LockedTask,
         bind=True,
         name="fault.publish_work",
@@ -166,8 +186,14 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         finally:
             _leave(self, job, start)
 
-    @app.task(
-        base=LockedTask, bind=True, name="fault.soft", soft_time_limit=1, lock_ttl=30, shared=False
+    @_app_task(
+        app,
+        base=LockedTask,
+        bind=True,
+        name="fault.soft",
+        soft_time_limit=1,
+        lock_ttl=30,
+        shared=False,
     )
     def soft(self: Any, job: str, seconds: float = 10.0) -> None:
         start = _enter(self, job)
@@ -181,15 +207,16 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         finally:
             _leave(self, job, start)
 
-    @app.task(
-        base=LockedTask, bind=True, name="fault.hard", time_limit=2, lock_ttl=30, shared=False
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.hard", time_limit=2, lock_ttl=30, shared=False
     )
     def hard(self: Any, job: str, seconds: float = 10.0) -> None:
         start = _enter(self, job)
         _sleep(seconds)
         _leave(self, job, start)
 
-    @app.task(
+    @_app_task(
+        app,
         base=LockedTask,
         bind=True,
         name="fault.redeliver",
@@ -205,7 +232,8 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         finally:
             _leave(self, job, start)
 
-    @app.task(
+    @_app_task(
+        app,
         base=LockedTask,
         bind=True,
         name="fault.lost",
@@ -222,13 +250,13 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         _leave(self, job, start)
         return os.getpid()
 
-    @app.task(base=LockedTask, bind=True, name="fault.lease3", lock_ttl=3, shared=False)
+    @_app_task(app, base=LockedTask, bind=True, name="fault.lease3", lock_ttl=3, shared=False)
     def lease3(self: Any, job: str, seconds: float = 30.0) -> None:
         start = _enter(self, job)
         _sleep(seconds)
         _leave(self, job, start)
 
-    @app.task(base=LockedTask, bind=True, name="fault.short_lease", lock_ttl=1, shared=False)
+    @_app_task(app, base=LockedTask, bind=True, name="fault.short_lease", lock_ttl=1, shared=False)
     def short_lease(self: Any, job: str, seconds: float = 6.0) -> dict[str, Any]:
         start = _enter(self, job)
         _sleep(seconds)
@@ -236,7 +264,7 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         _leave(self, job, start)
         return {"lost": lost, "threads": _thread_names()}
 
-    @app.task(base=LockedTask, bind=True, name="fault.threads", lock_ttl=30, shared=False)
+    @_app_task(app, base=LockedTask, bind=True, name="fault.threads", lock_ttl=30, shared=False)
     def threads(self: Any, job: str, seconds: float = 0.0) -> dict[str, Any]:
         start = _enter(self, job)
         _sleep(seconds)
@@ -250,7 +278,7 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         _leave(self, job, start)
         return reply
 
-    @app.task(base=LockedTask, bind=True, name="fault.lose", lock_ttl=1, shared=False)
+    @_app_task(app, base=LockedTask, bind=True, name="fault.lose", lock_ttl=1, shared=False)
     def lose(self: Any, job: str, wait: float = 8.0) -> dict[str, Any]:
         start = _enter(self, job)
         lock = self.lock
@@ -270,7 +298,7 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         _leave(self, job, start)
         return {"lost_at": lost_at, "ensure_held": ensure}
 
-    @app.task(base=LockedTask, bind=True, name="fault.tick", lock_ttl=5, shared=False)
+    @_app_task(app, base=LockedTask, bind=True, name="fault.tick", lock_ttl=5, shared=False)
     def tick(self: Any, job: str, seconds: float = 3.0) -> None:
         start = _enter(self, job)
         _sleep(seconds)

@@ -6,14 +6,18 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import redis
 
 from celery_singleton_lock import ReentrantLock
 
+T = TypeVar("T")
 
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.01) -> Any:
+
+def wait_until(
+    predicate: Callable[[], T | Literal[False] | None], timeout: float, interval: float = 0.01
+) -> T:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -45,12 +49,19 @@ def counting_client(port: int, **options: Any) -> Any:
     class CountingConnection(redis.Connection):
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
             sent[0] += 1
-            super().send_packed_command(command, check_health)
+            super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
     pool = redis.ConnectionPool(port=port, connection_class=CountingConnection, **options)
-    client = redis.Redis(connection_pool=pool)
+    client: Any = redis.Redis(connection_pool=pool)  # with an attribute of ours
     client.round_trips = sent
     return client
+
+
+def held_fence(lock: ReentrantLock) -> int:
+    """The fencing token of a lock the caller holds (every hold has one)."""
+    fence = lock.fence
+    assert fence is not None, "the lock is not held"
+    return fence
 
 
 def hold_counts(client: Any, key: str) -> dict[str, int]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery_fixtures import CeleryEnv, Gates, celery_env, new_app
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
 
 from celery_singleton_lock import LockBackendError, LockedTask
 from celery_singleton_lock.testing import free_port
@@ -22,13 +22,13 @@ gates = Gates()
 app = new_app("csl_down")
 
 
-@app.task(base=LockedTask, name="down.pub", lock_at="publish")
+@app_task(app, base=LockedTask, name="down.pub", lock_at="publish")
 def pub(key: str) -> str:
     gates.mark(key)
     return key
 
 
-@app.task(base=LockedTask, name="down.run")
+@app_task(app, base=LockedTask, name="down.run")
 def run(key: str) -> str:
     gates.mark(key)
     return key

@@ -16,10 +16,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import kombu
 import pytest
 from celery import chain, group
-from celery_fixtures import CeleryEnv, Gates, celery_env, new_app, wait_until
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
 
 from celery_singleton_lock import LockedTask
 
@@ -31,7 +32,7 @@ def _key() -> str:
     return uuid.uuid4().hex
 
 
-@app.task(base=LockedTask, bind=True, name="flow.retrying", lock_ttl=30)
+@app_task(app, base=LockedTask, bind=True, name="flow.retrying", lock_ttl=30)
 def retrying(self: Any, key: str) -> str:
     gates.mark(key, (self.request.retries, self.lock.fence, self.lock.owned()))
     if self.request.retries < 1:
@@ -39,7 +40,7 @@ def retrying(self: Any, key: str) -> str:
     return "done"
 
 
-@app.task(base=LockedTask, bind=True, name="flow.retrying_pub", lock_at="publish", lock_ttl=30)
+@app_task(app, base=LockedTask, bind=True, name="flow.retrying_pub", lock_at="publish", lock_ttl=30)
 def retrying_pub(self: Any, key: str) -> str:
     gates.mark(key, (self.request.retries, self.lock.fence, self.lock.owned()))
     if self.request.retries < 1:
@@ -47,7 +48,8 @@ def retrying_pub(self: Any, key: str) -> str:
     return "done"
 
 
-@app.task(
+@app_task(
+    app,
     base=LockedTask,
     bind=True,
     name="flow.autoretry",
@@ -62,7 +64,8 @@ def autoretry(self: Any, key: str) -> int:
     return int(self.request.retries)
 
 
-@app.task(
+@app_task(
+    app,
     base=LockedTask,
     bind=True,
     name="flow.autoretry_fail",
@@ -75,7 +78,7 @@ def autoretry_fail(self: Any, key: str) -> None:
     raise ValueError("always")
 
 
-class SlowHooks(LockedTask):  # type: ignore[misc]
+class SlowHooks(LockedTask):
     """A task whose after_return hook is slow (as hooks and postrun receivers can be): the
     result is visible while it runs, so a lock released only there would be seen held."""
 
@@ -84,25 +87,25 @@ class SlowHooks(LockedTask):  # type: ignore[misc]
         super().after_return(*args, **kwargs)
 
 
-@app.task(base=SlowHooks, name="flow.quick", lock_at="publish")
+@app_task(app, base=SlowHooks, name="flow.quick", lock_at="publish")
 def quick(key: str, i: int = 0) -> int:
     gates.mark(key)
     return i
 
 
-@app.task(base=LockedTask, name="flow.guarded", lock_ttl=30)
+@app_task(app, base=LockedTask, name="flow.guarded", lock_ttl=30)
 def guarded(key: str) -> str:
     gates.enter(key)
     return key
 
 
-@app.task(base=LockedTask, name="flow.guarded_pub", lock_at="publish", lock_ttl=30)
+@app_task(app, base=LockedTask, name="flow.guarded_pub", lock_at="publish", lock_ttl=30)
 def guarded_pub(key: str) -> str:
     gates.enter(key)
     return key
 
 
-@app.task(name="flow.after")
+@app_task(app, name="flow.after")
 def after(key: str) -> None:
     gates.mark(key)
 
@@ -184,11 +187,11 @@ def _raw_message(env: CeleryEnv, name: str, args: list[Any]) -> str:
     """Publish a protocol-2 task message the way another service would: kombu only, no
     Celery publisher, no lock header."""
     task_id = str(uuid.uuid4())
-    with kombu.Connection(env.app.conf.broker_url) as conn:
+    with Connection(env.app.conf.broker_url) as conn:  # type: ignore[no-untyped-call]  # kombu: unannotated
         producer = conn.Producer(serializer="json")
         producer.publish(
             [args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
-            exchange=kombu.Exchange("celery", "direct"),
+            exchange=Exchange("celery", "direct"),  # type: ignore[no-untyped-call]  # kombu: unannotated
             routing_key="celery",
             headers={
                 "lang": "py",
@@ -207,7 +210,9 @@ def _raw_message(env: CeleryEnv, name: str, args: list[Any]) -> str:
                 "origin": "another-service@host",
             },
             correlation_id=task_id,
-            declare=[kombu.Queue("celery", kombu.Exchange("celery", "direct"), "celery")],
+            declare=[
+                Queue("celery", Exchange("celery", "direct"), "celery"),  # type: ignore[no-untyped-call]  # kombu: unannotated
+            ],
         )
     return task_id
 

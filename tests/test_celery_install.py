@@ -4,13 +4,16 @@ tasks (no base class) get the same locking, run-time skip and publish-time dedup
 
 from __future__ import annotations
 
+import gc
 import uuid
+import weakref
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from celery import Celery, signals
-from celery_fixtures import BASE_CONF, CeleryEnv, Gates, celery_env, new_app, wait_until
+from celery_fixtures import BASE_CONF, CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
 
 from celery_singleton_lock import LockedTask, install
 
@@ -23,31 +26,31 @@ def _key() -> str:
     return uuid.uuid4().hex
 
 
-@app.task(name="inst.plain")
+@app_task(app, name="inst.plain")
 def plain(key: str) -> str:
     gates.enter(key)
     return key
 
 
-@app.task(name="inst.plain_pub")
+@app_task(app, name="inst.plain_pub")
 def plain_pub(key: str) -> str:
     gates.enter(key)
     return key
 
 
-@app.task(bind=True, name="inst.from_setting")
+@app_task(app, bind=True, name="inst.from_setting")
 def from_setting(self: Any, key: str) -> str:
     gates.enter(key)
     return key
 
 
-@app.task(name="inst.untouched")
+@app_task(app, name="inst.untouched")
 def untouched(key: str) -> str:
     gates.enter(key)
     return key
 
 
-@app.task(base=LockedTask, name="inst.base_pub", lock_at="publish")
+@app_task(app, base=LockedTask, name="inst.base_pub", lock_at="publish")
 def base_pub(key: str) -> str:
     return key
 
@@ -69,8 +72,8 @@ def test_installed_tasks_are_locked_and_others_are_not(env: CeleryEnv) -> None:
         assert isinstance(task, LockedTask), task.name
         assert type(task._get_current_object()).__mro__.count(LockedTask) == 1
     assert not isinstance(untouched, LockedTask)
-    assert plain_pub._lock_options.lock_at == "publish"
-    assert from_setting._lock_options.lock_ttl == 9
+    assert plain_pub.locking.options.lock_at == "publish"
+    assert from_setting.locking.options.lock_ttl == 9
 
 
 @pytest.mark.parametrize("task", [plain, from_setting], ids=["install", "setting"])
@@ -127,6 +130,39 @@ def test_send_task_by_name_takes_the_publish_lock(env: CeleryEnv) -> None:
     assert 85_000 < env.locks.pttl(plain_pub.lock_key_for(k)) <= 90_000  # lock_queue_ttl
     assert plain_pub.delay(k).id == r.id  # a later publish is deduplicated onto it
     assert plain_pub.release_lock(k)
+
+
+@pytest.mark.parametrize("delay", ["countdown", "eta"])
+def test_send_task_with_a_delay_holds_the_publish_lock_for_the_delay_too(
+    env: CeleryEnv, delay: str
+) -> None:
+    # As apply_async does: the lease is the delay plus lock_queue_ttl (90 s here), so the
+    # lock cannot expire while the message waits for its eta.
+    k = _key()
+    when: dict[str, Any] = (
+        {"countdown": 600}
+        if delay == "countdown"
+        else {"eta": datetime.now(UTC) + timedelta(seconds=600)}
+    )
+    r = env.app.send_task("inst.plain_pub", args=[k], queue="csl-nowhere", **when)
+    assert plain_pub.lock_holder(k) == r.id
+    assert 680_000 < env.locks.pttl(plain_pub.lock_key_for(k)) <= 690_000
+    assert plain_pub.release_lock(k)
+
+
+def test_an_installed_app_is_not_kept_alive_by_the_package() -> None:
+    # Per-app caches are weak, and the signal receivers hold no app: an app that its owner
+    # dropped is collected (a new app that got its id() must never inherit its client).
+    from celery_singleton_lock._celery.client import get_client
+
+    gone = Celery("csl_install_gone", set_as_current=False, broker="redis://127.0.0.1:1/0")
+    install(gone, tasks={"gone.task": {"lock_at": "publish"}})
+    gone.finalize()
+    get_client(gone)
+    ref = weakref.ref(gone)
+    del gone
+    gc.collect()
+    assert ref() is None
 
 
 def test_install_again_after_finalize_is_harmless(env: CeleryEnv) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery_fixtures import CeleryEnv, celery_env, new_app
+from celery_fixtures import CeleryEnv, app_task, celery_env, new_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kombu import serialization
@@ -20,33 +20,33 @@ from celery_singleton_lock import LockedTask
 app = new_app("csl_keys")
 
 
-@app.task(base=LockedTask, name="keys.f")
+@app_task(app, base=LockedTask, name="keys.f")
 def f(x: Any, y: Any = 2) -> Any:
     return None
 
 
-@app.task(base=LockedTask, bind=True, name="keys.bound")
+@app_task(app, base=LockedTask, bind=True, name="keys.bound")
 def bound(self: Any, x: Any, y: Any = 2) -> str:
     return str(self.lock.key)
 
 
-@app.task(base=LockedTask, bind=True, name="keys.echo")
+@app_task(app, base=LockedTask, bind=True, name="keys.echo")
 def echo(self: Any, *args: Any, **kwargs: Any) -> str:
     """Returns the key the worker computed from the arguments it received."""
     return str(self.lock.key)
 
 
-@app.task(base=LockedTask, name="keys.any")
+@app_task(app, base=LockedTask, name="keys.any")
 def anyargs(a: Any = None, b: Any = None, *rest: Any, **extra: Any) -> None:
     return None
 
 
-@app.task(base=LockedTask, name="keys.pub", lock_at="publish")
+@app_task(app, base=LockedTask, name="keys.pub", lock_at="publish")
 def pub(x: Any) -> None:
     return None
 
 
-@app.task(base=LockedTask, name="keys.custom", lock_key=lambda x, y=2: "k" * 100_000 + str(x))
+@app_task(app, base=LockedTask, name="keys.custom", lock_key=lambda x, y=2: "k" * 100_000 + str(x))
 def custom(x: Any, y: Any = 2) -> None:
     return None
 
@@ -54,17 +54,17 @@ def custom(x: Any, y: Any = 2) -> None:
 LONG_NAME = "keys." + "n" * 1000
 
 
-@app.task(base=LockedTask, name=LONG_NAME)
+@app_task(app, base=LockedTask, name=LONG_NAME)
 def long_named(x: Any) -> None:
     return None
 
 
-@app.task(base=LockedTask, name=LONG_NAME + "2")
+@app_task(app, base=LockedTask, name=LONG_NAME + "2")
 def long_named2(x: Any) -> None:
     return None
 
 
-class ClassBased(LockedTask):  # type: ignore[misc]
+class ClassBased(LockedTask):
     name = "keys.class_based"
 
     def run(self, x: Any, y: Any = 2) -> str:
@@ -149,8 +149,12 @@ def test_worker_key_equals_publisher_key_after_the_serializer(
 
 
 def _round_trip(args: Any, kwargs: Any, serializer: str) -> tuple[Any, Any]:
-    content_type, encoding, data = serialization.dumps((args, kwargs, {}), serializer=serializer)
-    loaded = serialization.loads(data, content_type, encoding, accept={content_type})
+    content_type, encoding, data = serialization.dumps(  # type: ignore[no-untyped-call]  # kombu: unannotated
+        (args, kwargs, {}), serializer=serializer
+    )
+    loaded = serialization.loads(  # type: ignore[no-untyped-call]  # kombu: unannotated
+        data, content_type, encoding, accept={content_type}
+    )
     return loaded[0], loaded[1]
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from celery import signals
 from celery.exceptions import Ignore, Reject
-from celery_fixtures import CeleryEnv, Gates, celery_env, new_app, wait_until
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask, ReentrantLock, TaskLockedError
 
@@ -27,11 +27,13 @@ attempts: dict[str, list[float]] = defaultdict(list)
 _attempts_lock = threading.Lock()
 
 
-@signals.task_prerun.connect(weak=False, dispatch_uid="csl-test-opts-prerun")
 def _record_attempt(sender: Any = None, task_id: str | None = None, **kwargs: Any) -> None:
     if str(getattr(sender, "name", "")).startswith("opts.") and task_id:
         with _attempts_lock:
             attempts[task_id].append(time.monotonic())
+
+
+signals.task_prerun.connect(_record_attempt, weak=False, dispatch_uid="csl-test-opts-prerun")
 
 
 def _key() -> str:
@@ -41,34 +43,35 @@ def _key() -> str:
 # -- tasks (one name each) ------------------------------------------------------------------
 
 
-@app.task(base=LockedTask, name="opts.hold")
+@app_task(app, base=LockedTask, name="opts.hold")
 def hold(key: str) -> str:
     gates.enter(key)
     return key
 
 
-@app.task(base=LockedTask, name="opts.short_ttl", lock_ttl=7)
+@app_task(app, base=LockedTask, name="opts.short_ttl", lock_ttl=7)
 def short_ttl(key: str) -> None:
     gates.enter(key)
 
 
-@app.task(base=LockedTask, name="opts.pub", lock_at="publish")
+@app_task(app, base=LockedTask, name="opts.pub", lock_at="publish")
 def pub(key: str) -> str:
     gates.enter(key)
     return key
 
 
-@app.task(base=LockedTask, name="opts.pub_qttl", lock_at="publish", lock_queue_ttl=120)
+@app_task(app, base=LockedTask, name="opts.pub_qttl", lock_at="publish", lock_queue_ttl=120)
 def pub_qttl(key: str) -> None:
     gates.enter(key)
 
 
-@app.task(base=LockedTask, name="opts.pub_raise", lock_at="publish", lock_on_duplicate="raise")
+@app_task(app, base=LockedTask, name="opts.pub_raise", lock_at="publish", lock_on_duplicate="raise")
 def pub_raise(key: str) -> None:
     gates.enter(key)
 
 
-@app.task(
+@app_task(
+    app,
     base=LockedTask,
     bind=True,
     name="opts.release_on_start",
@@ -80,12 +83,13 @@ def release_on_start(self: Any, key: str) -> None:
     gates.enter(key)
 
 
-@app.task(base=LockedTask, name="opts.unique", lock_unique_on=["account_id"])
+@app_task(app, base=LockedTask, name="opts.unique", lock_unique_on=["account_id"])
 def unique(account_id: str, full: bool = False) -> None:
     gates.enter(account_id)
 
 
-@app.task(
+@app_task(
+    app,
     base=LockedTask,
     bind=True,
     name="opts.custom_key",
@@ -96,7 +100,8 @@ def custom_key(self: Any, job: str, note: str = "") -> str:
     return str(self.lock.key)
 
 
-@app.task(
+@app_task(
+    app,
     base=LockedTask,
     name="opts.retry",
     lock_on_locked="retry",
@@ -108,7 +113,8 @@ def retry_task(key: str) -> str:
     return "ran"
 
 
-@app.task(
+@app_task(
+    app,
     base=LockedTask,
     name="opts.pub_retry",
     lock_at="publish",
@@ -121,7 +127,8 @@ def pub_retry(key: str) -> str:
     return "ran"
 
 
-@app.task(
+@app_task(
+    app,
     base=LockedTask,
     name="opts.retry_few",
     lock_on_locked="retry",
@@ -132,7 +139,8 @@ def retry_few(key: str) -> None:
     gates.enter(key)
 
 
-@app.task(
+@app_task(
+    app,
     base=LockedTask,
     name="opts.retry_slow",
     lock_on_locked="retry",
@@ -143,28 +151,30 @@ def retry_slow(key: str) -> None:
     gates.enter(key)
 
 
-@app.task(base=LockedTask, name="opts.retry_default", lock_on_locked="retry", lock_ttl=2)
+@app_task(app, base=LockedTask, name="opts.retry_default", lock_on_locked="retry", lock_ttl=2)
 def retry_default(key: str) -> None:
     gates.enter(key)
 
 
-@app.task(base=LockedTask, name="opts.raise", lock_on_locked="raise")
+@app_task(app, base=LockedTask, name="opts.raise", lock_on_locked="raise")
 def raise_task(key: str) -> None:
     gates.enter(key)
 
 
-@app.task(base=LockedTask, name="opts.wait", lock_on_locked="wait", lock_wait_timeout=8)
+@app_task(app, base=LockedTask, name="opts.wait", lock_on_locked="wait", lock_wait_timeout=8)
 def wait_task(key: str) -> str:
     gates.enter(key)
     return "ran"
 
 
-@app.task(base=LockedTask, name="opts.wait_short", lock_on_locked="wait", lock_wait_timeout=0.6)
+@app_task(
+    app, base=LockedTask, name="opts.wait_short", lock_on_locked="wait", lock_wait_timeout=0.6
+)
 def wait_short(key: str) -> None:
     gates.enter(key)
 
 
-@app.task(base=LockedTask, bind=True, name="opts.api")
+@app_task(app, base=LockedTask, bind=True, name="opts.api")
 def api(self: Any, key: str) -> dict[str, Any]:
     lock = self.lock
     assert isinstance(lock, ReentrantLock)
@@ -192,12 +202,12 @@ def _terminal(self: Any, key: str, how: str) -> str:
     return "ok"
 
 
-@app.task(base=LockedTask, bind=True, name="opts.term_run", lock_ttl=30)
+@app_task(app, base=LockedTask, bind=True, name="opts.term_run", lock_ttl=30)
 def term_run(self: Any, key: str, how: str) -> str:
     return _terminal(self, key, how)
 
 
-@app.task(base=LockedTask, bind=True, name="opts.term_pub", lock_at="publish", lock_ttl=30)
+@app_task(app, base=LockedTask, bind=True, name="opts.term_pub", lock_at="publish", lock_ttl=30)
 def term_pub(self: Any, key: str, how: str) -> str:
     return _terminal(self, key, how)
 

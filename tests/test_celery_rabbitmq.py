@@ -7,9 +7,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-import kombu
 import pytest
-from celery_fixtures import CeleryEnv, Gates, celery_env, new_app, wait_until
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from kombu.connection import Connection
 
 from celery_singleton_lock import LockedTask
 
@@ -20,13 +20,13 @@ gates = Gates()
 app = new_app("csl_rabbit")
 
 
-@app.task(base=LockedTask, name="rabbit.run")
+@app_task(app, base=LockedTask, name="rabbit.run")
 def run(key: str) -> str:
     gates.enter(key)
     return key
 
 
-@app.task(base=LockedTask, name="rabbit.pub", lock_at="publish")
+@app_task(app, base=LockedTask, name="rabbit.pub", lock_at="publish")
 def pub(key: str) -> str:
     gates.enter(key)
     return key
@@ -34,7 +34,7 @@ def pub(key: str) -> str:
 
 def _rabbitmq_unreachable() -> str | None:
     try:
-        with kombu.Connection(AMQP_URL, connect_timeout=3) as conn:
+        with Connection(AMQP_URL, connect_timeout=3) as conn:  # type: ignore[no-untyped-call]  # kombu: unannotated
             conn.ensure_connection(max_retries=1, timeout=3)
     except Exception as exc:  # any failure to connect means: not reachable
         return f"{type(exc).__name__}: {exc}"
@@ -58,7 +58,7 @@ def env() -> Iterator[CeleryEnv]:
         ) as env:
             yield env
     finally:
-        with kombu.Connection(AMQP_URL, connect_timeout=3) as conn:
+        with Connection(AMQP_URL, connect_timeout=3) as conn:  # type: ignore[no-untyped-call]  # kombu: unannotated
             channel = conn.channel()
             try:
                 channel.queue_delete(QUEUE)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery_fixtures import BASE_CONF, DB_BROKER, redis_server, running_worker
+from celery_fixtures import BASE_CONF, DB_BROKER, app_task, redis_server, running_worker
 
 from celery_singleton_lock import LockBackendError, LockedTask, install
-from celery_singleton_lock._settings import reset_client
+from celery_singleton_lock._celery.client import reset_client
 from celery_singleton_lock.testing import RedisServer, free_port
 
 
@@ -31,10 +31,12 @@ def _app(name: str, **conf: Any) -> Celery:
     return app
 
 
-def _queued_lock_task(app: Celery, **options: Any) -> Any:
+def _queued_lock_task(app: Celery, **options: Any) -> LockedTask:
     """A publish-time task: publishing it to a queue no worker reads takes its lock."""
 
-    @app.task(base=LockedTask, name="settings.queued", lock_at="publish", shared=False, **options)
+    @app_task(
+        app, base=LockedTask, name="settings.queued", lock_at="publish", shared=False, **options
+    )
     def queued(x: Any) -> None:
         return None
 
@@ -174,7 +176,7 @@ def test_django_style_celery_namespace_settings(server: RedisServer) -> None:
     app.config_from_object(DjangoSettings, namespace="CELERY")
     locks = server.client(db=9)
 
-    @app.task(base=LockedTask, bind=True, name="settings.dj_run", shared=False)
+    @app_task(app, base=LockedTask, bind=True, name="settings.dj_run", shared=False)
     def dj_run(self: Any, x: Any) -> dict[str, Any]:
         return {"key": self.lock.key, "pttl": int(locks.pttl(self.lock.key))}
 
@@ -244,7 +246,7 @@ def test_bad_options_on_a_lazy_app_raise_at_finalize_naming_the_task() -> None:
 def test_bad_options_on_a_subclass_raise_at_class_creation() -> None:
     with pytest.raises(ValueError, match=r"MyTask.*lock_on_locked"):
 
-        class MyTask(LockedTask):  # type: ignore[misc]
+        class MyTask(LockedTask):
             lock_on_locked = "sometimes"
 
 

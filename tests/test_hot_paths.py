@@ -8,15 +8,16 @@ import json
 import os
 import threading
 from collections import UserDict
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import redis
 from celery import Celery
 
-from celery_singleton_lock import ReentrantLock, _direct
-from celery_singleton_lock._settings import DEFAULTS, setting
-from celery_singleton_lock._task import _HOST, _info
+from celery_singleton_lock import ReentrantLock
+from celery_singleton_lock._celery.info import HOST, holder_info
+from celery_singleton_lock._celery.settings import DEFAULTS, setting
+from celery_singleton_lock._lock import connection
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -32,6 +33,8 @@ def _setting_by_conf_get(app: Any, name: str) -> Any:
 class _ConfigObject:
     singleton_lock_prefix = "from-object"
     CELERY_SINGLETON_LOCK_TTL = 9
+    #: set and deleted by test_setting_sees_changes_made_after_the_first_read
+    singleton_lock_queue_ttl: ClassVar[int]
 
 
 class _DjangoLike:
@@ -86,15 +89,15 @@ def test_setting_sees_changes_made_after_the_first_read() -> None:
 )
 def test_info_is_the_json_it_always_was(task: str, task_id: str, state: str) -> None:
     expected = json.dumps(
-        {"task": task, "id": task_id, "state": state, "host": _HOST, "pid": os.getpid()},
+        {"task": task, "id": task_id, "state": state, "host": HOST, "pid": os.getpid()},
         separators=(",", ":"),
     )
-    assert _info(task, task_id, state) == expected
-    assert json.loads(_info(task, task_id, state))["id"] == task_id
+    assert holder_info(task, task_id, state) == expected
+    assert json.loads(holder_info(task, task_id, state))["id"] == task_id
 
 
 def _kept_connection(client: Any) -> Any:
-    by_pool = _direct._local.__dict__.get("by_pool") or {}
+    by_pool = connection._local.__dict__.get("by_pool") or {}
     borrowed = by_pool.get(client.connection_pool)
     return None if borrowed is None else borrowed.conn
 
@@ -169,10 +172,12 @@ def test_the_lock_s_packer_writes_what_redis_py_writes(encoding: str, errors: st
         ("SET", "k", "v" * 10_000),
     ]
     for command in commands:
-        assert _direct._pack(command, encoding, errors) == [b"".join(conn.pack_command(*command))]
+        assert connection._pack(command, encoding, errors) == [
+            b"".join(conn.pack_command(*command))  # type: ignore[no-untyped-call]  # redis-py: unannotated
+        ]
     # anything else is left to redis-py's packer
-    assert _direct._pack(("SET", "k", 1.5), encoding, errors) is None
-    assert _direct._pack(("SET", "k", True), encoding, errors) is None
+    assert connection._pack(("SET", "k", 1.5), encoding, errors) is None
+    assert connection._pack(("SET", "k", True), encoding, errors) is None
 
 
 def test_a_kept_connection_closed_by_the_server_is_replaced(make_redis_server: Any) -> None:

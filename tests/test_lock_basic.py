@@ -12,18 +12,15 @@ from typing import Any
 
 import pytest
 import redis
-from lock_helpers import command_calls, counting_client, hold_counts, wait_until
+from lock_helpers import command_calls, counting_client, held_fence, hold_counts, wait_until
 from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import (
-    LockLostError,
-    LockNotOwnedError,
-    ReentrantLock,
-    _backend,
-    _scripts,
-)
-from celery_singleton_lock._keys import LockKeys
+from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock
+from celery_singleton_lock._lock import commands
+from celery_singleton_lock._lock import scripts as _scripts
+from celery_singleton_lock._lock.commands import ReleaseReply
+from celery_singleton_lock._lock.keys import LockKeys
 
 # an assertion that fails in a helper thread fails the test
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
@@ -172,7 +169,7 @@ def test_another_owner_cannot_release(redis_client: Any) -> None:
     with pytest.raises(LockNotOwnedError, match="intruder"):
         intruder.release()
     # The Lua script checks the owner too, not only the local hold count.
-    assert _backend.release(redis_client, LockKeys.for_name("lock", "mine"), "intruder") == -1
+    assert not commands.release(redis_client, LockKeys.for_name("lock", "mine"), "intruder").owned
     assert hold_counts(redis_client, holder.key) == {"holder": 1}
     holder.release()
     assert redis_client.exists(holder.key) == 0
@@ -208,11 +205,11 @@ def test_fence_increases_for_every_new_holder(redis_client: Any) -> None:
     a = ReentrantLock(redis_client, "fenced", ttl=30, owner="a")
     b = ReentrantLock(redis_client, "fenced", ttl=30, owner="b")
     keys = LockKeys.for_name("lock", "fenced")
-    fences = []
+    fences: list[int] = []
 
     assert a.fence is None
     assert a.acquire()
-    fences.append(a.fence)
+    fences.append(held_fence(a))
     assert a.acquire() and a.fence == fences[-1]  # re-entry is the same holder
     a.release()
     a.release()
@@ -221,14 +218,14 @@ def test_fence_increases_for_every_new_holder(redis_client: Any) -> None:
 
     for lock in (b, a, b):  # new holders after the hash was deleted
         assert lock.acquire()
-        fences.append(lock.fence)
+        fences.append(held_fence(lock))
         lock.release()
 
     assert a.acquire()  # an operator's force release: the next holder still gets more
-    fences.append(a.fence)
-    assert _backend.force_release(redis_client, keys)
+    fences.append(held_fence(a))
+    assert commands.force_release(redis_client, keys)
     assert b.acquire()
-    fences.append(b.fence)
+    fences.append(held_fence(b))
     b.release()
     with pytest.raises(LockNotOwnedError):
         a.release()
@@ -237,14 +234,14 @@ def test_fence_increases_for_every_new_holder(redis_client: Any) -> None:
     redis_client.pexpire(keys.meta, 1)
     wait_until(lambda: redis_client.exists(keys.meta) == 0, 5)
     assert a.acquire()
-    fences.append(a.fence)
+    fences.append(held_fence(a))
     a.release()
 
     # A stored token ahead of the server clock still only grows.
     redis_client.hset(keys.meta, "fence", fences[-1] + 10**12)
     for lock in (b, a):
         assert lock.acquire()
-        fences.append(lock.fence)
+        fences.append(held_fence(lock))
         lock.release()
     assert fences[-2:] == [fences[-3] + 10**12 + 1, fences[-3] + 10**12 + 2]
 
@@ -260,7 +257,7 @@ def test_keys_left_behind_are_bounded_and_all_expire(redis_client: Any) -> None:
     assert lock.acquire()
     keys = LockKeys.for_name("lock", "user:0")
     assert 0 < redis_client.pttl(keys.lock) <= 10_000
-    assert 0 < redis_client.pttl(keys.meta) <= 10_000 + _backend.META_RETENTION_MS
+    assert 0 < redis_client.pttl(keys.meta) <= 10_000 + commands.META_RETENTION_MS
     lock.release()
 
     for i in range(2000):
@@ -284,26 +281,27 @@ def test_a_lock_whose_holder_vanished_leaves_only_an_expiring_meta(redis_client:
     wait_until(lambda: redis_client.exists(lock.key) == 0, 5)
     remaining = list(redis_client.scan_iter())
     assert remaining == [lock.key.encode() + b":meta"]
-    assert 0 < redis_client.pttl(remaining[0]) <= 200 + _backend.META_RETENTION_MS
+    assert 0 < redis_client.pttl(remaining[0]) <= 200 + commands.META_RETENTION_MS
 
 
 def test_a_meta_hash_lost_while_held_is_rebuilt_with_a_ttl(redis_client: Any) -> None:
     # The meta hash (fence, request ids) can vanish while the lock is held: an eviction policy
     # such as volatile-lru picks keys with a TTL, or an operator deletes it.
     keys = LockKeys.for_name("lock", "evicted")
-    first = _backend.acquire(redis_client, keys, "task", 30_000, "r1")
+    first = commands.acquire(redis_client, keys, "task", 30_000, "r1")
     redis_client.delete(keys.meta)
-    again = _backend.acquire(redis_client, keys, "task", 30_000, "r2")  # another process
-    assert again.acquired and again.count == 2
-    assert again.fence is not None and again.fence > first.fence  # a new, larger token
-    assert 0 < redis_client.pttl(keys.meta) <= 30_000 + _backend.META_RETENTION_MS
+    again = commands.acquire(redis_client, keys, "task", 30_000, "r2")  # another process
+    assert again.acquired and again.hold_count == 2
+    assert again.fence is not None and first.fence is not None
+    assert again.fence > first.fence  # a new, larger token
+    assert 0 < redis_client.pttl(keys.meta) <= 30_000 + commands.META_RETENTION_MS
 
     redis_client.delete(keys.meta)
-    assert _backend.release(redis_client, keys, "task") == 1
+    assert commands.release(redis_client, keys, "task") == ReleaseReply(True, 1)
     assert all(redis_client.pttl(key) > 0 for key in redis_client.scan_iter())  # none immortal
-    assert _backend.release(redis_client, keys, "task") == 0
+    assert commands.release(redis_client, keys, "task").freed
     assert list(redis_client.scan_iter()) == [keys.meta.encode()]
-    assert 0 < redis_client.pttl(keys.meta) <= _backend.META_RETENTION_MS
+    assert 0 < redis_client.pttl(keys.meta) <= commands.META_RETENTION_MS
 
 
 # -- idempotent acquire --------------------------------------------------------------------
@@ -311,21 +309,21 @@ def test_a_meta_hash_lost_while_held_is_rebuilt_with_a_ttl(redis_client: Any) ->
 
 def test_acquire_is_idempotent_per_request_id(redis_client: Any) -> None:
     keys = LockKeys.for_name("lock", "idem")
-    first = _backend.acquire(redis_client, keys, "worker-1", 30_000, "req-1")
-    resent = _backend.acquire(redis_client, keys, "worker-1", 30_000, "req-1")
+    first = commands.acquire(redis_client, keys, "worker-1", 30_000, "req-1")
+    resent = commands.acquire(redis_client, keys, "worker-1", 30_000, "req-1")
     assert first.acquired and resent.acquired
-    assert first.count == resent.count == 1
+    assert first.hold_count == resent.hold_count == 1
     assert resent.fence == first.fence
     assert hold_counts(redis_client, keys.lock) == {"worker-1": 1}
-    assert _backend.release(redis_client, keys, "worker-1") == 0  # one release frees it
+    assert commands.release(redis_client, keys, "worker-1").freed  # one release frees it
     assert redis_client.exists(keys.lock) == 0
 
     # Without the request id a resend would be a second hold, and one release would not free it.
-    _backend.acquire(redis_client, keys, "worker-1", 30_000, "req-2")
-    again = _backend.acquire(redis_client, keys, "worker-1", 30_000, "req-3")
-    assert again.count == 2
-    assert _backend.release(redis_client, keys, "worker-1") == 1
-    assert _backend.release(redis_client, keys, "worker-1") == 0
+    commands.acquire(redis_client, keys, "worker-1", 30_000, "req-2")
+    again = commands.acquire(redis_client, keys, "worker-1", 30_000, "req-3")
+    assert again.hold_count == 2
+    assert commands.release(redis_client, keys, "worker-1") == ReleaseReply(True, 1)
+    assert commands.release(redis_client, keys, "worker-1").freed
 
 
 # A plain Lua loop keeps the single-threaded server busy (TIME inside a script may be frozen
@@ -393,21 +391,21 @@ def test_redis_py_resends_a_timed_out_command_so_acquire_must_be_idempotent(
     reply = _with_busy_server(
         server,
         0.4,
-        lambda: _backend.acquire(retrying, keys, "worker-1", 30_000, "req-once"),
+        lambda: commands.acquire(retrying, keys, "worker-1", 30_000, "req-once"),
     )
     assert command_calls(admin)["evalsha"] - evalsha_before == 2  # it was run twice
-    assert reply.acquired and reply.count == 1
+    assert reply.acquired and reply.hold_count == 1
     assert hold_counts(admin, keys.lock) == {"worker-1": 1}
 
     # A resent release drops one hold, not two (and does not answer "not the owner").
-    assert _backend.acquire(admin, keys, "worker-1", 30_000, "req-twice").count == 2
+    assert commands.acquire(admin, keys, "worker-1", 30_000, "req-twice").hold_count == 2
     _scripts.RELEASE.load(admin)
     evalsha_before = command_calls(admin)["evalsha"]
-    left = _with_busy_server(server, 0.4, lambda: _backend.release(retrying, keys, "worker-1"))
+    left = _with_busy_server(server, 0.4, lambda: commands.release(retrying, keys, "worker-1"))
     assert command_calls(admin)["evalsha"] - evalsha_before == 2
-    assert left == 1
+    assert left == ReleaseReply(True, 1)
     assert hold_counts(admin, keys.lock) == {"worker-1": 1}
-    assert _backend.release(admin, keys, "worker-1") == 0
+    assert commands.release(admin, keys, "worker-1").freed
     assert admin.exists(keys.lock) == 0
 
 
@@ -455,7 +453,7 @@ def test_wrong_client_type_is_refused(client: Any) -> None:
 def test_connection_pool_is_not_a_client(redis_server: Any) -> None:
     pool = redis.ConnectionPool(port=redis_server.port)
     with pytest.raises(TypeError, match=r"\bclient\b"):
-        ReentrantLock(pool, "name")
+        ReentrantLock(pool, "name")  # type: ignore[arg-type]  # the wrong type on purpose
 
 
 @pytest.mark.parametrize(
@@ -528,7 +526,7 @@ def test_scripts_reload_after_script_flush(redis_client: Any) -> None:
 
 def test_inspect_reads_one_lock_atomically(redis_client: Any) -> None:
     keys = LockKeys.for_name("lock", "inspected")
-    free = _backend.inspect(redis_client, keys)
+    free = commands.inspect(redis_client, keys)
     assert (free.held, free.holder, free.pttl, free.fence, free.owners) == (
         False,
         None,
@@ -538,12 +536,12 @@ def test_inspect_reads_one_lock_atomically(redis_client: Any) -> None:
     )
     lock = ReentrantLock(redis_client, "inspected", ttl=30, owner="op", info="job 7")
     assert lock.acquire() and lock.acquire()
-    state = _backend.inspect(redis_client, keys)
+    state = commands.inspect(redis_client, keys)
     assert state.held and state.holder == "op" and state.owners == {"op": 1}
     assert 0 < state.pttl <= 30_000
     assert state.fence == lock.fence and state.info == "job 7"
     assert state.since_ms is not None and abs(state.since_ms / 1000 - time.time()) < 60
     lock.release()
     lock.release()
-    after = _backend.inspect(redis_client, keys)
+    after = commands.inspect(redis_client, keys)
     assert not after.held and after.fence == state.fence  # the token outlives the hold

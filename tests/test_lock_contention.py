@@ -14,9 +14,10 @@ import pytest
 import redis
 from lock_helpers import overlap_worker, try_once_worker, wait_until
 
-from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock, _backend
-from celery_singleton_lock._keys import LockKeys
-from celery_singleton_lock._wakeup import get_hub
+from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock
+from celery_singleton_lock._lock import commands
+from celery_singleton_lock._lock.keys import LockKeys
+from celery_singleton_lock._lock.wakeup import get_hub
 
 # an assertion that fails in a helper thread fails the test
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
@@ -310,8 +311,8 @@ def test_an_operators_force_release_wakes_waiters_and_the_holder_learns_it_lost(
     _await_waiters(redis_client, "ops", holder.key)
     forced = time.monotonic()
     keys = LockKeys.for_name("ops", "forced")
-    assert _backend.force_release(redis_client, keys, holder="someone-else") is False
-    assert _backend.force_release(redis_client, keys, holder="holder") is True
+    assert commands.force_release(redis_client, keys, holder="someone-else") is False
+    assert commands.force_release(redis_client, keys, holder="holder") is True
     thread.join(5 * lease)
     assert "at" in got and got["at"] - forced < PROMPT  # the release was pushed
     assert holder.lost.wait(lease)  # the heartbeat found it gone

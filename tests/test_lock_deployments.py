@@ -12,18 +12,18 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
-from lock_helpers import wait_until
+from lock_helpers import held_fence, wait_until
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from celery_singleton_lock import LockBackendError, ReentrantLock
-from celery_singleton_lock._heartbeat import get_heartbeat
+from celery_singleton_lock._lock.heartbeat import get_heartbeat
 from celery_singleton_lock.testing import RedisServer, find_redis_server, free_port
 
 # an assertion that fails in a helper thread fails the test
@@ -96,7 +96,7 @@ def redis_cluster(nodes: int = 3) -> Iterator[list[RedisServer]]:
                 "--cluster-port", str(bus),
                 "--cluster-node-timeout", "5000",
             )  # fmt: skip
-            server.bus_port = bus  # type: ignore[attr-defined]
+            server.bus_port = bus  # type: ignore[attr-defined]  # an attribute of the test's own
             servers.append(server.start())
         first = servers[0].client()
         for server in servers[1:]:
@@ -105,7 +105,7 @@ def redis_cluster(nodes: int = 3) -> Iterator[list[RedisServer]]:
                 "MEET",
                 "127.0.0.1",
                 server.port,
-                server.bus_port,  # type: ignore[attr-defined]
+                server.bus_port,  # type: ignore[attr-defined]  # set above
             )
         size = 16384 // nodes
         for i, server in enumerate(servers):
@@ -133,11 +133,12 @@ def redis_cluster(nodes: int = 3) -> Iterator[list[RedisServer]]:
 
 
 def _names_in_distinct_slots(client: RedisCluster, count: int) -> list[str]:
-    names, slots = [], set()
+    names: list[str] = []
+    slots: set[int] = set()
     i = 0
     while len(names) < count:
         name = f"job-{i}"
-        slot = client.keyslot(f"lock:{{{name}}}")
+        slot = client.keyslot(f"lock:{{{name}}}")  # type: ignore[no-untyped-call]  # redis-py: unannotated
         if slot not in slots:
             slots.add(slot)
             names.append(name)
@@ -161,7 +162,7 @@ def test_redis_cluster() -> None:
 
             # the heartbeat renews locks spread over many slots (one script call per slot)
             names = _names_in_distinct_slots(client, 60)
-            nodes = {client.get_node_from_key(f"lock:{{{n}}}").port for n in names}
+            nodes = {client.get_node_from_key(f"lock:{{{n}}}").port for n in names}  # type: ignore[no-untyped-call]  # redis-py: unannotated
             assert nodes == {s.port for s in servers}
             locks = [ReentrantLock(client, name, ttl=0.6) for name in names]
             renewed = get_heartbeat().renewed
@@ -175,11 +176,11 @@ def test_redis_cluster() -> None:
 
             # every key of a lock is in one slot; the fence survives the hash's deletion
             lock = ReentrantLock(client, "cluster-fence", ttl=5)
-            fences = []
+            fences: list[int] = []
             for _ in range(3):
                 assert lock.acquire()
-                fences.append(lock.fence)
-                assert client.keyslot(lock.key) == client.keyslot(lock.key + ":meta")
+                fences.append(held_fence(lock))
+                assert client.keyslot(lock.key) == client.keyslot(lock.key + ":meta")  # type: ignore[no-untyped-call]  # redis-py: unannotated
                 lock.release()
             assert fences == sorted(set(fences))
         finally:
@@ -213,7 +214,11 @@ def redis_sentinel(master: RedisServer, name: str = "mymaster") -> Iterator[int]
 
         def up() -> bool:
             try:
-                address = probe.sentinel_get_master_addr_by_name(name)
+                # a plain client's reply: the parsed (host, port), or None (the bool of the
+                # annotation is what redis.sentinel.Sentinel's own method returns)
+                address = cast(
+                    "tuple[bytes | str, int] | None", probe.sentinel_get_master_addr_by_name(name)
+                )
                 return address is not None and int(address[1]) == master.port
             except redis.ConnectionError:
                 assert process.poll() is None, (folder / "sentinel.log").read_text()
@@ -231,8 +236,8 @@ def redis_sentinel(master: RedisServer, name: str = "mymaster") -> Iterator[int]
 def test_redis_sentinel(make_redis_server: Any) -> None:
     master = make_redis_server()
     with redis_sentinel(master) as port:
-        sentinel = Sentinel([("127.0.0.1", port)], socket_timeout=2)
-        client = sentinel.master_for("mymaster", socket_timeout=2)
+        sentinel = Sentinel([("127.0.0.1", port)], socket_timeout=2)  # type: ignore[no-untyped-call]  # redis-py: unannotated
+        client = sentinel.master_for("mymaster", socket_timeout=2)  # type: ignore[no-untyped-call]  # redis-py: unannotated
         lock = ReentrantLock(client, "via-sentinel", ttl=5)
         assert lock.acquire()
         assert master.client().hkeys(lock.key) == [lock.owner.encode()]

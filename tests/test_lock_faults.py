@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,8 +26,8 @@ from celery_singleton_lock import (
     LockTimeoutError,
     ReentrantLock,
 )
-from celery_singleton_lock._heartbeat import get_heartbeat
-from celery_singleton_lock._wakeup import get_hub
+from celery_singleton_lock._lock.heartbeat import get_heartbeat
+from celery_singleton_lock._lock.wakeup import get_hub
 from celery_singleton_lock.testing import free_port
 
 # an assertion that fails in a helper thread fails the test
@@ -45,13 +46,14 @@ def _no_retry_client(port: int, timeout: float = 0.5) -> Any:
 def test_redis_down_raises_backend_error_at_once() -> None:
     client = _no_retry_client(free_port())
     lock = ReentrantLock(client, "down", ttl=1)
-    for call in (
+    calls: tuple[Callable[[], bool], ...] = (
         lambda: lock.acquire(),
         lambda: lock.acquire(blocking=False),
         lambda: lock.acquire(timeout=5),
         lambda: lock.owned(),
         lambda: lock.locked(),
-    ):
+    )
+    for call in calls:
         started = time.monotonic()
         with pytest.raises(LockBackendError) as info:
             call()

@@ -18,8 +18,8 @@ import redis
 from lock_helpers import counting_client, hold_counts, hold_forever_worker
 
 from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock
-from celery_singleton_lock._heartbeat import get_heartbeat
-from celery_singleton_lock._owner import default_owner
+from celery_singleton_lock._lock.heartbeat import get_heartbeat
+from celery_singleton_lock._lock.owner import default_owner
 
 # an assertion that fails in a helper thread fails the test
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
@@ -201,6 +201,7 @@ def test_a_holder_killed_with_sigkill_frees_the_lock_within_a_lease(
         target=hold_forever_worker, args=(redis_server.port, "killed", lease, held), daemon=True
     )
     holder.start()
+    assert holder.pid is not None  # set by start()
     try:
         assert held.wait(10)
         # Let the heartbeat renew it at least once, so the lock would outlive a lease if

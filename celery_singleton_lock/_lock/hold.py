@@ -1,5 +1,10 @@
-"""One process's hold on one lock: shared by every lock object with the same client, name and
-owner, so nested re-entry in a process is counted here and never reaches Redis."""
+"""One process's hold on one lock, and the registry of the holds this process has.
+
+A hold is shared by every lock object with the same client, name and owner, so nested re-entry
+in a process is counted here and never reaches Redis. The registry keeps a hold only while it
+is held (or being taken), and starts empty in a forked child: a child owns nothing its parent
+held, and must not renew it.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,9 @@ import time
 import weakref
 from typing import Any
 
-from ._keys import LockKeys
+from .keys import LockKeys
 
-__all__ = ["Hold", "LeaseLost"]
+__all__ = ["Hold", "LeaseLost", "find_hold", "forget_hold", "hold_for"]
 
 
 class LeaseLost(threading.Event):
@@ -108,3 +113,45 @@ class Hold:
 
     def __repr__(self) -> str:
         return f"<Hold {self.keys.lock} owner={self.owner} count={self.count} fence={self.fence}>"
+
+
+#: (id(client), lock key, owner) -> the process's hold. An entry exists only while held, and it
+#: keeps its client alive, so an id is never reused for another client meanwhile.
+_holds: dict[tuple[int, str, str], Hold] = {}
+_holds_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _holds_lock
+    _holds.clear()
+    _holds_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def find_hold(client: Any, lock_key: str, owner: str) -> Hold | None:
+    """This process's live hold of ``owner`` on the lock, or ``None``."""
+    hold = _holds.get((id(client), lock_key, owner))
+    if hold is None or hold.pid != os.getpid() or hold.count <= 0:
+        return None
+    return hold
+
+
+def hold_for(client: Any, keys: LockKeys, owner: str, ttl: float, renew: bool) -> Hold:
+    """The registered hold of ``owner`` on the lock, registered now (not yet held) if none."""
+    slot = (id(client), keys.lock, owner)
+    with _holds_lock:
+        hold = _holds.get(slot)
+        if hold is None or hold.pid != os.getpid():
+            hold = _holds[slot] = Hold(client, keys, owner, ttl, renew)
+        return hold
+
+
+def forget_hold(hold: Hold) -> None:
+    """Take the hold out of the registry; a thread that finds it ``dead`` looks again."""
+    slot = (id(hold.client), hold.keys.lock, hold.owner)
+    with _holds_lock:
+        hold.dead = True
+        if _holds.get(slot) is hold:
+            del _holds[slot]

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from . import _ops
+from . import locks as ops
 
 __all__ = ["locks", "main"]
 
@@ -40,7 +40,7 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _table(views: Sequence[_ops.LockView]) -> str:
+def _table(views: Sequence[ops.LockView]) -> str:
     rows = [[title for _, title in _COLUMNS]]
     rows += [[_cell(getattr(v, field)) for field, _ in _COLUMNS] for v in views]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
@@ -57,20 +57,21 @@ def _client_from(ctx: click.Context, url: str | None) -> tuple[Any, str]:
         return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5), "lock"
     if app is None:
         raise click.UsageError("give --url redis://host:port/db, or run as `celery -A proj locks`")
-    from ._settings import get_client, setting
+    from .._celery.client import get_client
+    from .._celery.settings import setting
 
     return get_client(app), str(setting(app, "singleton_lock_prefix"))
 
 
 def _run(ctx: click.Context, action: str, url: str | None, prefix: str | None, **kw: Any) -> None:
-    from ._errors import LockError
+    from .._errors import LockError
 
     try:
         client, default_prefix = _client_from(ctx, url)
         prefix = prefix or default_prefix
         as_json = kw.pop("as_json", False)
         if action == "list":
-            views = _ops.find_locks(client, prefix, kw["match"])
+            views = ops.find_locks(client, prefix, kw["match"])
             if as_json:
                 click.echo(json.dumps([v.as_dict() for v in views], indent=2))
             elif views:
@@ -78,7 +79,7 @@ def _run(ctx: click.Context, action: str, url: str | None, prefix: str | None, *
             else:
                 click.echo(f"no locks held under prefix {prefix!r}")
         elif action == "show":
-            view = _ops.show(client, kw["key"], prefix)
+            view = ops.show(client, kw["key"], prefix)
             if as_json:
                 click.echo(json.dumps(view.as_dict() if view else None, indent=2))
             elif view is None:
@@ -87,7 +88,7 @@ def _run(ctx: click.Context, action: str, url: str | None, prefix: str | None, *
                 for field, title in _COLUMNS:
                     click.echo(f"{title:>8}: {_cell(getattr(view, field))}")
         elif action == "release":
-            done = _ops.release(client, kw["key"], prefix, kw.get("holder") or "")
+            done = ops.release(client, kw["key"], prefix, kw.get("holder") or "")
             if as_json:
                 click.echo(json.dumps({"key": kw["key"], "released": done}))
             else:
@@ -98,7 +99,7 @@ def _run(ctx: click.Context, action: str, url: str | None, prefix: str | None, *
                     f"force-release every lock under {prefix!r} matching {kw['match']!r}?",
                     abort=True,
                 )
-            count = _ops.purge(client, prefix, kw["match"])
+            count = ops.purge(client, prefix, kw["match"])
             if as_json:
                 click.echo(json.dumps({"released": count}))
             else:

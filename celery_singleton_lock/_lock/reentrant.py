@@ -2,59 +2,24 @@
 
 from __future__ import annotations
 
-import logging
-import math
-import os
 import threading
 import time
 import weakref
 from types import TracebackType
 from typing import Any
 
-from . import _backend
-from ._errors import LockLostError, LockNotOwnedError, LockTimeoutError
-from ._heartbeat import get_heartbeat
-from ._hold import Hold
-from ._keys import LockKeys, check_prefix
-from ._owner import default_owner, new_request_id
-from ._wakeup import get_hub
+from .._errors import LockLostError, LockNotOwnedError, LockTimeoutError
+from . import commands
+from .checks import check_lease_ms, check_wait
+from .client import RedisClient, check_client
+from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
+from .heartbeat import get_heartbeat
+from .hold import Hold, find_hold, forget_hold, hold_for
+from .keys import LockKeys, check_prefix
+from .owner import default_owner, new_request_id
+from .wakeup import get_hub
 
 __all__ = ["ReentrantLock"]
-
-log = logging.getLogger("celery_singleton_lock.acquire")
-
-#: (id(client), lock key, owner) -> the process's hold. An entry exists only while held, and it
-#: keeps its client alive, so an id is never reused for another client meanwhile.
-_holds: dict[tuple[int, str, str], Hold] = {}
-_holds_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    # A child owns nothing its parent held (its owner tokens differ), and must not renew it.
-    global _holds_lock
-    _holds.clear()
-    _holds_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _check_client(client: object) -> None:
-    if not (hasattr(client, "evalsha") and hasattr(client, "pipeline")):
-        raise TypeError(
-            "client must be a redis-py client (redis.Redis, redis.RedisCluster, or a Sentinel "
-            f"master_for(...) client), got {type(client).__name__}"
-        )
-
-
-def _check_seconds(value: object, parameter: str, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{parameter} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{parameter} must be finite, got {value!r}")
-    return float(value)
 
 
 class ReentrantLock:
@@ -69,7 +34,10 @@ class ReentrantLock:
 
     ``blocking_timeout`` bounds ``with lock:`` (``None`` waits as long as it takes);
     ``prefix`` is the first part of the Redis keys (``prefix:{name}``); ``info`` is a string
-    stored beside the lock for operators.
+    stored beside the lock for operators. ``run_token`` marks one run of the owner: while a run
+    holds the lock, the same owner with another run token is refused (the Celery layer passes
+    one per delivery of a task, so a message redelivered while its first run lives never runs
+    beside it); the same owner without a run token may always re-enter.
 
     The lock is efficiency-grade: a holder paused longer than its lease can lose it while it
     still runs. Check :attr:`lost` / :meth:`ensure_held`, and pass :attr:`fence` to stores that
@@ -78,7 +46,7 @@ class ReentrantLock:
 
     def __init__(
         self,
-        client: Any,
+        client: RedisClient,
         name: str,
         ttl: float = 30.0,
         owner: str | None = None,
@@ -87,37 +55,30 @@ class ReentrantLock:
         blocking_timeout: float | None = None,
         prefix: str = "lock",
         info: str = "",
+        run_token: str = "",
     ) -> None:
-        _check_client(client)
+        check_client(client)
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be a non-empty str, got {name!r}")
-        ttl_s = _check_seconds(ttl, "ttl")
-        assert ttl_s is not None
-        if ttl_s < 0.001:
-            raise ValueError(f"ttl must be at least 0.001 s (one millisecond), got {ttl!r}")
+        check_lease_ms(ttl, "ttl")  # a finite number of seconds, at least a millisecond
         if owner is not None and (not isinstance(owner, str) or not owner):
             raise TypeError(f"owner must be a non-empty str or None, got {owner!r}")
         if not isinstance(renew, bool):
             raise TypeError(f"renew must be True or False, got {renew!r}")
-        self._blocking_timeout = _check_seconds(
-            blocking_timeout, "blocking_timeout", allow_none=True
-        )
-        if self._blocking_timeout is not None and self._blocking_timeout < 0:
-            raise ValueError(f"blocking_timeout must be >= 0 or None, got {blocking_timeout!r}")
+        self._blocking_timeout = check_wait(blocking_timeout, "blocking_timeout")
         if not isinstance(info, str):
             raise TypeError(f"info must be a str, got {info!r}")
-        self._client = client
+        if not isinstance(run_token, str):
+            raise TypeError(f"run_token must be a str, got {run_token!r}")
+        self._client: Any = client
         self._name = name
-        self._ttl = ttl_s
+        self._ttl = float(ttl)
         self._owner = owner
         self._renew = renew
         self._info = info
+        self._run_token = run_token
         self._keys = LockKeys.for_name(check_prefix(prefix), name)
         self._last_lost = threading.Event()
-        #: a run token (see lua/acquire.lua): the Celery layer sets one per task delivery
-        self._run = ""
-        #: the last refusal: holder's owner token and lease left (for the Celery layer's logs)
-        self.last_refusal: _backend.AcquireReply | None = None
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -139,14 +100,8 @@ class ReentrantLock:
         """The owner token this lock object acts as, for the calling thread."""
         return self._owner if self._owner is not None else default_owner()
 
-    def _slot(self) -> tuple[int, str, str]:
-        return (id(self._client), self._keys.lock, self.owner)
-
     def _hold(self) -> Hold | None:
-        hold = _holds.get(self._slot())
-        if hold is None or hold.pid != os.getpid() or hold.count <= 0:
-            return None
-        return hold
+        return find_hold(self._client, self._keys.lock, self.owner)
 
     # -- acquire -------------------------------------------------------------------------------
 
@@ -160,22 +115,34 @@ class ReentrantLock:
         """
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be True or False, got {blocking!r}")
-        wait = _check_seconds(timeout, "timeout", allow_none=True)
-        if wait is not None:
-            if not blocking:
+        wait = None if timeout is None else check_wait(timeout)
+        if not blocking:
+            if wait is not None:
                 raise ValueError("timeout cannot be given with blocking=False")
-            if wait < 0:
-                raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+            wait = 0.0
+        taken = self._take(wait)
+        return type(taken) is Hold or taken.acquired  # type: ignore[union-attr]  # Hold checked
+
+    def try_acquire(self, timeout: float | None = 0.0) -> AcquireReply:
+        """Acquire or re-enter the lock, and say what happened: :meth:`acquire` with the reply.
+
+        ``timeout=0`` (the default) tries once; otherwise it waits as :meth:`acquire` does.
+        When not acquired, the reply names the holder's owner token (``holder``), the
+        milliseconds left on its lease (``pttl``), and whether the holder is another run of
+        this same owner (``other_run``).
+        """
+        taken = self._take(None if timeout is None else check_wait(timeout))
+        if isinstance(taken, Hold):
+            return AcquireReply(True, taken.count, taken.fence)
+        return taken
+
+    def _take(self, wait: float | None) -> AcquireReply | Hold:
+        """The reply of Redis, or the hold itself when re-entered in this process (nested
+        re-entry is the hot path of a reentrant lock: it allocates nothing)."""
         deadline = None if wait is None else time.monotonic() + wait
         owner = self.owner
-        slot = (id(self._client), self._keys.lock, owner)
         while True:
-            with _holds_lock:
-                hold = _holds.get(slot)
-                if hold is None or hold.pid != os.getpid():
-                    hold = _holds[slot] = Hold(
-                        self._client, self._keys, owner, self._ttl, self._renew
-                    )
+            hold = hold_for(self._client, self._keys, owner, self._ttl, self._renew)
             with hold.mutex:
                 if hold.dead:
                     continue  # released (and unregistered) while we waited for its mutex
@@ -185,23 +152,17 @@ class ReentrantLock:
                             f"cannot re-enter lock {self._name!r}: its lease was lost"
                         )
                     hold.count += 1
-                    return True
+                    return hold
                 try:
-                    acquired = self._acquire_in_redis(hold, blocking, deadline)
+                    reply = self._acquire_in_redis(hold, deadline)
                 except BaseException:
-                    self._forget(hold)
+                    forget_hold(hold)
                     raise
-                if not acquired:
-                    self._forget(hold)
-                return acquired
+                if not reply.acquired:
+                    forget_hold(hold)
+                return reply
 
-    def _forget(self, hold: Hold) -> None:
-        with _holds_lock:
-            hold.dead = True
-            if _holds.get((id(hold.client), hold.keys.lock, hold.owner)) is hold:
-                del _holds[(id(hold.client), hold.keys.lock, hold.owner)]
-
-    def _acquire_in_redis(self, hold: Hold, blocking: bool, deadline: float | None) -> bool:
+    def _acquire_in_redis(self, hold: Hold, deadline: float | None) -> AcquireReply:
         hub = event = None
         request = new_request_id()
         try:
@@ -209,24 +170,21 @@ class ReentrantLock:
                 if event is not None:
                     event.clear()
                 sent = time.monotonic()
-                reply = _backend.acquire(
+                reply = commands.acquire(
                     self._client,
                     self._keys,
                     hold.owner,
                     hold.lease_ms,
                     request,
                     self._info,
-                    self._run,
+                    self._run_token,
                 )
                 if reply.acquired:
                     self._took(hold, reply.fence, sent)
-                    return True
-                self.last_refusal = reply
-                if not blocking:
-                    return False
+                    return reply
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    return False
+                    return reply
                 request = new_request_id()
                 if hub is None:
                     # Subscribe before looking again, so a release between our look and our
@@ -280,38 +238,40 @@ class ReentrantLock:
             # Stop renewing first: a lock is never renewed after its release began.
             hold.count = 0
             get_heartbeat().remove(hold)
-            self._forget(hold)
-            left = _backend.release(self._client, self._keys, hold.owner)
-        if left < 0:
+            forget_hold(hold)
+            reply = commands.release(self._client, self._keys, hold.owner)
+        if not reply.owned:
             hold.lost.set()
             raise LockNotOwnedError(
                 f"cannot release lock {self._name!r}: owner {hold.owner!r} no longer held it in "
                 "Redis (its lease was lost: it expired or was released by someone else)"
             )
 
-    def _detach(self) -> Hold | None:
+    def _detach(self) -> None:
         """Forget this process's hold without telling Redis (the caller settles Redis)."""
         hold = self._hold()
         if hold is None:
-            return None
+            return
         with hold.mutex:
             hold.count = 0
             get_heartbeat().remove(hold)
-            self._forget(hold)
-        return hold
+            forget_hold(hold)
 
-    def _release_all(self) -> int:
-        """Drop every hold of this owner, in this process and in Redis (other processes'
-        holds of the same owner included): the end of a Celery task. Returns what
-        :func:`_backend.release` returns."""
+    def release_all(self) -> ReleaseReply:
+        """Drop every hold of this owner, in this process and in Redis (the holds that other
+        processes took as the same owner included). Never raises :class:`LockNotOwnedError`:
+        the reply says whether the owner still held it."""
         self._detach()
-        return _backend.release(self._client, self._keys, self.owner, 0)
+        return commands.release(self._client, self._keys, self.owner, ALL_HOLDS)
 
-    def _park(self, lease_ms: int, info: str = "") -> bool:
-        """End this process's hold but keep the owner's hold in Redis for ``lease_ms`` with the
-        run token cleared: a Celery retry is queued and will re-enter it."""
+    def park(self, lease: float, info: str = "") -> bool:
+        """Hand the hold over to a later process of the same owner: end this process's hold
+        (no more renewal) but keep the owner's hold in Redis for ``lease`` seconds, its run
+        token cleared, so that process re-enters it (a Celery retry does). ``info`` replaces
+        the operator info unless empty. Returns ``False`` when the owner no longer held it."""
+        lease_ms = check_lease_ms(lease)
         self._detach()
-        return _backend.park(self._client, self._keys, self.owner, lease_ms, info)
+        return commands.park(self._client, self._keys, self.owner, lease_ms, info)
 
     def __enter__(self) -> ReentrantLock:
         if not self.acquire(blocking=True, timeout=self._blocking_timeout):
@@ -334,13 +294,11 @@ class ReentrantLock:
 
     def owned(self) -> bool:
         """Whether this owner holds the lock in Redis now (one round trip)."""
-        with _backend.backend_errors("check", self._name):
-            return bool(self._client.hexists(self._keys.lock, self.owner))
+        return commands.is_owned(self._client, self._keys, self.owner)
 
     def locked(self) -> bool:
         """Whether anyone holds the lock now (one round trip)."""
-        with _backend.backend_errors("check", self._name):
-            return bool(self._client.exists(self._keys.lock))
+        return commands.is_held(self._client, self._keys)
 
     @property
     def hold_count(self) -> int:

@@ -1,118 +1,28 @@
-"""Settings (``app.conf``) and the Redis client the Celery integration uses."""
+"""The Redis client the Celery layer uses: made from the settings once per app and process."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
+import weakref
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlparse
 
-from ._errors import LockBackendError
+from .._errors import MisconfiguredError
+from .._lock import LockSpace
+from .settings import REDIS_SCHEMES, setting
 
-__all__ = ["DEFAULTS", "get_client", "setting"]
-
-log = logging.getLogger("celery_singleton_lock.settings")
-
-DEFAULTS: dict[str, Any] = {
-    "singleton_lock_redis_url": None,
-    "singleton_lock_redis_options": {},
-    "singleton_lock_client": None,
-    "singleton_lock_prefix": "lock",
-    "singleton_lock_ttl": 30.0,
-    "singleton_lock_queue_ttl": 3600.0,
-    "singleton_lock_on_backend_error": "raise",
-    "singleton_lock_tasks": {},
-}
-
-_REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
-
-
-class MisconfiguredError(LockBackendError):
-    """No usable Redis is configured: a setting to fix, never an outage to "proceed" past."""
-
-
-def _plain_maps() -> tuple[type, ...]:
-    from celery.utils.collections import DictAttribute
-
-    # dict, and DictAttribute (a config object or module, Django's settings): `key in m`
-    # and `m[key]` are what conf.get() asks of them, minus the exception on a miss.
-    return (dict, DictAttribute)
-
-
-_PLAIN_MAPS = _plain_maps()
-
-
-def _lookup_plan(conf: Any, name: str) -> tuple[tuple[Any, ...], ...] | None:
-    """For each spelling of ``name``, the keys ``conf.get(spelling)`` tries, in its order; or
-    ``None`` when ``conf`` is not a plain Celery ``ConfigurationView`` over dicts. Kept in the
-    conf object's own ``__dict__`` (its ``__setattr__`` would write a setting)."""
-    from celery.utils.collections import ConfigurationView
-
-    if type(conf).__getitem__ is not ConfigurationView.__getitem__:
-        return None
-    plans = conf.__dict__.get("_singleton_lock_plans")
-    if plans is None:
-        plans = conf.__dict__["_singleton_lock_plans"] = {}
-    plan = plans.get(name)
-    if plan is None:
-        spellings = (name, name.upper(), "CELERY_" + name.upper())
-        plan = plans[name] = tuple(tuple(conf._key(k) for k in conf._to_keys(s)) for s in spellings)
-    return plan  # type: ignore[no-any-return]
-
-
-def setting(app: Any, name: str) -> Any:
-    """A setting from ``app.conf``, under its own name or Django's ``CELERY_`` namespace."""
-    conf = app.conf
-    # The hot path (every publish and run reads a few settings): the same lookup as
-    # conf.get(spelling) below, without the KeyError that conf.get raises and catches for every
-    # key it tries in every map (about 12 us per setting that is not set, against 1 us here).
-    plan = _lookup_plan(conf, name)
-    maps = conf.__dict__.get("maps") if plan is not None else None
-    for mapping in maps or ():
-        if type(mapping) not in _PLAIN_MAPS:
-            maps = None
-            break
-    if plan is not None and maps is not None:
-        for keys in plan:
-            found = False
-            for mapping in maps:
-                for key in keys:
-                    if key in mapping:
-                        value, found = mapping[key], True
-                        break
-                if found:
-                    break
-            if found and value is not None:
-                return value
-        return DEFAULTS[name]
-    for candidate in (name, name.upper(), "CELERY_" + name.upper()):
-        try:
-            value = conf.get(candidate)
-        except Exception:  # pragma: no cover - odd conf objects
-            value = None
-        if value is not None:
-            return value
-    return DEFAULTS[name]
+__all__ = ["get_client", "lock_space", "make_client", "reset_client"]
 
 
 def _resolve_url(app: Any) -> str:
-    url = setting(app, "singleton_lock_redis_url")
+    url: str | None = setting(app, "singleton_lock_redis_url")  # checked: a Redis URL
     if url:
-        if not isinstance(url, str):
-            raise TypeError(
-                f"singleton_lock_redis_url must be a str such as 'redis://host:6379/1', got {url!r}"
-            )
-        if url.split(":", 1)[0].lower() not in _REDIS_SCHEMES:
-            raise ValueError(
-                f"singleton_lock_redis_url must be a Redis URL (redis://, rediss://, unix:// or "
-                f"sentinel://), got {_scheme_of(url)}"
-            )
         return url
     broker = app.conf.broker_url or ""
     if isinstance(broker, (list, tuple)):
         broker = broker[0] if broker else ""
-    if isinstance(broker, str) and broker.split(":", 1)[0].lower() in _REDIS_SCHEMES:
+    if isinstance(broker, str) and broker.split(":", 1)[0].lower() in REDIS_SCHEMES:
         return broker.split(";")[0] if broker.startswith("sentinel") else broker
     raise MisconfiguredError(
         "celery-singleton-lock needs Redis: set app.conf.singleton_lock_redis_url "
@@ -171,10 +81,7 @@ def make_client(app: Any) -> Any:
             )
         return client
     url = _resolve_url(app)
-    options = setting(app, "singleton_lock_redis_options") or {}
-    if not isinstance(options, dict):
-        raise TypeError(f"singleton_lock_redis_options must be a dict, got {options!r}")
-    options = dict(options)
+    options = dict(setting(app, "singleton_lock_redis_options"))
     if url.startswith("sentinel"):
         return _sentinel_client(url, options, app)
     cluster = options.pop("cluster", False)
@@ -212,25 +119,41 @@ def make_client(app: Any) -> Any:
         ) from exc
 
 
-_clients: dict[int, tuple[int, Any]] = {}
+#: app -> (pid, its lock client): made once per process (a forked child makes its own), and
+#: gone with the app (a new app that happens to get a dead app's id must not get its client)
+_clients: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
 _clients_lock = threading.Lock()
 
 
 def get_client(app: Any) -> Any:
     """The app's lock client, made once per process (a forked child makes its own)."""
     pid = os.getpid()
-    entry = _clients.get(id(app))
+    entry = _clients.get(app)
     if entry is not None and entry[0] == pid:
         return entry[1]
     with _clients_lock:
-        entry = _clients.get(id(app))
+        entry = _clients.get(app)
         if entry is None or entry[0] != pid:
             entry = (pid, make_client(app))
-            _clients[id(app)] = entry
+            _clients[app] = entry
         return entry[1]
 
 
 def reset_client(app: Any) -> None:
-    """Forget the app's cached client (after changing the settings in tests)."""
+    """Forget the app's cached client (after changing its settings, in tests)."""
     with _clients_lock:
-        _clients.pop(id(app), None)
+        _clients.pop(app, None)
+
+
+def lock_space(app: Any) -> LockSpace:
+    """The app's locks: its lock client and ``singleton_lock_prefix``."""
+    client = get_client(app)
+    prefix: str = setting(app, "singleton_lock_prefix")
+    space = _spaces.get(app)
+    if space is None or space.client is not client or space.prefix != prefix:
+        space = _spaces[app] = LockSpace(client, prefix)
+    return space
+
+
+#: app -> its LockSpace (made again when its client or prefix changes)
+_spaces: weakref.WeakKeyDictionary[Any, LockSpace] = weakref.WeakKeyDictionary()

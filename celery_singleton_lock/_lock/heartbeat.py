@@ -17,9 +17,9 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from . import _scripts
-from ._backend import META_RETENTION_MS
-from ._hold import Hold
+from . import scripts
+from .commands import META_RETENTION_MS
+from .hold import Hold
 
 __all__ = ["Heartbeat", "get_heartbeat"]
 
@@ -175,7 +175,7 @@ class Heartbeat:
             for group, reply in zip(groups, replies, strict=True):
                 if isinstance(reply, Exception):
                     try:
-                        reply = _scripts.RENEW(client, *self._call_args(group))
+                        reply = scripts.RENEW(client, *self._call_args(group))
                     except Exception as exc:
                         reply = [exc] * len(group)
                 for hold, ok in zip(group, reply, strict=True):
@@ -197,13 +197,13 @@ class Heartbeat:
         def send() -> list[Any]:
             pipe = client.pipeline(transaction=False)
             for group in groups:
-                _scripts.RENEW.queue(pipe, *self._call_args(group))
+                scripts.RENEW.queue(pipe, *self._call_args(group))
             self.round_trips += 1
             return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 
         replies = send()
         if any(isinstance(r, NoScriptError) for r in replies):
-            _scripts.RENEW.load(client)
+            scripts.RENEW.load(client)
             self.round_trips += 1
             replies = send()
         return replies

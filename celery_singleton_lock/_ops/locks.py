@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import _backend
-from ._keys import LockKeys, check_prefix
+from .._lock import LockSpace, LockState
 
 __all__ = ["LockView", "find_locks", "purge", "release", "show"]
 
@@ -32,7 +29,7 @@ class LockView:
         return asdict(self)
 
 
-def _view(state: _backend.LockState, now_ms: float) -> LockView:
+def _view(state: LockState, now_ms: float) -> LockView:
     try:
         info = json.loads(state.info) if state.info else {}
     except ValueError:
@@ -58,52 +55,31 @@ def _view(state: _backend.LockState, now_ms: float) -> LockView:
     )
 
 
-def _server_ms(client: Any) -> float:
-    try:
-        seconds, micros = client.time()
-        return float(seconds) * 1000 + float(micros) / 1000
-    except Exception:  # a cluster answers per node; the local clock is close enough
-        return time.time() * 1000
-
-
-def _lock_keys(client: Any, prefix: str, pattern: str) -> Iterator[LockKeys]:
-    with _backend.backend_errors("scan", prefix):
-        for raw in client.scan_iter(match=f"{prefix}:{{{pattern}}}", count=500):
-            key = _backend.text(raw)
-            if key.endswith("}"):
-                yield LockKeys.from_lock_key(key)
-
-
 def find_locks(client: Any, prefix: str = "lock", pattern: str = "*") -> list[LockView]:
     """Every held lock under ``prefix`` whose name matches the glob ``pattern``."""
-    check_prefix(prefix)
-    now = _server_ms(client)
-    views = []
-    for keys in _lock_keys(client, prefix, pattern):
-        state = _backend.inspect(client, keys)
+    space = LockSpace(client, prefix)
+    now = space.server_time_ms()
+    views = {}
+    for keys in space.find(pattern):
+        state = space.inspect(keys.lock)
         if state.held:
-            views.append(_view(state, now))
-    return sorted(views, key=lambda v: v.key)
-
-
-def _keys_of(key_or_name: str, prefix: str) -> LockKeys:
-    if key_or_name.startswith(f"{prefix}:{{") and key_or_name.endswith("}"):
-        return LockKeys.from_lock_key(key_or_name)
-    return LockKeys.for_name(prefix, key_or_name)
+            views[keys.lock] = _view(state, now)
+    return sorted(views.values(), key=lambda v: v.key)
 
 
 def show(client: Any, key_or_name: str, prefix: str = "lock") -> LockView | None:
-    state = _backend.inspect(client, _keys_of(key_or_name, check_prefix(prefix)))
-    return _view(state, _server_ms(client)) if state.held else None
+    """One lock, by its Redis key or its name; ``None`` when it is not held."""
+    space = LockSpace(client, prefix)
+    state = space.inspect(key_or_name)
+    return _view(state, space.server_time_ms()) if state.held else None
 
 
 def release(client: Any, key_or_name: str, prefix: str = "lock", holder: str = "") -> bool:
-    return _backend.force_release(client, _keys_of(key_or_name, check_prefix(prefix)), holder)
+    """Force-release one lock (only when ``holder`` holds it, if given)."""
+    return LockSpace(client, prefix).force_release(key_or_name, holder=holder or None)
 
 
 def purge(client: Any, prefix: str = "lock", pattern: str = "*") -> int:
     """Force-release every lock under ``prefix`` matching ``pattern``; returns how many."""
-    check_prefix(prefix)
-    return sum(
-        _backend.force_release(client, keys) for keys in list(_lock_keys(client, prefix, pattern))
-    )
+    space = LockSpace(client, prefix)
+    return sum(space.force_release(keys.lock) for keys in list(space.find(pattern)))

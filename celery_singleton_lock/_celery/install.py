@@ -19,20 +19,20 @@ from typing import Any
 
 from celery import signals
 
-from . import _backend
-from ._errors import LockBackendError
-from ._keys import LockKeys
-from ._options import validate_options
-from ._owner import new_request_id
-from ._settings import setting
-from ._task import HEADER, LockedTask, _info, _seconds_until
+from .locking import HEADER
+from .options import validate_options
+from .publish import take_for_message
+from .settings import setting
+from .task import LockedTask
 
 __all__ = ["install"]
 
 log = logging.getLogger("celery_singleton_lock.install")
 
-_apps: weakref.WeakSet[Any] = weakref.WeakSet()
-_configs: dict[int, dict[str, dict[str, Any]]] = {}
+#: the installed apps, and each one's {task name: options}; an app that is gone is forgotten
+_configs: weakref.WeakKeyDictionary[Any, dict[str, dict[str, Any]]] = weakref.WeakKeyDictionary()
+#: app -> {task name: a LockedTask standing in for a task this process does not register}
+_stand_ins: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -40,7 +40,7 @@ def install(app: Any, tasks: Mapping[str, Mapping[str, Any]] | None = None) -> N
     """Connect the signal hooks for ``app`` (idempotent) and lock the tasks named in
     ``tasks`` (merged with the ``singleton_lock_tasks`` setting): ``{task name: options}``,
     the options being those of :class:`LockedTask`. Call it once where the app is defined."""
-    configured = setting(app, "singleton_lock_tasks") or {}
+    configured = setting(app, "singleton_lock_tasks")
     merged: dict[str, dict[str, Any]] = {}
     for source, where in ((configured, "singleton_lock_tasks"), (tasks or {}, "tasks")):
         if not isinstance(source, Mapping):
@@ -54,19 +54,26 @@ def install(app: Any, tasks: Mapping[str, Mapping[str, Any]] | None = None) -> N
             validate_options(name, options)  # fail now, not at the first run
             merged[name] = dict(options)
     with _lock:
-        config = _configs.setdefault(id(app), {})
-        config.update(merged)
-        first = app not in _apps
-        _apps.add(app)
+        first = app not in _configs
+        _configs.setdefault(app, {}).update(merged)
     if first:
-        app.on_after_finalize.connect(lambda sender=None, **kw: _lock_tasks(app), weak=False)
-        signals.worker_init.connect(lambda sender=None, **kw: _lock_tasks(app), weak=False)
+        # sender is the app: no closure keeps it alive
+        app.on_after_finalize.connect(_on_after_finalize, weak=False)
     if app.finalized:
         _lock_tasks(app)
 
 
+def _on_after_finalize(sender: Any = None, **kwargs: Any) -> None:
+    _lock_tasks(sender)
+
+
+def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
+    for app in list(_configs):
+        _lock_tasks(app)
+
+
 def _lock_tasks(app: Any) -> None:
-    for name, options in _configs.get(id(app), {}).items():
+    for name, options in _configs.get(app, {}).items():
         task = app.tasks.get(name)
         if task is None:
             continue  # registered elsewhere: the publish receiver still knows its options
@@ -89,82 +96,54 @@ def _publishing_apps(reply_to: Any) -> list[Any]:
     with several apps in a process (Celery registers shared tasks in every one) a message of
     one app must not be locked in another app's Redis. A publisher that is not installed (or
     that set its own ``reply_to``) is left to the worker's run-time check."""
-    apps = list(_apps)
+    apps = list(_configs)
     if not reply_to:
         return apps
     return [app for app in apps if reply_to in (app.thread_oid, app.oid)]
 
 
-def _task_for(name: str, reply_to: Any = None) -> tuple[Any, Any] | None:
-    """(app, task) for a task name that the installed app publishing it locks."""
+def _task_for(name: str, reply_to: Any = None) -> Any:
+    """The task (or a stand-in) for a task name that the installed app publishing it locks."""
     for app in _publishing_apps(reply_to):
         task = app.tasks.get(name) if app.finalized else None
         if isinstance(task, LockedTask):
-            return app, task
-        options = _configs.get(id(app), {}).get(name)
+            return task
+        options = _configs.get(app, {}).get(name)
         if options is not None:
-            stand_in = _stand_ins.get((id(app), name))
+            stand_ins = _stand_ins.setdefault(app, {})
+            stand_in = stand_ins.get(name)
             if stand_in is None:
                 # The task is not registered in this process (a publisher that only knows its
                 # name): a LockedTask with the configured options computes its key.
                 cls = type(name.rsplit(".", 1)[-1], (LockedTask,), {**options, "name": name})
-                stand_in = _stand_ins[(id(app), name)] = cls()
+                stand_in = stand_ins[name] = cls()
                 stand_in.bind(app)
-            return app, stand_in
+            return stand_in
     return None
-
-
-_stand_ins: dict[tuple[int, str], Any] = {}
 
 
 def _before_publish(
     sender: Any = None, body: Any = None, headers: Any = None, **kwargs: Any
 ) -> None:
-    if not isinstance(headers, dict) or HEADER in headers or not _apps:
+    if not isinstance(headers, dict) or HEADER in headers or not _configs:
         return
     properties = kwargs.get("properties")
     reply_to = properties.get("reply_to") if isinstance(properties, dict) else None
-    found = _task_for(headers.get("task") or sender, reply_to)
-    if found is None:
-        return
-    task = found[1]
-    if task._lock_options.lock_at != "publish" or headers.get("retries"):
+    task = _task_for(headers.get("task") or sender, reply_to)
+    if task is None or task.locking.options.lock_at != "publish" or headers.get("retries"):
         return
     try:
         args, kw = body[0], body[1]
     except (TypeError, IndexError, KeyError):
         return
     task_id = headers.get("id")
-    if not isinstance(task_id, str):
-        return
-    try:
-        keys: LockKeys = task._keys_for(args, kw)
-        expires = _seconds_until(headers.get("expires"))
-        lease = max(expires, 1.0) if expires is not None else task._queue_ttl()
-        reply = _backend.acquire(
-            task._client(),
-            keys,
-            task_id,
-            round(lease * 1000),
-            new_request_id(),
-            _info(task.name, task_id, "queued"),
-        )
-    except (LockBackendError, TypeError) as exc:
-        log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)
-        return
-    if reply.acquired:
-        headers[HEADER] = keys.name
-    else:
-        log.warning(
-            "%s[%s] was published by name (send_task or beat) while task %s holds %s; it "
-            "cannot be stopped at publish, the worker will skip it",
-            task.name,
-            task_id,
-            reply.holder,
-            keys.lock,
-        )
+    if isinstance(task_id, str):
+        take_for_message(task, task_id, args, kw, headers)
 
 
 signals.before_task_publish.connect(
     _before_publish, weak=False, dispatch_uid="celery_singleton_lock.publish"
+)
+signals.worker_init.connect(
+    _on_worker_init, weak=False, dispatch_uid="celery_singleton_lock.worker_init"
 )

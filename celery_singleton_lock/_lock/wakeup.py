@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from ._backend import text
+from .commands import text
 
 __all__ = ["WakeHub", "get_hub"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from . import _direct
+from . import connection
 
 __all__ = ["ACQUIRE", "FORCE_RELEASE", "INSPECT", "PARK", "RELEASE", "RENEW", "Script"]
 
@@ -24,7 +24,7 @@ def _read(filename: str) -> str:
     packaged = resources.files("celery_singleton_lock").joinpath("lua", filename)
     if packaged.is_file():
         return packaged.read_text(encoding="utf-8")
-    checkout = Path(__file__).resolve().parent.parent / "lua" / filename
+    checkout = Path(__file__).resolve().parents[2] / "lua" / filename
     if checkout.is_file():
         return checkout.read_text(encoding="utf-8")
     raise RuntimeError(
@@ -40,7 +40,7 @@ class Script:
 
     def __init__(self, filename: str, *, idempotent: bool) -> None:
         self.name = filename
-        #: safe to send twice (see _direct.execute): each call carries a request id, or
+        #: safe to send twice (see connection.execute): each call carries a request id, or
         #: running it again changes nothing
         self.idempotent = idempotent
         self.source = _read(filename)
@@ -48,16 +48,16 @@ class Script:
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         # What client.evalsha() does, minus the calls that only forward their arguments, and on
-        # the thread's own connection where it can be (_direct): every acquire's and release's
+        # the thread's own connection where it can be (connection.py): every acquire's and release's
         # hot path.
         try:
-            return _direct.execute(
+            return connection.execute(
                 client, "EVALSHA", self.sha, len(keys), *keys, *args, resend=self.idempotent
             )
         except NoScriptError:
             # A restarted, failed-over or flushed server: load once, then run it again.
             client.script_load(self.source)
-            return _direct.execute(
+            return connection.execute(
                 client, "EVALSHA", self.sha, len(keys), *keys, *args, resend=self.idempotent
             )
 

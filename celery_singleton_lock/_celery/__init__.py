@@ -1,0 +1,19 @@
+"""The Celery layer: ``LockedTask``, ``install()`` and the worker's hooks, built on the lock
+layer's API (:mod:`celery_singleton_lock._lock`) only.
+
+Modules, along a task's life: ``options`` and ``settings`` (each defined once), ``client``
+(the Redis client from the settings), ``taskkey`` (the lock name of a call), ``locking`` (a
+task class's options and leases), ``info`` (what operators see of a hold), ``publish``,
+``run`` (run and retry), ``worker`` (the main process's side), ``revoked``, ``task``
+(``LockedTask``, a thin class of hooks), ``install``.
+"""
+
+from __future__ import annotations
+
+from .install import install
+from .revoked import connect_revoke_receiver
+from .task import LockedTask
+
+__all__ = ["LockedTask", "install"]
+
+connect_revoke_receiver()

@@ -1,0 +1,112 @@
+"""How one task class locks: its validated options, how a call's lock name is made, its leases,
+and what to do when Redis fails. ``LockedTask.locking`` is one of these, made with the class."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._errors import LockBackendError, MisconfiguredError
+from .options import OPTION_NAMES, LockOptions, check_option_names, validate_options
+from .settings import setting
+from .taskkey import task_lock_name
+
+__all__ = ["HEADER", "TaskLocking", "proceed_without_lock", "run_signature"]
+
+#: message header that carries the lock name from the publisher to the worker
+HEADER = "singleton_lock"
+
+
+def run_signature(cls: type) -> inspect.Signature | None:
+    """The signature the task's arguments bind to, without ``self`` of a bound task."""
+    run = inspect.getattr_static(cls, "run", None)
+    if run is None:
+        return None
+    bound = not isinstance(run, staticmethod)
+    func = run.__func__ if isinstance(run, (staticmethod, classmethod)) else run
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+    if bound:
+        params = list(sig.parameters.values())[1:]
+        sig = sig.replace(parameters=params)
+    return sig
+
+
+class TaskLocking:
+    """A task class's locking (the options as validated when the class was made)."""
+
+    __slots__ = ("options", "signature")
+
+    def __init__(self, options: LockOptions, signature: inspect.Signature | None) -> None:
+        self.options = options
+        self.signature = signature
+
+    @classmethod
+    def of_class(cls, task_class: type, base: type) -> TaskLocking:
+        """Read and check the options of ``task_class`` (a subclass of ``base``, whose
+        attributes are the defaults): an error names the task and the option."""
+        defaults = LockOptions()
+        raw = {}
+        for name in OPTION_NAMES:
+            value = inspect.getattr_static(task_class, name)
+            if isinstance(value, staticmethod):
+                value = value.__func__
+            if value is not getattr(defaults, name):
+                raw[name] = value
+        task = str(task_class.__dict__.get("name") or task_class.__qualname__)
+        # Celery turns every decorator keyword into a class attribute: a misspelt option
+        # would otherwise be ignored in silence.
+        check_option_names(
+            task,
+            (a for a in task_class.__dict__ if a.startswith("lock_") and not hasattr(base, a)),
+        )
+        signature = run_signature(task_class)
+        return cls(validate_options(task, raw, signature), signature)
+
+    def lock_name(
+        self, task_name: str, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
+    ) -> str:
+        """The lock name of one call (``task name:argument part``)."""
+        options = self.options
+        return task_lock_name(
+            task_name,
+            self.signature,
+            args,
+            kwargs,
+            unique_on=options.lock_unique_on,
+            key_func=options.lock_key,
+        )
+
+    def ttl(self, app: Any) -> float:
+        """The lease of a running lock."""
+        if self.options.lock_ttl is not None:
+            return self.options.lock_ttl
+        ttl: float = setting(app, "singleton_lock_ttl")
+        return ttl
+
+    def queue_ttl(self, app: Any) -> float:
+        """The lease of a publish-time (or parked) lock while its message waits."""
+        if self.options.lock_queue_ttl is not None:
+            return self.options.lock_queue_ttl
+        ttl: float = setting(app, "singleton_lock_queue_ttl")
+        return ttl
+
+
+def proceed_without_lock(app: Any, task_name: str, what: str, exc: LockBackendError) -> bool:
+    """Whether to go on without the lock after ``exc``
+    (``singleton_lock_on_backend_error="proceed"``); logs at ERROR when so."""
+    if isinstance(exc, MisconfiguredError):
+        return False  # a missing setting is not an outage: "proceed" must not hide it
+    if setting(app, "singleton_lock_on_backend_error") != "proceed":
+        return False
+    logging.getLogger(f"celery_singleton_lock.{what}").error(
+        "Redis failed for the lock of task %s; going on WITHOUT the lock "
+        "(singleton_lock_on_backend_error='proceed'): %s",
+        task_name,
+        exc,
+    )
+    return True

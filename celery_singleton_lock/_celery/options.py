@@ -1,0 +1,217 @@
+"""Per-task lock options (SPEC §4): their one definition, and their validation.
+
+Each option is one field of :class:`LockOptions`: its name, its default, the README's
+description and its check. :class:`~._celery.task.LockedTask` gets its class attributes from
+these fields, the misspelt-option check its list of names, and the README's options table is
+:func:`options_table` (a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
+
+__all__ = [
+    "OPTION_NAMES",
+    "LockOptions",
+    "check_option_names",
+    "options_table",
+    "validate_options",
+]
+
+Check = Callable[[str, str, Any], Any]
+
+
+def _choice(*choices: str) -> Check:
+    def check(task: str, name: str, value: object) -> str:
+        if value not in choices:
+            raise ValueError(
+                f"task {task!r}: {name} must be one of {', '.join(map(repr, choices))}, "
+                f"got {value!r}"
+            )
+        return str(value)
+
+    return check
+
+
+def _flag(task: str, name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"task {task!r}: {name} must be True or False")
+    return value
+
+
+def _seconds(task: str, name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"task {task!r}: {name} must be a number of seconds, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"task {task!r}: {name} must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+def _seconds_or_none(task: str, name: str, value: object) -> float | None:
+    return None if value is None else _seconds(task, name, value)
+
+
+def _names(task: str, name: str, value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, str)
+        or not isinstance(value, (list, tuple))
+        or not all(isinstance(n, str) for n in value)
+    ):
+        raise TypeError(f"task {task!r}: {name} must be a list of parameter names, got {value!r}")
+    return tuple(value)
+
+
+def _callable_or_none(task: str, name: str, value: object) -> Callable[..., str] | None:
+    if value is not None and not callable(value):
+        raise TypeError(
+            f"task {task!r}: {name} must be a callable(*args, **kwargs) -> str, got {value!r}"
+        )
+    return value
+
+
+def _about(shown: str, doc: str, check: Check) -> dict[str, Any]:
+    """A field's metadata: its default as the README shows it, its meaning, its check."""
+    return {"shown": shown, "doc": doc, "check": check}
+
+
+@dataclass(frozen=True)
+class LockOptions:
+    """One task's validated options (decorator keywords or class attributes of the task)."""
+
+    lock_at: str = field(
+        default="run",
+        metadata=_about(
+            '`"run"`',
+            '`"run"`: held while the task runs. `"publish"`: taken at publish, held through the '
+            "end of the run",
+            _choice("run", "publish"),
+        ),
+    )
+    lock_release_on_start: bool = field(
+        default=False,
+        metadata=_about(
+            "`False`",
+            'with `"publish"`: released when the run starts (dedups the queue only)',
+            _flag,
+        ),
+    )
+    lock_unique_on: tuple[str, ...] | None = field(
+        default=None,
+        metadata=_about("all parameters", "parameter names that make up the key", _names),
+    )
+    lock_key: Callable[..., str] | None = field(
+        default=None,
+        metadata=_about(
+            "`None`",
+            "`callable(*args, **kwargs) -> str` that replaces the argument part of the key",
+            _callable_or_none,
+        ),
+    )
+    lock_ttl: float | None = field(
+        default=None,
+        metadata=_about(
+            "`singleton_lock_ttl`", "lease of this task's running lock", _seconds_or_none
+        ),
+    )
+    lock_queue_ttl: float | None = field(
+        default=None,
+        metadata=_about(
+            "`singleton_lock_queue_ttl`",
+            "lease of this task's publish-time lock while its message waits",
+            _seconds_or_none,
+        ),
+    )
+    lock_on_duplicate: str = field(
+        default="return",
+        metadata=_about(
+            '`"return"`',
+            'publish-time duplicate: `"return"` the holder\'s `AsyncResult`, or `"raise"` '
+            "`AlreadyQueuedError(task_id, ttl)`",
+            _choice("return", "raise"),
+        ),
+    )
+    lock_on_locked: str = field(
+        default="skip",
+        metadata=_about(
+            '`"skip"`',
+            'run-time duplicate: `"skip"`, `"retry"`, `"raise"` `TaskLockedError(task_id)`, or '
+            '`"wait"`',
+            _choice("skip", "retry", "raise", "wait"),
+        ),
+    )
+    lock_wait_timeout: float = field(
+        default=10.0,
+        metadata=_about("`10` s", 'for `"wait"`: block up to this long, then skip', _seconds),
+    )
+    lock_retry_countdown: float | None = field(
+        default=None,
+        metadata=_about(
+            "the holder's remaining lease",
+            'for `"retry"`; these retries count against `max_retries`, and when they run out the '
+            "duplicate ends `SKIPPED`",
+            _seconds_or_none,
+        ),
+    )
+
+
+_FIELDS: tuple[Field[Any], ...] = fields(LockOptions)
+#: every option's name, in the order of the definition
+OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in _FIELDS)
+
+
+def check_option_names(
+    task: str, names: Iterable[str], known: Collection[str] = OPTION_NAMES
+) -> None:
+    """``TypeError`` naming every name in ``names`` that is not an option, with the closest
+    option as a suggestion: a misspelt option must never be ignored in silence."""
+    unknown = sorted(set(names) - set(known))
+    if not unknown:
+        return
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, list(known), 1)
+        named.append(name + (f" (did you mean {close[0]}?)" if close else ""))
+    raise TypeError(
+        f"task {task!r}: unknown lock option(s) {', '.join(named)}; "
+        f"the options are {', '.join(known)}"
+    )
+
+
+def validate_options(
+    task: str, raw: Mapping[str, Any], signature: inspect.Signature | None = None
+) -> LockOptions:
+    """Check every option and return them; the error names the task and the option."""
+    check_option_names(task, raw)
+    values = {
+        f.name: f.metadata["check"](task, f.name, raw[f.name]) for f in _FIELDS if f.name in raw
+    }
+    options = LockOptions(**values)
+    if options.lock_unique_on is not None and signature is not None:
+        params = signature.parameters
+        has_var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        missing = [n for n in options.lock_unique_on if n not in params and not has_var_kw]
+        if missing:
+            raise ValueError(
+                f"task {task!r}: lock_unique_on names {missing} that are not parameters "
+                f"of the task; its parameters are {list(params)}"
+            )
+    if options.lock_release_on_start and options.lock_at != "publish":
+        raise ValueError(
+            f"task {task!r}: lock_release_on_start=True only makes sense with lock_at='publish'"
+        )
+    return options
+
+
+def options_table() -> str:
+    """The README's options table (Markdown), made from the definition."""
+    rows = ["| option | default | meaning |", "| --- | --- | --- |"]
+    for f in _FIELDS:
+        rows.append(f"| `{f.name}` | {f.metadata['shown']} | {f.metadata['doc']} |")
+    return "\n".join(rows)

@@ -1,0 +1,162 @@
+"""Publish: a job's lock taken for its message (``lock_at="publish"``), owned by the task id.
+
+Two ways in, one set of rules: :func:`publish_once` is ``LockedTask.apply_async`` (it can veto
+the send: a duplicate sends nothing), :func:`take_for_message` is the ``before_task_publish``
+receiver of ``install()`` for messages sent by name (``send_task``, beat), which cannot veto
+(Celery swallows receiver errors), so a duplicate is skipped by the worker's run-time check.
+Both hold the lock for the time the message may wait (:func:`queue_lease`) and name it in the
+message's :data:`HEADER`, so the worker never computes the key again.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from .._errors import AlreadyQueuedError, LockBackendError
+from .client import lock_space
+from .info import holder_info
+from .locking import HEADER, TaskLocking, proceed_without_lock
+from .revoked import free_revoked_holder
+
+__all__ = ["HEADER", "publish_once", "queue_lease", "seconds_until", "take_for_message"]
+
+log = logging.getLogger("celery_singleton_lock.publish")
+
+#: ``send(task_id, options)``: the plain ``Task.apply_async`` with the other arguments bound
+Send = Callable[[str, dict[str, Any]], Any]
+
+
+def seconds_until(value: Any) -> float | None:
+    """Seconds from now until ``value`` (seconds, a datetime or an ISO 8601 string)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, datetime):
+        now = datetime.now(value.tzinfo or UTC)
+        if value.tzinfo is None:
+            now = now.replace(tzinfo=None)
+        return (value - now).total_seconds()
+    if isinstance(value, str):
+        try:
+            return seconds_until(datetime.fromisoformat(value))
+        except ValueError:
+            return None
+    return None
+
+
+def queue_lease(
+    queue_ttl: float, expires: Any = None, eta: Any = None, countdown: Any = None
+) -> float:
+    """How long a message's lock is held while it waits: until it expires (at least 1 s), or
+    its delay (``eta`` / ``countdown``) plus ``queue_ttl``."""
+    until_expiry = seconds_until(expires)
+    if until_expiry is not None:
+        return max(until_expiry, 1.0)
+    delay = seconds_until(eta) or countdown or 0.0
+    return max(float(delay), 0.0) + queue_ttl
+
+
+def _with_header(options: dict[str, Any], name: str) -> dict[str, Any]:
+    headers = dict(options.get("headers") or {})
+    headers[HEADER] = name
+    options["headers"] = headers
+    return options
+
+
+def publish_once(
+    task: Any,
+    send: Send,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    task_id: str | None,
+    options: dict[str, Any],
+    has_callbacks: bool,
+) -> Any:
+    """``apply_async`` of a ``lock_at="publish"`` task: take the job's lock for the new task
+    id and send, or send nothing and return (or raise) the holder's."""
+    locking: TaskLocking = task.locking
+    app = task.app
+    task_id = task_id or str(uuid.uuid4())
+    name = locking.lock_name(task.name, args, kwargs)
+    lease = queue_lease(
+        locking.queue_ttl(app), options.get("expires"), options.get("eta"), options.get("countdown")
+    )
+    info = holder_info(task.name, task_id, "queued")
+    try:
+        space = lock_space(app)
+        reply = space.take(name, task_id, lease, info=info)
+        if not reply.acquired and free_revoked_holder(task, space, name, reply.holder):
+            reply = space.take(name, task_id, lease, info=info)
+    except LockBackendError as exc:
+        if proceed_without_lock(app, task.name, "publish", exc):
+            # The header marks the message as handled here (the publish receiver of
+            # install() must not try, and log, a second time); it names the lock only.
+            return send(task_id, _with_header(options, name))
+        raise
+    if not reply.acquired and task_id == task.request.id:
+        # The retry of a run that holds no lock (a duplicate retrying with
+        # lock_on_locked="retry"): it must be sent, or the job would be lost.
+        return send(task_id, options)
+    if not reply.acquired:
+        ttl = max(reply.pttl, 0) / 1000
+        key = space.keys(name).lock
+        log.info(
+            "not publishing %s: a duplicate of task %s, which holds %s (%.1f s left)",
+            task.name,
+            reply.holder,
+            key,
+            ttl,
+        )
+        if locking.options.lock_on_duplicate == "raise":
+            raise AlreadyQueuedError(reply.holder, ttl, key)
+        if has_callbacks:
+            log.warning(
+                "%s was not published (a duplicate of task %s), and with it its callbacks "
+                "(link, chain or chord members after it) were not sent either",
+                task.name,
+                reply.holder,
+            )
+        return task.AsyncResult(reply.holder)
+    try:
+        return send(task_id, _with_header(options, name))
+    except BaseException:
+        # Nothing was sent: do not keep a lock for a message that does not exist.
+        try:
+            space.release(name, task_id, 1)
+        except LockBackendError as exc:
+            log.error("could not undo the publish lock %s: %s", space.keys(name).lock, exc)
+        raise
+
+
+def take_for_message(
+    task: Any, task_id: str, args: Any, kwargs: Any, headers: dict[str, Any]
+) -> None:
+    """The publish lock of a message sent by name (``before_task_publish``): taken when free,
+    and named in the message's headers; a duplicate is only logged (it cannot be stopped
+    here: the worker skips it)."""
+    locking: TaskLocking = task.locking
+    app = task.app
+    try:
+        name = locking.lock_name(task.name, args, kwargs)
+        lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
+        space = lock_space(app)
+        reply = space.take(name, task_id, lease, info=holder_info(task.name, task_id, "queued"))
+    except (LockBackendError, TypeError) as exc:
+        log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)
+        return
+    if reply.acquired:
+        headers[HEADER] = name
+    else:
+        log.warning(
+            "%s[%s] was published by name (send_task or beat) while task %s holds %s; it "
+            "cannot be stopped at publish, the worker will skip it",
+            task.name,
+            task_id,
+            reply.holder,
+            space.keys(name).lock,
+        )

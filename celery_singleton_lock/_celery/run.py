@@ -1,0 +1,242 @@
+"""Run and retry: the worker takes the job's lock before the body and lets it go as the body
+returns, *before* the worker stores the result (a caller who has seen the result and publishes
+the same job again gets a new run).
+
+The lock's owner is the task id, so a publish-time hold is re-entered by its own run, and each
+delivery carries a run token of its own, so a message redelivered while its first run lives is
+refused. A retry *parks* the hold (kept in Redis, not renewed, lease long enough for the
+countdown) before the retry message is sent, so the retry re-enters it and no duplicate slips
+in meanwhile. Per-run state lives with the run's request Context, never on the task instance,
+which serves every run in a process.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from typing import Any, NoReturn
+
+from celery.exceptions import Ignore, MaxRetriesExceededError, Retry
+
+from .._errors import LockBackendError, TaskLockedError
+from .._lock import AcquireReply, ReentrantLock, new_run_token
+from .client import lock_space
+from .info import holder_info
+from .locking import HEADER, TaskLocking, proceed_without_lock
+from .publish import seconds_until
+from .revoked import free_revoked_holder
+
+__all__ = ["SKIPPED", "TaskRun", "current_run", "retry_keeping_lock", "run_locked"]
+
+log_run = logging.getLogger("celery_singleton_lock.run")
+log_release = logging.getLogger("celery_singleton_lock.release")
+
+#: the state a skipped duplicate records (not a ready state: .get() on it waits)
+SKIPPED = "SKIPPED"
+
+#: per-run state, by the run's request Context (not an attribute of it: Celery copies a
+#: Context's attributes into the retry message)
+_runs: weakref.WeakKeyDictionary[Any, TaskRun] = weakref.WeakKeyDictionary()
+
+
+class TaskRun:
+    """One run's hold on its job's lock."""
+
+    __slots__ = ("finished", "lock", "parked", "queue_ttl", "task_name")
+
+    def __init__(self, lock: ReentrantLock, task_name: str, queue_ttl: float) -> None:
+        self.lock = lock
+        self.task_name = task_name
+        self.queue_ttl = queue_ttl
+        self.finished = False
+        self.parked = False
+
+    @property
+    def held_lock(self) -> ReentrantLock | None:
+        """The lock while this run holds it."""
+        return None if self.finished or self.parked else self.lock
+
+    def finish(self, why: str) -> None:
+        """Release every hold of the task id (its run's and its publish's). Idempotent."""
+        if self.finished or self.parked:
+            return
+        self.finished = True
+        try:
+            reply = self.lock.release_all()
+        except LockBackendError as exc:
+            log_release.error(
+                "could not release %s after %s (%s); it frees itself when its lease ends",
+                self.lock.key,
+                why,
+                exc,
+            )
+            return
+        if not reply.owned:
+            log_release.warning(
+                "the lock %s of task %s was lost during its run (lease expired or force-released)",
+                self.lock.key,
+                self.lock.owner,
+            )
+
+    def park(self, delay: float) -> None:
+        """Keep the hold, unrenewed, for a retry due in ``delay`` seconds."""
+        lease = max(delay, 0.0) + self.queue_ttl
+        try:
+            kept = self.lock.park(lease, holder_info(self.task_name, self.lock.owner, "queued"))
+        except LockBackendError as exc:
+            log_release.error("could not keep %s for the retry: %s", self.lock.key, exc)
+            kept = False
+        self.parked = True
+        if not kept:
+            log_release.warning(
+                "the lock %s was lost before the retry of task %s was queued",
+                self.lock.key,
+                self.lock.owner,
+            )
+
+    def unpark(self) -> None:
+        """The retry was not sent after all: take the hold back for the rest of the run."""
+        if not self.parked:
+            return
+        self.parked = False
+        try:
+            self.lock.acquire(blocking=False)
+        except Exception as exc:  # the run goes on; its finish releases what is held
+            log_release.warning("could not take %s back: %s", self.lock.key, exc)
+
+
+def current_run(request: Any) -> TaskRun | None:
+    """The run whose request Context this is, if it holds (or held) its lock."""
+    return _runs.get(request)
+
+
+def run_locked(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """Run the body of ``task`` under its job's lock (``LockedTask.__call__``)."""
+    run = _enter(task, request, args, kwargs)
+    # The worker has pushed this run's request already; Task.__call__ would push a copy
+    # (Celery's stack protection skips it the same way), and task.request must stay the
+    # Context that the run's state is kept for.
+    if run is None:
+        return task.run(*args, **kwargs)
+    try:
+        result = task.run(*args, **kwargs)
+    except Retry:
+        if not run.parked:  # a Retry raised by hand, without self.retry()
+            run.park(0.0)
+        raise
+    except BaseException as exc:
+        run.finish(type(exc).__name__)
+        raise
+    # Released here, before the worker stores the result.
+    run.finish("success")
+    return result
+
+
+def _enter(
+    task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> TaskRun | None:
+    locking: TaskLocking = task.locking
+    options = locking.options
+    app = task.app
+    header = request.get(HEADER) if hasattr(request, "get") else None
+    name = (
+        header if isinstance(header, str) and header else locking.lock_name(task.name, args, kwargs)
+    )
+    task_id = request.id
+    try:
+        space = lock_space(app)
+        if options.lock_at == "publish" and options.lock_release_on_start:
+            space.release(name, task_id)
+            return None
+        lock = space.lock(
+            name,
+            ttl=locking.ttl(app),
+            owner=task_id,
+            info=holder_info(task.name, task_id, "running"),
+            run_token=new_run_token(),
+        )
+        reply = lock.try_acquire()
+        # A holder revoked while queued will never let go by itself: free it.
+        if (
+            not reply.acquired
+            and not reply.other_run
+            and free_revoked_holder(task, space, name, reply.holder)
+        ):
+            reply = lock.try_acquire()
+        if not reply.acquired and options.lock_on_locked == "wait":
+            reply = lock.try_acquire(options.lock_wait_timeout)
+    except LockBackendError as exc:
+        if proceed_without_lock(app, task.name, "run", exc):
+            return None
+        raise
+    if reply.acquired:
+        run = _runs[request] = TaskRun(lock, task.name, locking.queue_ttl(app))
+        return run
+    if reply.other_run:
+        log_run.warning(
+            "not running %s[%s]: this message was delivered again while its first run is "
+            "still alive (it holds %s); dropping this delivery",
+            task.name,
+            task_id,
+            lock.key,
+        )
+        raise Ignore()
+    _locked_out(task, request, lock.key, reply)
+
+
+def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoReturn:
+    """A run-time duplicate: raise, retry or skip, as ``lock_on_locked`` says."""
+    options = task.locking.options
+    if options.lock_on_locked == "raise":
+        raise TaskLockedError(refusal.holder, key)
+    if options.lock_on_locked == "retry":
+        countdown = options.lock_retry_countdown or max(max(refusal.pttl, 0) / 1000, 0.1)
+        try:
+            raise task.retry(countdown=countdown)
+        except MaxRetriesExceededError:
+            log_run.info(
+                "%s[%s] ran out of retries waiting for lock %s", task.name, request.id, key
+            )
+    log_run.info(
+        "skipped %s[%s]: lock %s is held by task %s", task.name, request.id, key, refusal.holder
+    )
+    if not request.is_eager:
+        with suppress(NotImplementedError):  # no result backend configured
+            task.backend.store_result(
+                request.id,
+                {"holder": refusal.holder, "lock": key, "reason": "locked"},
+                SKIPPED,
+                request=request,
+            )
+    raise Ignore()
+
+
+def retry_keeping_lock(
+    task: Any,
+    send_retry: Callable[[], Any],
+    eta: Any,
+    countdown: float | None,
+    max_retries: int | None,
+) -> Any:
+    """``LockedTask.retry``: park the run's hold before the retry message exists (a fast
+    worker may start the retry at once), and take it back if the retry is not sent."""
+    request = task.request
+    run = _runs.get(request)
+    limit = task.max_retries if max_retries is None else max_retries
+    exhausted = limit is not None and request.retries + 1 > limit
+    if run is None or run.finished or run.parked or exhausted:
+        return send_retry()
+    if eta is not None:
+        delay = seconds_until(eta) or 0.0
+    else:
+        delay = task.default_retry_delay if countdown is None else countdown
+    run.park(float(delay or 0.0))
+    try:
+        return send_retry()
+    except Retry:
+        raise
+    except BaseException:
+        run.unpark()
+        raise

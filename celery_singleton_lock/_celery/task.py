@@ -1,0 +1,158 @@
+"""``LockedTask``: run-time singletons and publish-time dedup for Celery tasks.
+
+A thin class of hooks, as Celery's own ``contrib/abortable.py`` is: each hook hands its part of
+the task's life to the module that owns it.
+
+* publish (:mod:`.publish`): ``apply_async``. Signal receivers cannot veto a publish (their
+  exceptions are swallowed), so the dedup that must *not send* lives here.
+* run and retry (:mod:`.run`): ``__call__`` takes the lock before the body and releases it as
+  the body returns, before the result is stored; ``retry`` parks it for the retry.
+* pool child killed, hard time limit, revoke: the worker's main process releases
+  (:mod:`.worker`, :mod:`.revoked`), without waiting for the lease.
+* ``after_return``: an idempotent safety net.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from typing import Any, ClassVar
+
+from celery import Task
+
+from .._lock import LockKeys
+from .client import lock_space
+from .locking import TaskLocking
+from .options import LockOptions
+from .publish import publish_once
+from .run import current_run, retry_keeping_lock, run_locked
+from .settings import setting
+
+__all__ = ["LockedTask"]
+
+
+class LockedTask(Task):  # type: ignore[misc]  # celery ships no type information
+    """A Celery task that never runs twice at once for the same arguments.
+
+    The options are decorator keywords or class attributes, each defined once, with its
+    default and meaning, as a field of :class:`~._celery.options.LockOptions` (the README
+    lists them): ``lock_at``, ``lock_release_on_start``, ``lock_unique_on``, ``lock_key``,
+    ``lock_ttl``, ``lock_queue_ttl``, ``lock_on_duplicate``, ``lock_on_locked``,
+    ``lock_wait_timeout``, ``lock_retry_countdown``. They are checked when the class is made:
+    a wrong value or a misspelt ``lock_*`` name raises, naming the task and the option.
+
+    Inside a run, ``self.lock`` is the held :class:`ReentrantLock` (``None`` when none).
+    """
+
+    Request = "celery_singleton_lock._celery.worker:LockedRequest"
+
+    #: the class's options as validated, and how it makes lock names
+    locking: ClassVar[TaskLocking] = TaskLocking(LockOptions(), None)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        key_func = cls.__dict__.get("lock_key")
+        if inspect.isfunction(key_func):
+            # A plain function as a class attribute would be bound to the task: keep it plain.
+            cls.lock_key = staticmethod(key_func)
+        cls.locking = TaskLocking.of_class(cls, LockedTask)
+
+    # -- the job's lock, from outside a run ----------------------------------------------------
+
+    def _lock_name(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        return self.locking.lock_name(self.name, args, kwargs)
+
+    def lock_key_for(self, *args: Any, **kwargs: Any) -> str:
+        """The Redis key of the lock these arguments take (``prefix:{task:digest}``)."""
+        prefix = setting(self._get_app(), "singleton_lock_prefix")  # no client needed
+        return LockKeys.for_name(prefix, self._lock_name(args, kwargs)).lock
+
+    def is_locked(self, *args: Any, **kwargs: Any) -> bool:
+        """Whether a run (or a queued publish) of this job holds its lock now."""
+        return lock_space(self._get_app()).is_held(self._lock_name(args, kwargs))
+
+    def lock_holder(self, *args: Any, **kwargs: Any) -> str | None:
+        """The task id that holds this job's lock, or ``None``."""
+        return lock_space(self._get_app()).inspect(self._lock_name(args, kwargs)).holder
+
+    def release_lock(self, *args: Any, **kwargs: Any) -> bool:
+        """Operator's force release of this job's lock, whoever holds it; wakes waiters.
+        Returns whether a lock was released."""
+        return lock_space(self._get_app()).force_release(self._lock_name(args, kwargs))
+
+    @property
+    def lock(self) -> Any:
+        """Inside a run: the held :class:`ReentrantLock` (``None`` when this run holds none)."""
+        run = current_run(self.request)
+        return None if run is None else run.held_lock
+
+    # -- the hooks -----------------------------------------------------------------------------
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> Any:
+        send = super().apply_async
+        if self.locking.options.lock_at != "publish" or self._get_app().conf.task_always_eager:
+            return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        callbacks = bool(link or link_error or options.get("chain") or options.get("chord"))
+        return publish_once(
+            self,
+            lambda new_id, opts: send(
+                args, kwargs, new_id, producer, link, link_error, shadow, **opts
+            ),
+            args,
+            kwargs,
+            task_id,
+            options,
+            callbacks,
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly or current_run(request) is not None:
+            # A plain function call (or a nested call of the task inside its own run).
+            return super().__call__(*args, **kwargs)
+        return run_locked(self, request, args, kwargs)
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        def send_retry() -> Any:
+            return super(LockedTask, self).retry(
+                args, kwargs, exc, throw, eta, countdown, max_retries, **options
+            )
+
+        return retry_keeping_lock(self, send_retry, eta, countdown, max_retries)
+
+    def after_return(
+        self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        # Safety net only: __call__ has released already on every path that returns here.
+        run = current_run(self.request)
+        if run is not None:
+            run.finish(f"after_return {status}")
+        super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+
+# The options' class attributes, from their one definition: a subclass (or a decorator
+# keyword) that sets one overrides it, and TaskLocking.of_class reads it back.
+for _option in fields(LockOptions):
+    setattr(LockedTask, _option.name, _option.default)
+del _option

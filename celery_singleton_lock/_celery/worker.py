@@ -1,0 +1,111 @@
+"""The worker's main-process side: release a task's lock when its pool child cannot.
+
+Only the main process hears of a pool child killed (SIGKILL, OOM), a hard time limit or a
+terminating revoke; Celery then calls the request's ``on_failure`` / ``on_timeout`` there (and
+sends ``task_revoked``, see :mod:`.revoked`). Releasing at once lets a redelivered message
+(``reject_on_worker_lost``) take over without waiting for a whole lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
+from celery.worker.request import Request
+
+from .client import lock_space
+from .info import holder_info
+from .locking import HEADER, TaskLocking
+
+__all__ = ["LockedRequest", "release_for_request"]
+
+log = logging.getLogger("celery_singleton_lock.release")
+
+_CHILD_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, KeyboardInterrupt)
+
+
+def release_for_request(
+    task: Any,
+    task_id: str,
+    args: Any,
+    kwargs: Any,
+    header: Any,
+    why: str,
+    requeued: bool = False,
+) -> None:
+    """Release every hold of ``task_id`` on its job's lock, from the worker's main process
+    (its pool child died, hit the hard time limit, or the task was revoked).
+
+    ``requeued``: the message goes back to the queue (``reject_on_worker_lost``): the hold is
+    parked for its redelivery instead (kept, not renewed, run token cleared), so the
+    redelivered run re-enters it at once and no duplicate gets in meanwhile."""
+    locking = getattr(task, "locking", None)
+    if not isinstance(locking, TaskLocking):
+        return  # not a locked task
+    try:
+        name = header if isinstance(header, str) and header else None
+        name = name or locking.lock_name(task.name, args, kwargs)
+        app = task.app
+        space = lock_space(app)
+        key = space.keys(name).lock
+        if requeued:
+            info = holder_info(task.name, task_id, "queued")
+            if space.park(name, task_id, locking.queue_ttl(app), info=info):
+                log.info(
+                    "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
+                )
+            return
+        reply = space.release(name, task_id)
+    except Exception as exc:
+        log.error(
+            "could not release the lock of %s[%s] after %s: %s; it frees itself when its "
+            "lease ends",
+            getattr(task, "name", task),
+            task_id,
+            why,
+            exc,
+        )
+        return
+    if reply.freed:
+        log.info("released %s of %s[%s] after %s", key, task.name, task_id, why)
+
+
+class LockedRequest(Request):  # type: ignore[misc]  # celery ships no type information
+    """The request class of :class:`~._celery.task.LockedTask` in the worker's main process."""
+
+    def _release(self, why: str, requeued: bool = False) -> None:
+        release_for_request(
+            self.task,
+            self.id,
+            self.args,
+            self.kwargs,
+            self.request_dict.get(HEADER),
+            why,
+            requeued,
+        )
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        super().on_timeout(soft, timeout)
+        if not soft:
+            self._release(f"hard time limit ({timeout} s)")
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        exc = getattr(exc_info, "exception", None)
+        exc = getattr(exc, "exc", exc)  # unwrap ExceptionWithTraceback
+        if isinstance(exc, _CHILD_GONE):
+            task = self.task
+            # Celery requeues the message in this case (see Request.on_failure): keep the hold
+            # for the redelivery rather than let a duplicate in between.
+            requeued = (
+                isinstance(exc, (WorkerLostError, SystemExit, KeyboardInterrupt))
+                and task.acks_late
+                and task.reject_on_worker_lost
+                and not getattr(task, "retry_on_worker_lost", False)
+            )
+            self._release(f"its pool process ended ({type(exc).__name__})", requeued)
+        return super().on_failure(
+            exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+        )

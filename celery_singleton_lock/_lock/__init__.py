@@ -1,0 +1,36 @@
+"""The lock layer: a reentrant, renewed, fenced Redis hash lock. It never imports Celery.
+
+The rest of the package uses only what this module exports: :class:`ReentrantLock` for a hold
+this process keeps and renews, :class:`LockSpace` for operations on a hold that lives elsewhere
+(a queued message's, a dead pool child's, an operator's view), and their typed replies.
+
+Modules, bottom up: ``keys`` (key names), ``owner`` (owner, request and run tokens), ``checks``
+(argument checks), ``client`` (what a client must be),
+``connection`` (a kept connection per thread), ``scripts`` (the Lua files), ``commands`` (one
+script call each, typed replies, Redis errors mapped), ``hold`` (a process's hold and their
+registry), ``heartbeat`` (renewal), ``wakeup`` (push wake-ups), ``reentrant``
+(:class:`ReentrantLock`), ``space`` (:class:`LockSpace`).
+"""
+
+from __future__ import annotations
+
+from .client import RedisClient
+from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply, text
+from .keys import LockKeys, check_prefix
+from .owner import new_run_token
+from .reentrant import ReentrantLock
+from .space import LockSpace
+
+__all__ = [
+    "ALL_HOLDS",
+    "AcquireReply",
+    "LockKeys",
+    "LockSpace",
+    "LockState",
+    "RedisClient",
+    "ReentrantLock",
+    "ReleaseReply",
+    "check_prefix",
+    "new_run_token",
+    "text",
+]

@@ -1,0 +1,222 @@
+"""The lock's operations on Redis: one call to one Lua script (or one command) each.
+
+This is the one place where script replies become typed replies (:class:`AcquireReply`,
+:class:`ReleaseReply`, :class:`LockState`) and Redis errors become :class:`LockBackendError`.
+Everything above it (the lock object, :class:`~._lock.space.LockSpace`) reads those replies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple, NoReturn
+
+from redis.exceptions import RedisError
+
+from .._errors import LockBackendError
+from . import scripts
+from .keys import LockKeys
+from .owner import new_request_id
+
+__all__ = [
+    "ALL_HOLDS",
+    "META_RETENTION_MS",
+    "AcquireReply",
+    "LockState",
+    "ReleaseReply",
+    "acquire",
+    "backend_errors",
+    "force_release",
+    "inspect",
+    "is_held",
+    "is_owned",
+    "park",
+    "release",
+    "text",
+]
+
+#: How long the meta hash (last fencing token, operator info) outlives a lock or its lease. It
+#: bounds the keys a released lock leaves behind to one hash that expires after a minute.
+META_RETENTION_MS = 60_000
+
+#: ``release(..., drop=ALL_HOLDS)`` drops every hold of the owner
+ALL_HOLDS = 0
+
+_log_acquire = logging.getLogger("celery_singleton_lock.acquire")
+_log_release = logging.getLogger("celery_singleton_lock.release")
+
+
+def text(value: Any) -> str:
+    """A reply item as str, whether or not the client decodes responses."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+def _raise_backend_error(operation: str, name: str, exc: RedisError) -> NoReturn:
+    raise LockBackendError(
+        f"Redis failed to {operation} lock {name!r}: {type(exc).__name__}: {exc}. "
+        "Check that Redis is reachable at the configured URL."
+    ) from exc
+
+
+@contextmanager
+def backend_errors(operation: str, name: str) -> Iterator[None]:
+    """Turn a redis-py error inside the block into :class:`LockBackendError`."""
+    try:
+        yield
+    except RedisError as exc:
+        _raise_backend_error(operation, name, exc)
+
+
+class AcquireReply(NamedTuple):
+    """What an acquire did (lua/acquire.lua's reply, typed)."""
+
+    acquired: bool
+    #: the owner's hold count when acquired
+    hold_count: int = 0
+    #: the fencing token when acquired
+    fence: int | None = None
+    #: milliseconds left on the holder's lease when not acquired (-1: no lease, -2: just freed)
+    pttl: int = 0
+    #: the holder's owner token when not acquired
+    holder: str = ""
+    #: not acquired because another run of the same owner holds it (see ``run_token``)
+    other_run: bool = False
+
+
+class ReleaseReply(NamedTuple):
+    """What a release did (lua/release.lua's -1 / 0 / n, typed)."""
+
+    #: the owner held the lock; ``False``: never held, already released, or its lease was lost
+    owned: bool
+    #: holds of this owner left in Redis after the release (0: none)
+    holds_left: int = 0
+
+    @property
+    def freed(self) -> bool:
+        """The owner's last hold went: the lock is free (or held by nobody of this owner)."""
+        return self.owned and self.holds_left == 0
+
+
+_NOT_OWNED = ReleaseReply(False)
+_FREED = ReleaseReply(True)
+
+
+class LockState(NamedTuple):
+    """One lock as Redis has it now (lua/inspect.lua's reply, typed)."""
+
+    keys: LockKeys
+    #: milliseconds left on the lease; -2 when the lock is free
+    pttl: int
+    fence: int | None
+    #: server time in ms when the current holder took it, when known
+    since_ms: int | None
+    #: operator info stored with the hold ("" when none)
+    info: str
+    #: the run token of the run that holds it ("" when no run has entered it)
+    run_token: str
+    #: owner token -> hold count
+    owners: dict[str, int]
+
+    @property
+    def held(self) -> bool:
+        return bool(self.owners)
+
+    @property
+    def holder(self) -> str | None:
+        return next(iter(self.owners), None)
+
+
+def acquire(
+    client: Any,
+    keys: LockKeys,
+    owner: str,
+    lease_ms: int,
+    request: str,
+    info: str = "",
+    run_token: str = "",
+) -> AcquireReply:
+    """Take or re-enter the lock in Redis (``request``: the id that makes a resend harmless)."""
+    # try/except rather than backend_errors(): this is the hot path, and a generator-based
+    # context manager costs about a microsecond per call.
+    try:
+        reply = scripts.ACQUIRE(
+            client, keys.pair, (owner, lease_ms, request, info, META_RETENTION_MS, run_token)
+        )
+    except RedisError as exc:
+        _raise_backend_error("acquire", keys.name, exc)
+    if int(reply[0]) == 1:
+        _log_acquire.debug(
+            "acquired %s as %s (hold %s, fence %s)", keys.lock, owner, reply[1], reply[2]
+        )
+        return AcquireReply(True, int(reply[1]), int(reply[2]))
+    return AcquireReply(False, 0, None, int(reply[1]), text(reply[2]), len(reply) > 3)
+
+
+def park(client: Any, keys: LockKeys, owner: str, lease_ms: int, info: str = "") -> bool:
+    """Keep ``owner``'s hold in Redis, unrenewed, for ``lease_ms``, its run token cleared;
+    ``False`` when the owner did not hold it."""
+    with backend_errors("park", keys.name):
+        return bool(
+            int(scripts.PARK(client, keys.pair, (owner, lease_ms, META_RETENTION_MS, info)))
+        )
+
+
+def release(client: Any, keys: LockKeys, owner: str, drop: int = 1) -> ReleaseReply:
+    """Drop ``drop`` holds of ``owner`` (:data:`ALL_HOLDS`: every one).
+
+    Idempotent per call: a resend of the same call (redis-py's retry) is answered as the
+    first one was."""
+    args = (owner, drop, keys.channel, META_RETENTION_MS, new_request_id())
+    try:  # not backend_errors(): the hot path (see acquire)
+        left = int(scripts.RELEASE(client, keys.pair, args))
+    except RedisError as exc:
+        _raise_backend_error("release", keys.name, exc)
+    _log_release.debug("release %s by %s: %s", keys.lock, owner, left)
+    if left == 0:
+        return _FREED
+    return _NOT_OWNED if left < 0 else ReleaseReply(True, left)
+
+
+def force_release(
+    client: Any, keys: LockKeys, holder: str = "", *, unentered: bool = False
+) -> bool:
+    """Delete the lock whoever holds it (or only when ``holder`` holds it, and with
+    ``unentered`` only while no run has entered it); wakes waiters."""
+    args = (keys.channel, META_RETENTION_MS, holder, "1" if unentered else "")
+    with backend_errors("force-release", keys.name):
+        done = int(scripts.FORCE_RELEASE(client, keys.pair, args))
+    if done:
+        _log_release.info("force-released %s%s", keys.lock, f" held by {holder}" if holder else "")
+    return bool(done)
+
+
+def inspect(client: Any, keys: LockKeys) -> LockState:
+    """The lock's state, read atomically."""
+    with backend_errors("inspect", keys.name):
+        reply = scripts.INSPECT(client, keys.pair, ())
+    fence, since = text(reply[1]), text(reply[2])
+    owners = {text(reply[i]): int(reply[i + 1]) for i in range(5, len(reply) - 1, 2)}
+    return LockState(
+        keys=keys,
+        pttl=int(reply[0]),
+        fence=int(fence) if fence else None,
+        since_ms=int(since) if since else None,
+        info=text(reply[3]),
+        run_token=text(reply[4]),
+        owners=owners,
+    )
+
+
+def is_held(client: Any, keys: LockKeys) -> bool:
+    """Whether anyone holds the lock now."""
+    with backend_errors("check", keys.name):
+        return bool(client.exists(keys.lock))
+
+
+def is_owned(client: Any, keys: LockKeys, owner: str) -> bool:
+    """Whether ``owner`` holds the lock now."""
+    with backend_errors("check", keys.name):
+        return bool(client.hexists(keys.lock, owner))

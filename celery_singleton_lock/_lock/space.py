@@ -1,0 +1,120 @@
+"""``LockSpace``: every lock under one key prefix on one Redis client, by name.
+
+The hold API for the layers above the lock. A :class:`ReentrantLock` is a hold this process
+keeps and renews; the operations here act in Redis only, for a hold that lives elsewhere: a
+publisher takes a job's lock for its queued message (owner = the task id) and lets it go if the
+publish fails, a worker's main process releases or parks the hold of a pool child that died,
+an operator inspects and force-releases. Each returns a typed reply from :mod:`.commands`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from . import commands
+from .checks import check_lease_ms
+from .client import RedisClient, check_client
+from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply
+from .keys import LockKeys, check_prefix
+from .owner import new_request_id
+from .reentrant import ReentrantLock
+
+__all__ = ["LockSpace"]
+
+
+class LockSpace:
+    """The locks under ``prefix`` on ``client``."""
+
+    __slots__ = ("client", "prefix")
+
+    def __init__(self, client: RedisClient, prefix: str = "lock") -> None:
+        check_client(client)
+        #: the redis-py client (``Any``: beyond :class:`RedisClient`, SCAN and TIME are used)
+        self.client: Any = client
+        self.prefix = check_prefix(prefix)
+
+    def keys(self, name: str) -> LockKeys:
+        """The Redis keys of the lock ``name``."""
+        return LockKeys.for_name(self.prefix, name)
+
+    def keys_of(self, key_or_name: str) -> LockKeys:
+        """The keys of a lock given by its Redis key (``prefix:{name}``) or by its name."""
+        if key_or_name.startswith(f"{self.prefix}:{{") and key_or_name.endswith("}"):
+            return LockKeys.from_lock_key(key_or_name)
+        return self.keys(key_or_name)
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        owner: str | None = None,
+        info: str = "",
+        run_token: str = "",
+    ) -> ReentrantLock:
+        """A renewed :class:`ReentrantLock` on ``name`` in this space."""
+        return ReentrantLock(
+            self.client,
+            name,
+            ttl,
+            owner,
+            True,
+            prefix=self.prefix,
+            info=info,
+            run_token=run_token,
+        )
+
+    def take(self, name: str, owner: str, lease: float, *, info: str = "") -> AcquireReply:
+        """Take or re-enter ``name`` for ``owner`` in Redis only: no hold in this process, no
+        renewal; the lease is ``lease`` seconds. Another process acting as ``owner`` (a
+        task's run) re-enters it, and :meth:`release` lets it go."""
+        return commands.acquire(
+            self.client, self.keys(name), owner, check_lease_ms(lease), new_request_id(), info
+        )
+
+    def release(self, name: str, owner: str, holds: int = ALL_HOLDS) -> ReleaseReply:
+        """Drop ``holds`` holds of ``owner`` (:data:`ALL_HOLDS`, the default: every one)."""
+        return commands.release(self.client, self.keys(name), owner, holds)
+
+    def park(self, name: str, owner: str, lease: float, *, info: str = "") -> bool:
+        """Keep ``owner``'s hold for ``lease`` seconds, unrenewed, for a later run of the same
+        owner (a redelivered message); ``False`` when the owner did not hold it."""
+        return commands.park(self.client, self.keys(name), owner, check_lease_ms(lease), info)
+
+    def force_release(
+        self, name: str, *, holder: str | None = None, unentered: bool = False
+    ) -> bool:
+        """An operator's release, whoever holds ``name`` (or only when ``holder`` does; with
+        ``unentered``, only while no run has entered the hold). Wakes waiters; the fencing
+        token keeps increasing. Returns whether a lock was released."""
+        return commands.force_release(
+            self.client, self.keys_of(name), holder or "", unentered=unentered
+        )
+
+    def inspect(self, name: str) -> LockState:
+        """Everything about one lock (given by name or Redis key), read atomically."""
+        return commands.inspect(self.client, self.keys_of(name))
+
+    def is_held(self, name: str) -> bool:
+        """Whether anyone holds ``name`` now (one round trip)."""
+        return commands.is_held(self.client, self.keys(name))
+
+    def find(self, pattern: str = "*") -> Iterator[LockKeys]:
+        """The keys of every lock whose name matches the glob ``pattern``, found by SCAN
+        (never KEYS); a lock may appear twice while the keyspace is rehashed."""
+        with commands.backend_errors("scan", self.prefix):
+            for raw in self.client.scan_iter(match=f"{self.prefix}:{{{pattern}}}", count=500):
+                key = commands.text(raw)
+                if key.endswith("}"):
+                    yield LockKeys.from_lock_key(key)
+
+    def server_time_ms(self) -> float:
+        """The server's clock in milliseconds (the local clock for a Redis Cluster client,
+        whose nodes answer one by one)."""
+        try:
+            seconds, micros = self.client.time()
+            return float(seconds) * 1000 + float(micros) / 1000
+        except Exception:  # a cluster answers per node; the local clock is close enough
+            return time.time() * 1000

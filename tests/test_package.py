@@ -1,0 +1,198 @@
+"""The package as a whole: its layers, one definition of each option and setting, its public
+names.
+
+- The lock layer (``celery_singleton_lock._lock``) never imports Celery, checked twice: in its
+  source, and by importing it in a process where Celery cannot be imported.
+- Outside the lock layer, nothing imports its modules: only what ``_lock/__init__.py`` exports
+  (the scripts, the commands, the kept connection stay inside).
+- The README's options and settings tables are made from their one definition.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+import celery_singleton_lock
+from celery_singleton_lock import LockedTask, MisconfiguredError
+from celery_singleton_lock._celery.options import OPTION_NAMES, options_table
+from celery_singleton_lock._celery.settings import setting, settings_table
+
+PACKAGE = Path(celery_singleton_lock.__file__).resolve().parent
+ROOT = PACKAGE.parent
+LOCK_LAYER = PACKAGE / "_lock"
+CELERY_DISTRIBUTIONS = {"celery", "kombu", "billiard"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module ``path`` imports (relative imports resolved), with its line number."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append((node.lineno, base))
+            # `from . import x` imports the module x, when x is a module
+            found += [
+                (node.lineno, f"{base}.{alias.name}")
+                for alias in node.names
+                if _is_module(f"{base}.{alias.name}")
+            ]
+    return found
+
+
+def test_the_lock_layer_never_imports_celery_in_its_source() -> None:
+    modules = sorted(LOCK_LAYER.glob("*.py"))
+    assert len(modules) >= 10
+    offending = [
+        f"{path.name}:{line}: {name}"
+        for path in modules
+        for line, name in _imports(path)
+        if name.split(".")[0] in CELERY_DISTRIBUTIONS
+        or (name.startswith("celery_singleton_lock.") and not _inside_lock_layer(name))
+    ]
+    assert offending == []
+
+
+def _inside_lock_layer(name: str) -> bool:
+    # the lock layer may use the shared exceptions, and itself
+    return name.startswith(("celery_singleton_lock._lock", "celery_singleton_lock._errors"))
+
+
+def test_the_lock_layer_imports_where_celery_cannot_be_imported() -> None:
+    code = textwrap.dedent(
+        """
+        import importlib.abc, importlib.util, sys
+
+        class NoCelery(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("celery", "kombu", "billiard"):
+                    raise ImportError(f"the lock layer imported {name}")
+                return None
+
+        sys.meta_path.insert(0, NoCelery())
+        # The package's own __init__ imports the Celery layer: stand in for it, so that only
+        # the lock layer (and the exceptions it shares) is imported.
+        spec = importlib.util.spec_from_file_location(
+            "celery_singleton_lock",
+            sys.argv[1] + "/__init__.py",
+            submodule_search_locations=[sys.argv[1]],
+        )
+        sys.modules["celery_singleton_lock"] = importlib.util.module_from_spec(spec)
+        import celery_singleton_lock._lock as lock_layer
+        from celery_singleton_lock._lock import heartbeat, wakeup  # every module loads
+        assert not any(m.split(".")[0] in ("celery", "kombu", "billiard") for m in sys.modules)
+        print("ok", len(lock_layer.__all__))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(PACKAGE)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok ")
+
+
+def test_outside_the_lock_layer_only_its_api_is_imported() -> None:
+    outside = [p for p in sorted(PACKAGE.rglob("*.py")) if LOCK_LAYER not in p.parents]
+    assert len(outside) >= 15
+    offending = [
+        f"{path.relative_to(PACKAGE)}:{line}: {name}"
+        for path in outside
+        for line, name in _imports(path)
+        if name.startswith("celery_singleton_lock._lock.")
+    ]
+    assert offending == []
+
+
+def test_the_readme_tables_are_the_definitions() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert options_table() in readme
+    assert settings_table() in readme
+
+
+def test_each_option_is_a_class_attribute_with_its_default() -> None:
+    for name in OPTION_NAMES:
+        assert hasattr(LockedTask, name), name
+    assert LockedTask.lock_at == "run" and LockedTask.lock_wait_timeout == 10.0
+
+
+def test_a_misspelt_option_gets_one_check_with_a_suggestion_on_both_paths() -> None:
+    app = Celery("pkg_typo", set_as_current=False)
+    app.finalize()  # so that app.task makes the class now, not at first use
+
+    def typo() -> None: ...
+
+    with pytest.raises(TypeError, match=r"lock_on_lcked \(did you mean lock_on_locked\?\)"):
+        app.task(base=LockedTask, name="pkg.typo", lock_on_lcked="skip")(typo)
+    from celery_singleton_lock import install
+
+    with pytest.raises(TypeError, match=r"lock_on_lcked \(did you mean lock_on_locked\?\)"):
+        install(app, tasks={"pkg.plain": {"lock_on_lcked": "skip"}})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error", "says"),
+    [
+        ("singleton_lock_ttl", "30s", TypeError, "number of seconds"),
+        ("singleton_lock_ttl", -1, ValueError, "> 0"),
+        ("singleton_lock_queue_ttl", float("nan"), TypeError, "number of seconds"),
+        ("singleton_lock_prefix", "a{b", ValueError, "must not contain"),
+        ("singleton_lock_on_backend_error", "ignore", ValueError, "'raise' or 'proceed'"),
+        ("singleton_lock_redis_options", ["x"], TypeError, "must be a dict"),
+        ("singleton_lock_redis_url", "http://x", ValueError, "must be a Redis URL"),
+        ("singleton_lock_client", "nope", TypeError, "redis-py client"),
+        ("singleton_lock_tasks", ["x"], TypeError, "dict of {task name: options}"),
+    ],
+)
+def test_a_wrong_setting_is_named_when_it_is_read(
+    name: str, value: object, error: type[Exception], says: str
+) -> None:
+    app = Celery("pkg_settings", set_as_current=False)
+    app.conf[name] = value
+    with pytest.raises(error) as info:
+        setting(app, name)
+    assert name in str(info.value) and says in str(info.value)
+
+
+def test_a_wrong_setting_fails_the_first_publish_that_reads_it_and_sends_nothing() -> None:
+    app = Celery("pkg_publish", set_as_current=False, broker="redis://127.0.0.1:1/0")
+    app.conf.singleton_lock_queue_ttl = "1h"
+
+    def job(x: int) -> None: ...
+
+    task = app.task(base=LockedTask, name="pkg.publish", lock_at="publish")(job)
+    with pytest.raises(TypeError, match="singleton_lock_queue_ttl must be a number of seconds"):
+        task.delay(1)  # before any connection: nothing answers on port 1
+
+
+def test_misconfigured_error_is_public_and_a_backend_error() -> None:
+    assert celery_singleton_lock.MisconfiguredError is MisconfiguredError
+    assert "MisconfiguredError" in celery_singleton_lock.__all__
+    assert MisconfiguredError.__module__ == "celery_singleton_lock._errors"
+
+
+def test_the_version_comes_from_the_package_metadata() -> None:
+    assert celery_singleton_lock.__version__ == version("celery-singleton-lock")
