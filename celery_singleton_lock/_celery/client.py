@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, unquote, urlparse
 
 from .._errors import MisconfiguredError
 from .._lock import LockSpace
-from .settings import REDIS_SCHEMES, setting
+from .settings import REDIS_SCHEMES, scheme_of, setting
 
 __all__ = ["get_client", "lock_space", "make_client", "reset_client"]
 
@@ -27,14 +27,8 @@ def _resolve_url(app: Any) -> str:
     raise MisconfiguredError(
         "celery-singleton-lock needs Redis: set app.conf.singleton_lock_redis_url "
         "(e.g. 'redis://127.0.0.1:6379/1'), or app.conf.singleton_lock_client to a redis-py "
-        f"client; the broker ({_scheme_of(broker)}) is not Redis, so it cannot be used"
+        f"client; the broker ({scheme_of(broker)}) is not Redis, so it cannot be used"
     )
-
-
-def _scheme_of(url: object) -> str:
-    if not url or not isinstance(url, str):
-        return "none configured"
-    return url.split(":", 1)[0] + "://…"
 
 
 def _sentinel_client(url: str, options: dict[str, Any], app: Any) -> Any:
@@ -65,8 +59,8 @@ def _sentinel_client(url: str, options: dict[str, Any], app: Any) -> Any:
     opts.setdefault("socket_connect_timeout", 5)
     if password and "password" not in opts:
         opts["password"] = password
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **opts)  # type: ignore[no-untyped-call]
-    return sentinel.master_for(master, db=db)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **opts)  # type: ignore[no-untyped-call]  # redis-py: unannotated
+    return sentinel.master_for(master, db=db)  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
 
 def make_client(app: Any) -> Any:
@@ -114,7 +108,7 @@ def make_client(app: Any) -> Any:
             else "broker_url (used for the locks: set singleton_lock_redis_url)"
         )
         raise type(exc)(
-            f"cannot make the lock client from {where} ({_scheme_of(url)}) and "
+            f"cannot make the lock client from {where} ({scheme_of(url)}) and "
             f"singleton_lock_redis_options: {exc}"
         ) from exc
 

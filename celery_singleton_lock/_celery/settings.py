@@ -15,13 +15,24 @@ from typing import Any
 
 from .._lock import check_prefix
 
-__all__ = ["DEFAULTS", "REDIS_SCHEMES", "SETTINGS", "Setting", "setting", "settings_table"]
+__all__ = [
+    "DEFAULTS",
+    "REDIS_SCHEMES",
+    "SETTINGS",
+    "Setting",
+    "scheme_of",
+    "setting",
+    "settings_table",
+]
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 
 
-def _any(name: str, value: Any) -> Any:
-    return value
+def scheme_of(url: object) -> str:
+    """A URL shown without its host, credentials or path (``amqp://…``), for errors."""
+    if not url or not isinstance(url, str):
+        return "none configured"
+    return url.split(":", 1)[0] + "://…"
 
 
 def _url(name: str, value: Any) -> Any:
@@ -30,7 +41,7 @@ def _url(name: str, value: Any) -> Any:
     if value and value.split(":", 1)[0].lower() not in REDIS_SCHEMES:
         raise ValueError(
             f"{name} must be a Redis URL (redis://, rediss://, unix:// or sentinel://), "
-            f"got {value.split(':', 1)[0]}://…"
+            f"got {scheme_of(value)}"
         )
     return value
 
@@ -160,10 +171,10 @@ _PLAIN_MAPS = _plain_maps()
 def _conf_cache(conf: Any, name: str) -> dict[str, Any]:
     """A dict of ours in the conf object's own ``__dict__`` (its ``__setattr__`` would write a
     setting): it lives and dies with the app's configuration."""
-    cache = conf.__dict__.get(name)
+    cache: dict[str, Any] | None = conf.__dict__.get(name)
     if cache is None:
         cache = conf.__dict__[name] = {}
-    return cache  # type: ignore[no-any-return]
+    return cache
 
 
 def _lookup_plan(conf: Any, name: str) -> tuple[tuple[Any, ...], ...] | None:

@@ -199,7 +199,8 @@ class Heartbeat:
             for group in groups:
                 scripts.RENEW.queue(pipe, *self._call_args(group))
             self.round_trips += 1
-            return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+            return replies
 
         replies = send()
         if any(isinstance(r, NoScriptError) for r in replies):
