@@ -8,6 +8,7 @@ import json
 import os
 import threading
 from collections import UserDict
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pytest
@@ -102,7 +103,12 @@ def _kept_connection(client: Any) -> Any:
     return None if borrowed is None else borrowed.conn
 
 
-def test_scripts_use_one_kept_connection_per_thread(redis_client: Any) -> None:
+def test_scripts_use_one_kept_connection_per_thread(
+    make_redis_server: Callable[..., RedisServer],
+) -> None:
+    # A server of its own: the count of clients below must not see other tests' connections
+    # (a heartbeat test's last command is an EVALSHA too).
+    redis_client = make_redis_server().client()
     lock = ReentrantLock(redis_client, "hot-kept", ttl=5, renew=False)
     for _ in range(3):
         with lock:

@@ -146,7 +146,7 @@ def test_a_misspelt_option_gets_one_check_with_a_suggestion_on_both_paths() -> N
     def typo() -> None: ...
 
     with pytest.raises(TypeError, match=r"lock_on_lcked \(did you mean lock_on_locked\?\)"):
-        app.task(base=LockedTask, name="pkg.typo", lock_on_lcked="skip")(typo)
+        app.task(base=LockedTask, name="pkg.typo", shared=False, lock_on_lcked="skip")(typo)
     from celery_singleton_lock import install
 
     with pytest.raises(TypeError, match=r"lock_on_lcked \(did you mean lock_on_locked\?\)"):
@@ -183,7 +183,7 @@ def test_a_wrong_setting_fails_the_first_publish_that_reads_it_and_sends_nothing
 
     def job(x: int) -> None: ...
 
-    task = app.task(base=LockedTask, name="pkg.publish", lock_at="publish")(job)
+    task = app.task(base=LockedTask, name="pkg.publish", shared=False, lock_at="publish")(job)
     with pytest.raises(TypeError, match="singleton_lock_queue_ttl must be a number of seconds"):
         task.delay(1)  # before any connection: nothing answers on port 1
 
