@@ -44,12 +44,11 @@ _runs: weakref.WeakKeyDictionary[Any, TaskRun] = weakref.WeakKeyDictionary()
 class TaskRun:
     """One run's hold on its job's lock."""
 
-    __slots__ = ("finished", "lock", "parked", "queue_ttl", "task_name")
+    __slots__ = ("finished", "lock", "parked", "task")
 
-    def __init__(self, lock: ReentrantLock, task_name: str, queue_ttl: float) -> None:
+    def __init__(self, lock: ReentrantLock, task: Any) -> None:
         self.lock = lock
-        self.task_name = task_name
-        self.queue_ttl = queue_ttl
+        self.task = task
         self.finished = False
         self.parked = False
 
@@ -82,9 +81,11 @@ class TaskRun:
 
     def park(self, delay: float) -> None:
         """Keep the hold, unrenewed, for a retry due in ``delay`` seconds."""
-        lease = max(delay, 0.0) + self.queue_ttl
+        task = self.task
+        # read here, not at every run's start: most runs never park
+        lease = max(delay, 0.0) + task.locking.queue_ttl(task.app)
         try:
-            kept = self.lock.park(lease, holder_info(self.task_name, self.lock.owner, "queued"))
+            kept = self.lock.park(lease, holder_info(task.name, self.lock.owner, "queued"))
         except LockBackendError as exc:
             log_release.error("could not keep %s for the retry: %s", self.lock.key, exc)
             kept = False
@@ -172,7 +173,7 @@ def _enter(
             return None
         raise
     if reply.acquired:
-        run = _runs[request] = TaskRun(lock, task.name, locking.queue_ttl(app))
+        run = _runs[request] = TaskRun(lock, task)
         return run
     if reply.other_run:
         log_run.warning(
