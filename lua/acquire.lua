@@ -2,7 +2,8 @@
 --
 -- The lock is one hash: field = owner token, value = hold count, with a lease (PEXPIRE).
 -- Its companion meta hash keeps the last fencing token, the request id of the last acquire
--- (so a resent acquire is not counted twice) and operator info. Both keys share one hash tag,
+-- (so a resent acquire is not counted twice), operator info, and a "void:<request id>" field
+-- for each acquire whose caller gave up on the reply (see cancel.lua). Both keys share one hash tag,
 -- so they live in one Redis Cluster slot.
 --
 -- KEYS[1]  lock hash             e.g. lock:{tasks.add:3f1c...}
@@ -20,6 +21,10 @@
 --   {1, hold_count, fence}        acquired (new holder) or re-entered (same owner)
 --   {0, remaining_lease_ms, holder}  held by another owner
 --   {0, remaining_lease_ms, owner, "run"}  held by this owner, but by another live run
+--   {0, -2, ""}                   this request was voided by cancel.lua (its caller gave up
+--                                 on the reply): it must never take a hold, however late it runs
+-- A lease that is not a whole number of milliseconds in [1, 2^53 - retention] is an error,
+-- raised before anything is written: a lock is never left without a lease.
 -- The fencing token increases for every new holder, also after the lock hash was deleted:
 -- it is max(last token + 1, server time in microseconds), so it survives the meta hash
 -- expiring as long as the server clock does not step back.
@@ -31,6 +36,14 @@
 local lock, meta = KEYS[1], KEYS[2]
 local owner, lease, request = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local info, retention, run = ARGV[4], tonumber(ARGV[5]), ARGV[6]
+-- Checked before any write (a later PEXPIRE refusing the lease would leave the hash immortal),
+-- and passed on as %d: Lua would print a large number in exponent notation, which PEXPIRE
+-- refuses.
+if not lease or lease < 1 or lease % 1 ~= 0 or lease + retention > 9007199254740991 then
+    return redis.error_reply('ERR lease must be a whole number of milliseconds from 1 to '
+        .. '2^53 - 1 - retention, got ' .. ARGV[2])
+end
+local void = 'void:' .. request
 
 -- One call tells a free lock (the common case) from a held one, and gives a holder's lease.
 local pttl = redis.call('pttl', lock)
@@ -39,17 +52,21 @@ if pttl == -2 then
     -- A new holder.
     local now = redis.call('time')
     local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    local last = tonumber(redis.call('hget', meta, 'fence'))
+    local state = redis.call('hmget', meta, 'fence', void)
+    if state[2] then
+        return {0, -2, ''}
+    end
+    local last = tonumber(state[1])
     if last and last >= fence then
         fence = last + 1
     end
     redis.call('hset', lock, owner, 1)
-    redis.call('pexpire', lock, lease)
+    redis.call('pexpire', lock, string.format('%d', lease))
     -- %d: tostring() would print a large number in exponent notation. Every field is
     -- written (run as "" when none), so nothing of an earlier holder survives.
     redis.call('hset', meta, 'fence', string.format('%d', fence), 'req', request,
         'since', string.format('%d', math.floor(fence / 1000)), 'info', info, 'run', run)
-    redis.call('pexpire', meta, lease + retention)
+    redis.call('pexpire', meta, string.format('%d', lease + retention))
     return {1, 1, fence}
 end
 
@@ -59,7 +76,10 @@ if not count then
 end
 
 -- A re-entry by the same owner (from another process: in-process nesting never gets here).
-local state = redis.call('hmget', meta, 'fence', 'req', 'run')
+local state = redis.call('hmget', meta, 'fence', 'req', 'run', void)
+if state[4] then
+    return {0, -2, ''}
+end
 local fence = tonumber(state[1])
 if fence and state[2] == request then
     -- a resend of a call that already succeeded: report it, do not count it again
@@ -75,7 +95,7 @@ if not fence then
     fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
 end
 count = redis.call('hincrby', lock, owner, 1)
-redis.call('pexpire', lock, lease)
+redis.call('pexpire', lock, string.format('%d', lease))
 if run == '' then run = state[3] or '' end
 if info ~= '' then
     redis.call('hset', meta, 'fence', string.format('%d', fence), 'req', request, 'run', run,
@@ -83,5 +103,5 @@ if info ~= '' then
 else
     redis.call('hset', meta, 'fence', string.format('%d', fence), 'req', request, 'run', run)
 end
-redis.call('pexpire', meta, lease + retention)
+redis.call('pexpire', meta, string.format('%d', lease + retention))
 return {1, count, fence}

@@ -14,14 +14,19 @@
 -- Returns 1 when parked, 0 when the owner did not hold the lock (its lease was lost).
 
 local lock, meta = KEYS[1], KEYS[2]
+local lease = tonumber(ARGV[2])
+-- Checked before any write, and passed on as %d (see acquire.lua).
+if not lease or lease < 1 or lease % 1 ~= 0 or lease + tonumber(ARGV[3]) > 9007199254740991 then
+    return redis.error_reply('ERR lease must be a whole number of milliseconds from 1 to '
+        .. '2^53 - 1 - retention, got ' .. ARGV[2])
+end
 if redis.call('hexists', lock, ARGV[1]) == 0 then
     return 0
 end
-local lease = tonumber(ARGV[2])
-redis.call('pexpire', lock, lease)
+redis.call('pexpire', lock, string.format('%d', lease))
 redis.call('hdel', meta, 'run')
 if ARGV[4] ~= '' then
     redis.call('hset', meta, 'info', ARGV[4])
 end
-redis.call('pexpire', meta, lease + tonumber(ARGV[3]))
+redis.call('pexpire', meta, string.format('%d', lease + tonumber(ARGV[3])))
 return 1

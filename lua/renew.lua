@@ -13,8 +13,9 @@ for i = 1, #KEYS / 2 do
     local lock, meta = KEYS[2 * i - 1], KEYS[2 * i]
     local owner, lease = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1])
     if redis.call('hexists', lock, owner) == 1 then
-        redis.call('pexpire', lock, lease)
-        redis.call('pexpire', meta, lease + tonumber(ARGV[3 * i]))
+        -- %d: Lua would print a large number in exponent notation (see acquire.lua)
+        redis.call('pexpire', lock, string.format('%d', lease))
+        redis.call('pexpire', meta, string.format('%d', lease + tonumber(ARGV[3 * i])))
         result[i] = 1
     else
         result[i] = 0

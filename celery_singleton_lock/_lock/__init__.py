@@ -14,6 +14,7 @@ registry), ``heartbeat`` (renewal), ``wakeup`` (push wake-ups), ``reentrant``
 
 from __future__ import annotations
 
+from .checks import MAX_LEASE_SECONDS
 from .client import RedisClient
 from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply, text
 from .keys import LockKeys, check_prefix
@@ -23,6 +24,7 @@ from .space import LockSpace
 
 __all__ = [
     "ALL_HOLDS",
+    "MAX_LEASE_SECONDS",
     "AcquireReply",
     "LockKeys",
     "LockSpace",

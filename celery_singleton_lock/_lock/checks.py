@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["check_lease_ms", "check_seconds", "check_wait"]
+__all__ = ["MAX_LEASE_SECONDS", "check_lease_ms", "check_seconds", "check_wait"]
+
+#: The longest lease the lock takes: ten years, longer than any real countdown plus queue
+#: lease, and far below what the scripts can write exactly (lease + meta retention < 2**53 ms).
+MAX_LEASE_SECONDS = 10 * 365 * 24 * 3600
 
 
 def check_seconds(value: object, parameter: str, *, allow_none: bool = False) -> float | None:
@@ -33,4 +37,10 @@ def check_lease_ms(value: object, parameter: str = "lease") -> int:
     assert seconds is not None
     if seconds < 0.001:
         raise ValueError(f"{parameter} must be at least 0.001 s (one millisecond), got {value!r}")
+    if seconds > MAX_LEASE_SECONDS:
+        raise ValueError(
+            f"{parameter} must be at most {MAX_LEASE_SECONDS} s (ten years), got {value!r}: a "
+            "lease is how long a lock outlives a holder that died; keep it short and let the "
+            "heartbeat renew it"
+        )
     return round(seconds * 1000)

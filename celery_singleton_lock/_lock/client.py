@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol, cast
+
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.client import Pipeline
+from redis.cluster import ClusterPipeline
 
 __all__ = ["RedisClient", "check_client"]
 
@@ -22,8 +28,23 @@ class RedisClient(Protocol):
 
 
 def check_client(client: object, parameter: str = "client") -> RedisClient:
-    """``client`` when it looks like a redis-py client, else a ``TypeError`` naming
-    ``parameter``."""
+    """``client`` when it is a synchronous redis-py client, else a ``TypeError`` naming
+    ``parameter`` and what to pass instead."""
+    # A pipeline has the client's methods but queues commands instead of running them, and an
+    # asyncio client's return coroutines: both would fail later with an unrelated error.
+    if isinstance(client, Pipeline | ClusterPipeline):
+        raise TypeError(
+            f"{parameter} must be a redis-py client, not a pipeline ({type(client).__name__}): "
+            "the lock runs its own commands; pass the client the pipeline came from"
+        )
+    if inspect.iscoroutinefunction(getattr(client, "evalsha", None)) or isinstance(
+        client, AsyncRedis | AsyncRedisCluster
+    ):
+        raise TypeError(
+            f"{parameter} must be a synchronous redis-py client, got the asyncio client "
+            f"{type(client).__module__}.{type(client).__name__}: the lock is synchronous (its "
+            "heartbeat is a thread); pass redis.Redis(...) with the same connection options"
+        )
     if not (hasattr(client, "evalsha") and hasattr(client, "pipeline")):
         raise TypeError(
             f"{parameter} must be a redis-py client (redis.Redis, redis.RedisCluster, or a "

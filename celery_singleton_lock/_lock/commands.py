@@ -8,7 +8,7 @@ Everything above it (the lock object, :class:`~._lock.space.LockSpace`) reads th
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, NoReturn
 
@@ -16,8 +16,11 @@ from redis.exceptions import RedisError
 
 from .._errors import LockBackendError
 from . import scripts
+from .heartbeat import get_heartbeat
 from .keys import LockKeys
 from .owner import new_request_id
+from .scripts import META_RETENTION_MS
+from .sentinel import ACQUIRE_CHECK_INTERVAL, follow_master
 
 __all__ = [
     "ALL_HOLDS",
@@ -36,9 +39,6 @@ __all__ = [
     "text",
 ]
 
-#: How long the meta hash (last fencing token, operator info) outlives a lock or its lease. It
-#: bounds the keys a released lock leaves behind to one hash that expires after a minute.
-META_RETENTION_MS = 60_000
 
 #: ``release(..., drop=ALL_HOLDS)`` drops every hold of the owner
 ALL_HOLDS = 0
@@ -139,6 +139,7 @@ def acquire(
     run_token: str = "",
 ) -> AcquireReply:
     """Take or re-enter the lock in Redis (``request``: the id that makes a resend harmless)."""
+    follow_master(client, ACQUIRE_CHECK_INTERVAL)  # a Sentinel client: where the master is
     # try/except rather than backend_errors(): this is the hot path, and a generator-based
     # context manager costs about a microsecond per call.
     try:
@@ -146,6 +147,8 @@ def acquire(
             client, keys.pair, (owner, lease_ms, request, info, META_RETENTION_MS, run_token)
         )
     except RedisError as exc:
+        # The reply is lost, not necessarily the acquire: it may have run, or run later.
+        _cancel(client, keys, owner, request, lease_ms)
         _raise_backend_error("acquire", keys.name, exc)
     if int(reply[0]) == 1:
         _log_acquire.debug(
@@ -153,6 +156,36 @@ def acquire(
         )
         return AcquireReply(True, int(reply[1]), int(reply[2]))
     return AcquireReply(False, 0, None, int(reply[1]), text(reply[2]), len(reply) > 3)
+
+
+def _cancel(client: Any, keys: LockKeys, owner: str, request: str, lease_ms: int) -> None:
+    """Make sure the acquire ``request``, whose reply never came, holds nothing (lua/cancel.lua):
+    now if Redis answers, else from the client's renewal thread until it does (or until any
+    hold that acquire could have taken has expired)."""
+    args = (owner, request, keys.channel, META_RETENTION_MS, lease_ms)
+
+    def cancel() -> None:
+        if int(scripts.CANCEL(client, keys.pair, args)):
+            _log_acquire.warning(
+                "the acquire of %s by %s whose reply was lost had taken the lock: undone",
+                keys.lock,
+                owner,
+            )
+
+    try:
+        cancel()
+    except RedisError as exc:
+        _log_acquire.warning(
+            "could not cancel the acquire of %s by %s whose reply was lost (%s: %s); retrying "
+            "in the background",
+            keys.lock,
+            owner,
+            type(exc).__name__,
+            exc,
+        )
+        get_heartbeat().retry(
+            client, cancel, f"cancel acquire of {keys.lock}", (lease_ms + META_RETENTION_MS) / 1000
+        )
 
 
 def park(client: Any, keys: LockKeys, owner: str, lease_ms: int, info: str = "") -> bool:
@@ -164,15 +197,33 @@ def park(client: Any, keys: LockKeys, owner: str, lease_ms: int, info: str = "")
         )
 
 
-def release(client: Any, keys: LockKeys, owner: str, drop: int = 1) -> ReleaseReply:
+def release(
+    client: Any,
+    keys: LockKeys,
+    owner: str,
+    drop: int = 1,
+    *,
+    retry_for: float = 0.0,
+    retry_unless: Callable[[], bool] | None = None,
+) -> ReleaseReply:
     """Drop ``drop`` holds of ``owner`` (:data:`ALL_HOLDS`: every one).
 
     Idempotent per call: a resend of the same call (redis-py's retry) is answered as the
-    first one was."""
+    first one was. With ``retry_for`` > 0, a release that Redis fails is still raised, and
+    also sent again from the client's renewal lane (the same call: it cannot drop a hold
+    twice) until it goes through, for up to ``retry_for`` seconds, or until ``retry_unless()``
+    says the hold is someone's again (the owner took it anew: its own release settles it)."""
     args = (owner, drop, keys.channel, META_RETENTION_MS, new_request_id())
     try:  # not backend_errors(): the hot path (see acquire)
         left = int(scripts.RELEASE(client, keys.pair, args))
     except RedisError as exc:
+        if retry_for > 0:
+
+            def again() -> None:
+                if retry_unless is None or not retry_unless():
+                    scripts.RELEASE(client, keys.pair, args)
+
+            get_heartbeat().retry(client, again, f"release {keys.lock} held by {owner}", retry_for)
         _raise_backend_error("release", keys.name, exc)
     _log_release.debug("release %s by %s: %s", keys.lock, owner, left)
     if left == 0:

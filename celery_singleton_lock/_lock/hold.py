@@ -23,8 +23,8 @@ class LeaseLost(threading.Event):
     """A hold's ``lost``: set by the heartbeat when it finds the lease gone or cannot renew it,
     and by itself the moment the lease runs out on the local clock while the lock is held.
 
-    The second half matters when the heartbeat cannot say so: it is a single thread, and a call
-    to a Redis that stopped answering (a client without a socket timeout) can keep it from
+    The second half matters when the heartbeat cannot say so: a call to a Redis that stopped
+    answering (a client without a socket timeout) can keep the client's renewal lane from
     renewing, or from reporting anything, for as long as it hangs. A lease that ran out must
     still never look held.
     """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LockKeys", "check_prefix"]
+__all__ = ["LockKeys", "check_prefix", "escape_name", "unescape_name"]
 
 
 def check_prefix(prefix: object, parameter: str = "prefix") -> str:
@@ -16,6 +16,21 @@ def check_prefix(prefix: object, parameter: str = "prefix") -> str:
             "Cluster hash tag of every key of a lock, and braces in the prefix would move it"
         )
     return prefix
+
+
+def escape_name(name: str) -> str:
+    """``name`` as it appears inside the braces of its keys: ``%`` and ``}`` percent-escaped
+    (every other character as it is, so the keys of most names read as the names do)."""
+    if "}" not in name and "%" not in name:
+        return name
+    return name.replace("%", "%25").replace("}", "%7D")
+
+
+def unescape_name(escaped: str) -> str:
+    """The name whose keys carry ``escaped`` (:func:`escape_name` undone)."""
+    if "%" not in escaped:
+        return escaped
+    return escaped.replace("%7D", "}").replace("%25", "%")
 
 
 @dataclass(frozen=True)
@@ -31,17 +46,20 @@ class LockKeys:
 
     @classmethod
     def for_name(cls, prefix: str, name: str) -> LockKeys:
-        # The braces make the whole name the hash tag: both keys land in one Cluster slot.
-        lock = f"{prefix}:{{{name}}}"
+        # The braces make the whole name the hash tag, so every key of the lock lands in one
+        # Cluster slot. Redis ends a tag at the first '}', and ignores an empty one: a '}' in
+        # the name is escaped (and with it the escape character), or a name starting with '}'
+        # would put the lock and its meta hash in different slots.
+        lock = f"{prefix}:{{{escape_name(name)}}}"
         return cls(prefix, name, lock, lock + ":meta", prefix + ":wake")
 
     @classmethod
     def from_lock_key(cls, lock_key: str) -> LockKeys:
         """The keys of a lock found by SCAN (``prefix:{name}``)."""
         prefix, sep, rest = lock_key.partition(":{")
-        if not sep or not rest.endswith("}"):
+        if not sep or not rest.endswith("}") or "}" in rest[:-1]:
             raise ValueError(f"{lock_key!r} is not a lock key of the form 'prefix:{{name}}'")
-        return cls.for_name(prefix, rest[:-1])
+        return cls.for_name(prefix, unescape_name(rest[:-1]))
 
     @property
     def pair(self) -> tuple[str, str]:

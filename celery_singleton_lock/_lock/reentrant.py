@@ -234,12 +234,30 @@ class ReentrantLock:
                 )
             if hold.count > 1:
                 hold.count -= 1
+                if hold.lost.is_set():
+                    # Every release of a lost hold says so, the nested ones too: the caller
+                    # learns at the first one that the work inside was not protected to its end.
+                    raise LockNotOwnedError(
+                        f"cannot release lock {self._name!r}: owner {hold.owner!r} lost its "
+                        f"lease meanwhile ({hold.count} nested hold(s) of it left to release)"
+                    )
                 return
             # Stop renewing first: a lock is never renewed after its release began.
             hold.count = 0
             get_heartbeat().remove(hold)
             forget_hold(hold)
-            reply = commands.release(self._client, self._keys, hold.owner)
+            # A release whose reply is lost may not have run: it is sent again in the background
+            # (for up to a lease: after that the lock is gone anyway), unless this process has
+            # taken the lock again meanwhile.
+            reply = commands.release(
+                self._client,
+                self._keys,
+                hold.owner,
+                retry_for=hold.ttl,
+                retry_unless=lambda: (
+                    find_hold(self._client, self._keys.lock, hold.owner) is not None
+                ),
+            )
         if not reply.owned:
             hold.lost.set()
             raise LockNotOwnedError(

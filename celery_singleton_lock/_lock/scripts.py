@@ -17,7 +17,22 @@ from redis.exceptions import NoScriptError
 
 from . import connection
 
-__all__ = ["ACQUIRE", "FORCE_RELEASE", "INSPECT", "PARK", "RELEASE", "RENEW", "Script"]
+__all__ = [
+    "ACQUIRE",
+    "CANCEL",
+    "FORCE_RELEASE",
+    "INSPECT",
+    "META_RETENTION_MS",
+    "PARK",
+    "RELEASE",
+    "RENEW",
+    "Script",
+]
+
+#: How long the meta hash (last fencing token, operator info) outlives a lock or its lease: an
+#: argument of most scripts. It bounds the keys a released lock leaves behind to one hash that
+#: expires after a minute.
+META_RETENTION_MS = 60_000
 
 
 def _read(filename: str) -> str:
@@ -79,3 +94,4 @@ INSPECT = Script("inspect.lua", idempotent=True)  # reads only
 # Sent twice, it could free a lock taken in between by a new holder.
 FORCE_RELEASE = Script("force_release.lua", idempotent=False)
 PARK = Script("park.lua", idempotent=True)
+CANCEL = Script("cancel.lua", idempotent=True)  # clears the request id it matched

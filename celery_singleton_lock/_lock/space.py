@@ -9,6 +9,7 @@ an operator inspects and force-releases. Each returns a typed reply from :mod:`.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from . import commands
 from .checks import check_lease_ms
 from .client import RedisClient, check_client
 from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply
-from .keys import LockKeys, check_prefix
+from .keys import LockKeys, check_prefix, escape_name
 from .owner import new_request_id
 from .reentrant import ReentrantLock
 
@@ -42,7 +43,8 @@ class LockSpace:
     def keys_of(self, key_or_name: str) -> LockKeys:
         """The keys of a lock given by its Redis key (``prefix:{name}``) or by its name."""
         if key_or_name.startswith(f"{self.prefix}:{{") and key_or_name.endswith("}"):
-            return LockKeys.from_lock_key(key_or_name)
+            with contextlib.suppress(ValueError):  # not a key after all: a name that looks like one
+                return LockKeys.from_lock_key(key_or_name)
         return self.keys(key_or_name)
 
     def lock(
@@ -74,9 +76,15 @@ class LockSpace:
             self.client, self.keys(name), owner, check_lease_ms(lease), new_request_id(), info
         )
 
-    def release(self, name: str, owner: str, holds: int = ALL_HOLDS) -> ReleaseReply:
-        """Drop ``holds`` holds of ``owner`` (:data:`ALL_HOLDS`, the default: every one)."""
-        return commands.release(self.client, self.keys(name), owner, holds)
+    def release(
+        self, name: str, owner: str, holds: int = ALL_HOLDS, *, retry_for: float = 0.0
+    ) -> ReleaseReply:
+        """Drop ``holds`` holds of ``owner`` (:data:`ALL_HOLDS`, the default: every one).
+
+        ``retry_for``: when Redis fails, raise :class:`LockBackendError` and also keep sending
+        this release in the background for up to that many seconds (for a hold that nobody
+        will release otherwise, such as the publish lock of a message that was never sent)."""
+        return commands.release(self.client, self.keys(name), owner, holds, retry_for=retry_for)
 
     def park(self, name: str, owner: str, lease: float, *, info: str = "") -> bool:
         """Keep ``owner``'s hold for ``lease`` seconds, unrenewed, for a later run of the same
@@ -105,7 +113,8 @@ class LockSpace:
         """The keys of every lock whose name matches the glob ``pattern``, found by SCAN
         (never KEYS); a lock may appear twice while the keyspace is rehashed."""
         with commands.backend_errors("scan", self.prefix):
-            for raw in self.client.scan_iter(match=f"{self.prefix}:{{{pattern}}}", count=500):
+            match = f"{self.prefix}:{{{escape_name(pattern)}}}"
+            for raw in self.client.scan_iter(match=match, count=500):
                 key = commands.text(raw)
                 if key.endswith("}"):
                     yield LockKeys.from_lock_key(key)

@@ -1,0 +1,331 @@
+"""One renewal lane: the thread that renews the held locks of one Redis client in batches.
+
+A lane renews each lease about every lease/3 and sends all the renewals that are due together,
+in one pipeline: a thousand held locks cost one round trip per period. It never dies on an
+error: it logs, retries until the lease would have ended, and then sets the hold's ``lost``. It
+also runs the client's background retries (:meth:`Lane.retry`), such as cancelling an acquire
+whose reply was lost.
+
+Each client has a lane of its own so that a Redis that stalls (a renewal waiting out its socket
+timeout and redis-py's retries, or hanging without a timeout) holds up only the locks on that
+Redis, never those on another.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from . import scripts
+from .hold import Hold
+from .scripts import META_RETENTION_MS
+from .sentinel import follow_master
+
+__all__ = ["BATCH", "THREAD_NAME", "Lane"]
+
+log = logging.getLogger("celery_singleton_lock.heartbeat")
+
+#: locks per EVALSHA: keeps one script run short, so Redis serves other clients in between
+BATCH = 250
+#: the longest a lane sleeps when it has nothing due, so it notices new holds cheaply
+IDLE_WAKE = 5.0
+#: a lane with nothing to renew or retry for this long ends its thread (a new hold starts one)
+IDLE_EXIT = 30.0
+THREAD_NAME = "celery-singleton-lock-heartbeat"
+
+
+def _is_cluster(client: Any) -> bool:
+    return hasattr(client, "keyslot") and hasattr(client, "get_nodes")
+
+
+class _Retry:
+    """A call to make again until it returns without raising, or until ``give_up_at``."""
+
+    __slots__ = ("attempts", "call", "give_up_at", "next_try", "what")
+
+    def __init__(self, call: Callable[[], None], what: str, give_up_at: float) -> None:
+        self.call = call
+        self.what = what
+        self.give_up_at = give_up_at
+        self.next_try = time.monotonic()
+        self.attempts = 0
+
+
+class Lane:
+    """The renewals (and background retries) of one client, on a thread of their own.
+
+    ``retire(lane)`` is called when the lane has been idle for :data:`IDLE_EXIT`; it returns
+    ``True`` when the lane was taken out of service (its thread then ends), ``False`` when work
+    arrived meanwhile.
+    """
+
+    def __init__(self, client: Any, retire: Callable[[Lane], bool]) -> None:
+        self.client = client
+        self.cond = threading.Condition(threading.Lock())
+        self.holds: dict[int, Hold] = {}
+        self._retries: list[_Retry] = []
+        self._retire = retire
+        self._wake_at = 0.0
+        #: counters for benchmarks and operators: pipelines sent, leases renewed
+        self.round_trips = 0
+        self.renewed = 0
+        self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to renew or retry (call with :attr:`cond` held)."""
+        return not self.holds and not self._retries
+
+    def add(self, hold: Hold) -> None:
+        hold.next_renew = hold.valid_until - hold.ttl * 2 / 3
+        with self.cond:
+            self.holds[id(hold)] = hold
+            if hold.next_renew < self._wake_at:
+                self.cond.notify()
+
+    def remove(self, hold: Hold) -> None:
+        with self.cond:
+            self.holds.pop(id(hold), None)
+
+    def retry(self, call: Callable[[], None], what: str, give_up_after: float) -> None:
+        """Call ``call`` from this lane until it succeeds, for at most ``give_up_after`` s."""
+        job = _Retry(call, what, time.monotonic() + give_up_after)
+        with self.cond:
+            self._retries.append(job)
+            self.cond.notify()
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                work = self._wait_for_work()
+                if work is None:
+                    return
+                due, retries = work
+                if due:
+                    self._renew(due)
+                for job in retries:
+                    self._try(job)
+            except Exception:  # pragma: no cover - a bug guard: the lane must not die
+                log.exception("heartbeat iteration failed; retrying")
+                time.sleep(0.1)
+
+    def _wait_for_work(self) -> tuple[list[Hold], list[_Retry]] | None:
+        idle_since: float | None = None
+        while True:
+            with self.cond:
+                now = time.monotonic()
+                if self.idle:
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since < IDLE_EXIT:
+                        self._wake_at = now + IDLE_WAKE
+                        self.cond.wait(min(IDLE_WAKE, IDLE_EXIT - (now - idle_since)))
+                        continue
+                else:
+                    idle_since = None
+                    wake_at = now + IDLE_WAKE
+                    for hold in self.holds.values():
+                        wake_at = min(wake_at, hold.next_renew)
+                    for job in self._retries:
+                        wake_at = min(wake_at, job.next_try)
+                    if wake_at <= now:
+                        # Something is due: take along every hold within the early half of its
+                        # period, so holds with close due times share one round trip.
+                        due = [h for h in self.holds.values() if h.next_renew - h.ttl / 6 <= now]
+                        retries = [job for job in self._retries if job.next_try <= now]
+                        return self._drop_orphans(due), retries
+                    self._wake_at = wake_at
+                    self.cond.wait(wake_at - now)
+                    continue
+            # Idle for IDLE_EXIT: hand the lane back (outside our lock: the registry's comes
+            # first), unless work arrived meanwhile.
+            if self._retire(self):
+                return None
+            idle_since = None
+
+    def _drop_orphans(self, due: list[Hold]) -> list[Hold]:
+        alive = []
+        for hold in due:
+            thread = hold.thread() if hold.thread is not None else None
+            if hold.thread is not None and (thread is None or not thread.is_alive()):
+                # Renewing for a thread that is gone would keep the lock forever (Redisson's
+                # watchdog does): stop, and let the lease run out.
+                del self.holds[id(hold)]
+                log.warning(
+                    "the thread that holds %s ended without releasing it; renewal stopped, "
+                    "the lease ends in %.1f s",
+                    hold.keys.lock,
+                    max(0.0, hold.lease_left()),
+                )
+                hold.lost.set()
+            elif hold.lost.is_set():
+                # The lease ran out before this lane could renew it (it was held up, e.g. by
+                # a Redis that did not answer): a late renewal must not revive a lost lock.
+                del self.holds[id(hold)]
+                log.error(
+                    "the lease of %s ran out %.2f s ago before it could be renewed; the lock "
+                    "is lost",
+                    hold.keys.lock,
+                    -hold.lease_left(),
+                )
+            else:
+                alive.append(hold)
+        return alive
+
+    def _try(self, job: _Retry) -> None:
+        job.attempts += 1
+        try:
+            job.call()
+        except Exception as exc:
+            now = time.monotonic()
+            if now >= job.give_up_at:
+                self._drop(job)
+                log.error("gave up trying to %s after %d attempts: %s", job.what, job.attempts, exc)
+            else:
+                # A growing pause, so a Redis that is down is not hammered.
+                job.next_try = now + min(0.1 * 2**job.attempts, 5.0)
+            return
+        self._drop(job)
+        log.info("%s: done after %d attempts", job.what, job.attempts)
+
+    def _drop(self, job: _Retry) -> None:
+        with self.cond:
+            self._retries.remove(job)
+
+    # -- renewing --------------------------------------------------------------------------------
+
+    def _renew(self, due: Sequence[Hold]) -> None:
+        follow_master(self.client)  # renew where the master is now, not where it was
+        sent = time.monotonic()
+        try:
+            results = self._renew_batch(due)
+        except Exception as exc:
+            self._failed(due, exc)
+            return
+        for hold, ok in zip(due, results, strict=True):
+            if isinstance(ok, Exception):
+                self._failed([hold], ok)
+            elif ok:
+                self.renewed += 1
+                hold.valid_until = sent + hold.ttl
+                hold.next_renew = sent + hold.ttl / 3
+            else:
+                self._gone(hold)
+
+    def _renew_batch(self, holds: Sequence[Hold]) -> list[int | Exception]:
+        """One result per hold: 1 renewed, 0 gone, or the error that kept it from renewing."""
+        if _is_cluster(self.client):
+            return self._renew_cluster(holds)
+        groups = [list(holds[i : i + BATCH]) for i in range(0, len(holds), BATCH)]
+        results: dict[int, int] = {}
+        for group, reply in zip(groups, self._pipelined(self.client, groups), strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            for hold, ok in zip(group, reply, strict=True):
+                results[id(hold)] = int(ok)
+        return [results[id(hold)] for hold in holds]
+
+    def _renew_cluster(self, holds: Sequence[Hold]) -> list[int | Exception]:
+        # A script may only touch one slot there, and redis-py refuses EVALSHA in a cluster
+        # pipeline: one call per slot, sent in one pipeline per node through that node's own
+        # client. A call the node refuses (a slot that moved) goes again through the cluster
+        # client, which follows the redirect; a node that fails costs only its own holds.
+        client = self.client
+        slots: dict[int, list[Hold]] = {}
+        for hold in holds:
+            slots.setdefault(client.keyslot(hold.keys.lock), []).append(hold)
+        nodes: dict[str, tuple[Any, list[list[Hold]]]] = {}
+        for in_slot in slots.values():
+            node = client.get_node_from_key(in_slot[0].keys.lock)
+            groups = nodes.setdefault(node.name, (node.redis_connection, []))[1]
+            groups += [in_slot[i : i + BATCH] for i in range(0, len(in_slot), BATCH)]
+        results: dict[int, int | Exception] = {}
+        for node_client, groups in nodes.values():
+            try:
+                replies: list[Any] = self._pipelined(node_client, groups)
+            except Exception as exc:
+                replies = [exc] * len(groups)
+            for group, reply in zip(groups, replies, strict=True):
+                if isinstance(reply, Exception):
+                    try:
+                        reply = scripts.RENEW(client, *self._call_args(group))
+                    except Exception as exc:
+                        reply = [exc] * len(group)
+                for hold, ok in zip(group, reply, strict=True):
+                    results[id(hold)] = ok if isinstance(ok, Exception) else int(ok)
+        return [results[id(hold)] for hold in holds]
+
+    @staticmethod
+    def _call_args(group: Sequence[Hold]) -> tuple[list[str], list[Any]]:
+        keys: list[str] = []
+        args: list[Any] = []
+        for hold in group:
+            keys += hold.keys.pair
+            args += (hold.owner, hold.lease_ms, META_RETENTION_MS)
+        return keys, args
+
+    def _pipelined(self, client: Any, groups: Sequence[Sequence[Hold]]) -> list[Any]:
+        """One RENEW call per group in one pipeline (one round trip); reloads on NOSCRIPT."""
+
+        def send() -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for group in groups:
+                scripts.RENEW.queue(pipe, *self._call_args(group))
+            self.round_trips += 1
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+            return replies
+
+        replies = send()
+        if any(isinstance(r, NoScriptError) for r in replies):
+            scripts.RENEW.load(client)
+            self.round_trips += 1
+            replies = send()
+        return replies
+
+    def _failed(self, holds: Sequence[Hold], exc: Exception) -> None:
+        now = time.monotonic()
+        for hold in holds:
+            if not self._still_held(hold):
+                continue
+            left = hold.valid_until - now
+            if left <= 0:
+                self.remove(hold)
+                hold.lost.set()
+                log.error(
+                    "could not renew %s before its lease ended (%s: %s); the lock is lost",
+                    hold.keys.lock,
+                    type(exc).__name__,
+                    exc,
+                )
+            else:
+                # Retry soon, but not in a tight loop against a Redis that is down.
+                hold.next_renew = now + min(1.0, left / 3) + hold.ttl / 6
+                log.warning(
+                    "renewing %s failed (%s: %s); retrying, %.2f s of lease left",
+                    hold.keys.lock,
+                    type(exc).__name__,
+                    exc,
+                    left,
+                )
+
+    def _gone(self, hold: Hold) -> None:
+        if not self._still_held(hold):
+            return  # released while the renewal was on its way: not a loss
+        self.remove(hold)
+        hold.lost.set()
+        log.warning(
+            "the lease of %s (owner %s) is gone: it expired, was force-released or deleted; "
+            "the lock is lost",
+            hold.keys.lock,
+            hold.owner,
+        )
+
+    def _still_held(self, hold: Hold) -> bool:
+        with self.cond:
+            return self.holds.get(id(hold)) is hold

@@ -1,0 +1,60 @@
+"""Following a Sentinel master across a failover, for connections that are already open.
+
+redis-py's Sentinel pool asks Sentinel for the master only when a connection is made; an open
+connection keeps talking to the old master until that server is demoted, which Sentinel does
+only some seconds after it promoted a replica. Meanwhile the old master still takes writes: a
+holder renewing there keeps a lease that no longer counts, while the new master's copy runs
+out and a contender takes it. The lock asks Sentinel before each renewal batch, and at most
+once a second before an acquire, and when the master moved closes the pool's idle connections
+(redis-py's own reaction to a new address), so the next command goes to the new master.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+from redis.exceptions import RedisError
+from redis.sentinel import SentinelConnectionPool
+
+__all__ = ["ACQUIRE_CHECK_INTERVAL", "follow_master"]
+
+log = logging.getLogger("celery_singleton_lock.sentinel")
+
+#: the longest an acquire trusts the master address it last checked, in seconds
+ACQUIRE_CHECK_INTERVAL = 1.0
+
+_checked: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+_checked_lock = threading.Lock()
+
+
+def follow_master(client: Any, max_age: float = 0.0) -> None:
+    """For a Sentinel master client: ask Sentinel where the master is (unless asked within
+    ``max_age`` seconds), and move the client's idle connections there if it moved. Anything
+    else: nothing. A Sentinel that cannot answer is logged, never raised: the commands go on
+    to the master known so far."""
+    found = getattr(client, "connection_pool", None)
+    if not isinstance(found, SentinelConnectionPool) or not found.is_master:
+        return
+    pool: Any = found  # redis-py's Sentinel module is not annotated
+    now = time.monotonic()
+    with _checked_lock:
+        if max_age and now - _checked.get(pool, -max_age) < max_age:
+            return
+        _checked[pool] = now
+    before = pool.master_address
+    try:
+        after = pool.get_master_address()
+    except RedisError as exc:
+        log.warning("could not ask Sentinel for the master of %s: %s", pool.service_name, exc)
+        return
+    if before is not None and after != before:
+        log.warning(
+            "Sentinel master of %s moved from %s to %s: the lock's connections follow it",
+            pool.service_name,
+            before,
+            after,
+        )
