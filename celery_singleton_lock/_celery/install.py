@@ -102,13 +102,33 @@ def _publishing_apps(reply_to: Any) -> list[Any]:
     return [app for app in apps if reply_to in (app.thread_oid, app.oid)]
 
 
+def _registered(app: Any, name: str) -> Any:
+    """The app's task ``name`` with the lock put in front of its class, or ``None``.
+
+    A lazy app's task is registered, but the app is not finalized, when its proxy is first
+    used (``task.delay()`` at the end of a module): finalize it then, as Celery does for
+    ``app.tasks``, so its tasks are locked from this publish on (and its key is computed from
+    the task's own signature, as the worker computes it). A task defined after finalization
+    is locked here too, the first time it is published."""
+    if not app.finalized:
+        if not app.autofinalize:
+            return None  # the app's owner finalizes it; until then, a stand-in
+        app.finalize(auto=True)  # locks its tasks (on_after_finalize)
+    task = app.tasks.get(name)
+    if task is not None and not isinstance(task, LockedTask):
+        _lock_tasks(app)
+    return task if isinstance(task, LockedTask) else None
+
+
 def _task_for(name: str, reply_to: Any = None) -> Any:
     """The task (or a stand-in) for a task name that the installed app publishing it locks."""
     for app in _publishing_apps(reply_to):
-        task = app.tasks.get(name) if app.finalized else None
+        options = _configs.get(app, {}).get(name)
+        task = _registered(app, name) if options is not None else None
+        if task is None and app.finalized:
+            task = app.tasks.get(name)  # a task with the base class, sent by name
         if isinstance(task, LockedTask):
             return task
-        options = _configs.get(app, {}).get(name)
         if options is not None:
             stand_ins = _stand_ins.setdefault(app, {})
             stand_in = stand_ins.get(name)

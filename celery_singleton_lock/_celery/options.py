@@ -15,6 +15,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from .._lock import MAX_LEASE_SECONDS
+
 __all__ = [
     "OPTION_NAMES",
     "LockOptions",
@@ -47,8 +49,11 @@ def _flag(task: str, name: str, value: object) -> bool:
 def _seconds(task: str, name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"task {task!r}: {name} must be a number of seconds, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"task {task!r}: {name} must be > 0 seconds, got {value!r}")
+    if not 0 < value <= MAX_LEASE_SECONDS:
+        raise ValueError(
+            f"task {task!r}: {name} must be > 0 and at most {MAX_LEASE_SECONDS} seconds (ten "
+            f"years), got {value!r}"
+        )
     return float(value)
 
 

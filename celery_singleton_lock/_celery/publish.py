@@ -11,12 +11,14 @@ message's :data:`HEADER`, so the worker never computes the key again.
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from .._errors import AlreadyQueuedError, LockBackendError
+from .._lock import MAX_LEASE_SECONDS
 from .client import lock_space
 from .info import holder_info
 from .locking import HEADER, TaskLocking, proceed_without_lock
@@ -53,12 +55,17 @@ def queue_lease(
     queue_ttl: float, expires: Any = None, eta: Any = None, countdown: Any = None
 ) -> float:
     """How long a message's lock is held while it waits: until it expires (at least 1 s), or
-    its delay (``eta`` / ``countdown``) plus ``queue_ttl``."""
+    its delay (``eta`` / ``countdown``) plus ``queue_ttl``; at most the longest lease the lock
+    takes (a message due in more than ten years is not kept out of duplicates that long)."""
     until_expiry = seconds_until(expires)
     if until_expiry is not None:
-        return max(until_expiry, 1.0)
+        return min(max(until_expiry, 1.0), MAX_LEASE_SECONDS)
     delay = seconds_until(eta) or countdown or 0.0
-    return max(float(delay), 0.0) + queue_ttl
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise TypeError(f"countdown must be a number of seconds, got {countdown!r}")
+    if math.isnan(delay):
+        raise ValueError(f"countdown must be a number of seconds, got {countdown!r}")
+    return min(max(float(delay), 0.0) + queue_ttl, MAX_LEASE_SECONDS)
 
 
 def _with_header(options: dict[str, Any], name: str) -> dict[str, Any]:
@@ -125,11 +132,16 @@ def publish_once(
     try:
         return send(task_id, _with_header(options, name))
     except BaseException:
-        # Nothing was sent: do not keep a lock for a message that does not exist.
+        # Nothing was sent: do not keep a lock for a message that does not exist (and if
+        # Redis fails now, keep trying for as long as that lock could live).
         try:
-            space.release(name, task_id, 1)
+            space.release(name, task_id, 1, retry_for=lease)
         except LockBackendError as exc:
-            log.error("could not undo the publish lock %s: %s", space.keys(name).lock, exc)
+            log.error(
+                "could not undo the publish lock %s yet (%s); retrying in the background",
+                space.keys(name).lock,
+                exc,
+            )
         raise
 
 
@@ -146,12 +158,13 @@ def take_for_message(
         lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
         space = lock_space(app)
         reply = space.take(name, task_id, lease, info=holder_info(task.name, task_id, "queued"))
-    except (LockBackendError, TypeError) as exc:
+    except (LockBackendError, TypeError, ValueError) as exc:
         log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)
         return
-    if reply.acquired:
-        headers[HEADER] = name
-    else:
+    # The lock's name goes with the message either way: the worker checks that same lock, even
+    # where it would compute the name differently (a publisher that knows only the task's name).
+    headers[HEADER] = name
+    if not reply.acquired:
         log.warning(
             "%s[%s] was published by name (send_task or beat) while task %s holds %s; it "
             "cannot be stopped at publish, the worker will skip it",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._lock import check_prefix
+from .._lock import MAX_LEASE_SECONDS, check_prefix
 
 __all__ = [
     "DEFAULTS",
@@ -74,8 +74,10 @@ def _prefix(name: str, value: Any) -> str:
 def _seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{name} must be a number of seconds such as 30, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+    if not 0 < value <= MAX_LEASE_SECONDS:
+        raise ValueError(
+            f"{name} must be > 0 and at most {MAX_LEASE_SECONDS} seconds (ten years), got {value!r}"
+        )
     return float(value)
 
 
