@@ -218,3 +218,16 @@ def new_job(prefix: str) -> str:
 def no_overlap(intervals: list[dict[str, Any]]) -> bool:
     ordered = sorted(intervals, key=lambda i: i["start"])
     return all(b["start"] >= a["end"] for a, b in itertools.pairwise(ordered))
+
+
+def task_states(results: Any, ids: list[str]) -> dict[str, str]:
+    """The stored state of each task of ``ids`` that has one (``results``: a client of the
+    result backend's Redis database), read in batches."""
+    states: dict[str, str] = {}
+    for chunk in range(0, len(ids), 500):
+        batch = ids[chunk : chunk + 500]
+        metas = results.mget([f"celery-task-meta-{i}" for i in batch])
+        for task_id, raw in zip(batch, metas, strict=True):
+            if raw is not None:
+                states[task_id] = json.loads(raw)["status"]
+    return states

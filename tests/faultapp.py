@@ -50,6 +50,23 @@ redis.call('rpush', KEYS[3], ARGV[1])
 return n
 """
 
+#: KEYS: counter, highest fence seen; ARGV: the reader's fence. Raises the fence, reads.
+_FENCED_READ = """
+local seen = tonumber(redis.call('get', KEYS[2]) or '0')
+if tonumber(ARGV[1]) > seen then redis.call('set', KEYS[2], ARGV[1]) end
+return tonumber(redis.call('get', KEYS[1]) or '0')
+"""
+#: KEYS: counter, highest fence, run records; ARGV: fence, new value, record (JSON object).
+#: Writes only for the highest fence seen, and records whether it did, in one step.
+_FENCED_WRITE = """
+local written = tonumber(ARGV[1]) >= tonumber(redis.call('get', KEYS[2]) or '0')
+if written then redis.call('set', KEYS[1], ARGV[2]) end
+local record = cjson.decode(ARGV[3])
+record['written'] = written
+redis.call('rpush', KEYS[3], cjson.encode(record))
+return written and 1 or 0
+"""
+
 _clients: dict[tuple[int, str], Any] = {}
 
 
@@ -303,6 +320,50 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         start = _enter(self, job)
         _sleep(seconds)
         _leave(self, job, start)
+
+    @_app_task(
+        app,
+        base=LockedTask,
+        bind=True,
+        name="fault.counted",
+        lock_ttl=2,
+        acks_late=True,
+        reject_on_worker_lost=True,
+        shared=False,
+    )
+    def counted(self: Any, job: str, key: str, seconds: float = 0.01) -> None:
+        """A non-atomic read-modify-write of ``counter:<job>:<key>`` under the lock, through a
+        fenced store (the read raises the store's fence, a write with an older fence is
+        refused), recorded with the run's interval and whether its lease held to the end."""
+        client, lock = data(self.app), self.lock
+        assert lock is not None and lock.fence is not None
+        names = (f"counter:{job}:{key}", f"fence:{job}:{key}", f"runs:{job}")
+        start = time.time()
+        value = int(client.eval(_FENCED_READ, 2, *names[:2], lock.fence))
+        _sleep(seconds)
+        try:
+            lock.ensure_held()
+            held = True
+        except LockLostError:
+            held = False
+        record = {"id": self.request.id, "key": key, "start": start, "fence": lock.fence}
+        record.update(held=held, end=time.time())
+        if held:
+            client.eval(_FENCED_WRITE, 3, *names, lock.fence, value + 1, json.dumps(record))
+        else:
+            client.rpush(names[2], json.dumps({**record, "written": False}))
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.mixed", lock_ttl=5, max_retries=1, shared=False
+    )
+    def mixed(self: Any, key: str, mode: str = "ok") -> str:
+        """A no-op that ends as ``mode`` says: "ok", "fail" (an exception) or "retry" (once,
+        keeping its lock, then ok)."""
+        if mode == "fail":
+            raise ValueError(f"{key} fails on purpose")
+        if mode == "retry" and self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return key
 
     return app
 

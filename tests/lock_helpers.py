@@ -124,3 +124,34 @@ def hold_forever_worker(port: int, name: str, ttl: float, held: Any) -> None:
     lock.acquire()
     held.set()
     time.sleep(120)
+
+
+#: a store that keeps the largest fencing token it has seen and refuses writes with a smaller
+#: one (KEYS[1] = the token, KEYS[2] = the value; ARGV[1] = token, ARGV[2] = value; 1 or 0)
+FENCED_WRITE = """
+local last = tonumber(redis.call('get', KEYS[1]) or '0')
+local fence = tonumber(ARGV[1])
+if fence < last then return 0 end
+redis.call('set', KEYS[1], ARGV[1])
+redis.call('set', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+def fenced_write(client: Any, fence: int, value: str) -> bool:
+    """Write ``value`` to the fenced store as the holder of ``fence``; whether it was taken."""
+    return bool(client.eval(FENCED_WRITE, 2, "store:fence", "store:value", fence, value))
+
+
+def paused_holder_worker(port: int, name: str, ttl: float, report: Any, go_on: Any) -> None:
+    """Hold ``name``, report the fence, wait (the test SIGSTOPs and SIGCONTs this process),
+    then report whether ``lost`` is set and whether the late fenced write was taken."""
+    client = redis.Redis(port=port, socket_timeout=10)
+    lock = ReentrantLock(client, name, ttl=ttl)
+    assert lock.acquire()
+    fence = lock.fence
+    assert fence is not None
+    report.put(("held", fence))
+    go_on.wait(60)  # set by the test once this process was stopped and continued
+    lost = lock.lost.is_set()
+    report.put(("woke", lost, fenced_write(client, fence, "late write of the paused holder")))

@@ -18,6 +18,9 @@ from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
 from celery_singleton_lock import LockBackendError, LockedTask
 from celery_singleton_lock.testing import free_port
 
+# the adversarial fault suite (`pytest -m faults`): real workers killed, revoked, stopped
+pytestmark = pytest.mark.faults
+
 gates = Gates()
 app = new_app("csl_down")
 

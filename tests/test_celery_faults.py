@@ -37,6 +37,9 @@ from faultapp import DATA_DB, HEARTBEAT_THREAD, LOCK_DB, VISIBILITY_ENV, make_ap
 
 from celery_singleton_lock.testing import RedisServer
 
+# the adversarial fault suite (`pytest -m faults`): real workers killed, revoked, stopped
+pytestmark = pytest.mark.faults
+
 #: a lease ends after this long (lock_ttl=30 of most fault tasks): a release "without waiting
 #: for the lease" must come far sooner
 PROMPT = 3.0

@@ -183,6 +183,14 @@ def test_redis_cluster() -> None:
                 assert client.keyslot(lock.key) == client.keyslot(lock.key + ":meta")  # type: ignore[no-untyped-call]  # redis-py: unannotated
                 lock.release()
             assert fences == sorted(set(fences))
+
+            # a name starting with '}' (an empty hash tag, unescaped) keeps its keys in one slot
+            for odd in ("}x", "}", "a}b%"):
+                lock = ReentrantLock(client, odd, ttl=5)
+                assert lock.acquire() and lock.acquire()
+                lock.release()
+                lock.release()
+                assert not lock.locked()
         finally:
             client.close()
 

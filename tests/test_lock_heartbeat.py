@@ -96,6 +96,7 @@ def test_a_thousand_held_locks_are_renewed_in_a_few_round_trips(redis_server: An
         lock.release()
 
 
+@pytest.mark.faults
 def test_lost_is_set_when_the_key_is_deleted_behind_the_holders_back(
     redis_client: Any,
 ) -> None:
@@ -117,6 +118,7 @@ def test_lost_is_set_when_the_key_is_deleted_behind_the_holders_back(
     lock.release()
 
 
+@pytest.mark.faults
 def test_lost_is_set_after_a_redis_restart(make_redis_server: Any) -> None:
     lease = 0.5
     server = make_redis_server()
@@ -192,6 +194,7 @@ def test_a_new_thread_does_not_inherit_the_locks_of_a_dead_one(redis_client: Any
 # -- a holder killed -----------------------------------------------------------------------
 
 
+@pytest.mark.faults
 def test_a_holder_killed_with_sigkill_frees_the_lock_within_a_lease(
     redis_client: Any, redis_server: Any
 ) -> None:

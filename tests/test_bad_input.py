@@ -1,0 +1,231 @@
+"""Every public parameter's extremes: a clear error naming it, raised before anything is
+written to Redis, or (where the input is odd but valid) correct behaviour with a lease on every
+key. After each bad call the test's server must hold no key at all."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery_fixtures import app_task, configure
+
+from celery_singleton_lock import LockedTask, ReentrantLock, install
+from celery_singleton_lock._celery.settings import setting
+from celery_singleton_lock._lock import MAX_LEASE_SECONDS, LockSpace
+from celery_singleton_lock.testing import RedisServer
+
+HUGE = MAX_LEASE_SECONDS * 2
+NUMBERS_THAT_ARE_NOT_LEASES: list[Any] = [
+    0, -1, math.nan, math.inf, -math.inf, HUGE, 1e14, True, "30", None, [30],
+]  # fmt: skip
+
+
+#: the classes as an untyped caller sees them (the calls below break their annotations)
+Lock: Any = ReentrantLock
+Space: Any = LockSpace
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Any:
+    made: Any = redis.Redis(port=redis_server.port, db=7)
+    made.flushdb()
+    return made
+
+
+def _refused(client: Any, call: Callable[[], Any], parameter: str) -> None:
+    with pytest.raises((TypeError, ValueError)) as raised:
+        call()
+    assert parameter in str(raised.value), f"{raised.value!r} does not name {parameter}"
+    assert client.dbsize() == 0, f"{parameter}: something was written: {client.keys()}"
+
+
+@pytest.mark.parametrize("ttl", NUMBERS_THAT_ARE_NOT_LEASES)
+def test_lock_ttl(client: Any, ttl: Any) -> None:
+    _refused(client, lambda: ReentrantLock(client, "t", ttl=ttl).acquire(), "ttl")
+
+
+@pytest.mark.parametrize("lease", NUMBERS_THAT_ARE_NOT_LEASES)
+def test_space_leases(client: Any, lease: Any) -> None:
+    space = LockSpace(client)
+    _refused(client, lambda: space.take("t", "owner", lease), "lease")
+    _refused(client, lambda: space.park("t", "owner", lease), "lease")
+
+
+@pytest.mark.parametrize("timeout", [-1, math.nan, math.inf * -1, "1", True, [1]])
+def test_waits(client: Any, timeout: Any) -> None:
+    lock = ReentrantLock(client, "t", ttl=5)
+    _refused(client, lambda: lock.acquire(timeout=timeout), "timeout")
+    _refused(client, lambda: lock.try_acquire(timeout=timeout), "timeout")
+    _refused(
+        client,
+        lambda: ReentrantLock(client, "t", blocking_timeout=timeout),
+        "blocking_timeout",
+    )
+
+
+@pytest.mark.parametrize(
+    ("parameter", "make"),
+    [
+        ("name", lambda c: Lock(c, "")),
+        ("name", lambda c: Lock(c, b"bytes")),
+        ("name", lambda c: Lock(c, None)),
+        ("owner", lambda c: Lock(c, "t", owner="")),
+        ("owner", lambda c: Lock(c, "t", owner=1)),
+        ("renew", lambda c: Lock(c, "t", renew="yes")),
+        ("prefix", lambda c: Lock(c, "t", prefix="")),
+        ("prefix", lambda c: Lock(c, "t", prefix="a{b")),
+        ("info", lambda c: Lock(c, "t", info=None)),
+        ("run_token", lambda c: Lock(c, "t", run_token=1)),
+        ("blocking", lambda c: Lock(c, "t").acquire(blocking="no")),
+        ("client", lambda c: Lock("redis://localhost", "t")),
+        ("client", lambda c: Space(None)),
+        ("prefix", lambda c: Space(c, prefix="}")),
+    ],
+)
+def test_lock_parameters(client: Any, parameter: str, make: Callable[[Any], Any]) -> None:
+    _refused(client, lambda: make(client), parameter)
+
+
+@pytest.mark.parametrize(
+    "name", ["\x00", "new\nline", "with space", "ünïcødé ✓", "{", "}", "%", "x" * 100_000]
+)
+def test_odd_names_lock_with_a_lease(client: Any, name: str) -> None:
+    lock = ReentrantLock(client, name, ttl=5, info="i" * 1_000_000)
+    assert lock.acquire(blocking=False)
+    assert all(client.pttl(key) > 0 for key in client.scan_iter())
+    assert LockSpace(client).inspect(lock.key).holder == lock.owner
+    lock.release()
+    assert client.exists(lock.key) == 0
+
+
+# -- the Celery layer ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def app(redis_server: RedisServer) -> Any:
+    made = Celery("bad_input", set_as_current=False)
+    configure(
+        made, redis_server, singleton_lock_redis_url=f"redis://127.0.0.1:{redis_server.port}/7"
+    )
+    yield made
+    made.close()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("lock_ttl", 0),
+        ("lock_ttl", math.nan),
+        ("lock_ttl", HUGE),
+        ("lock_ttl", "30"),
+        ("lock_queue_ttl", -5),
+        ("lock_queue_ttl", math.inf),
+        ("lock_wait_timeout", -1),
+        ("lock_retry_countdown", True),
+        ("lock_at", "later"),
+        ("lock_on_duplicate", "ignore"),
+        ("lock_on_locked", "explode"),
+        ("lock_release_on_start", "yes"),
+        ("lock_unique_on", 5),
+        ("lock_key", "not callable"),
+    ],
+)
+def test_task_options(app: Any, client: Any, option: str, value: Any) -> None:
+    def define() -> None:
+        @app_task(app, base=LockedTask, name=f"bad.{option}", shared=False, **{option: value})
+        def task() -> None:
+            return None
+
+        assert f"bad.{option}" in app.tasks  # made (and checked) when the app finalizes
+
+    _refused(client, define, option)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("singleton_lock_ttl", "30s"),
+        ("singleton_lock_ttl", HUGE),
+        ("singleton_lock_queue_ttl", 0),
+        ("singleton_lock_queue_ttl", math.nan),
+        ("singleton_lock_prefix", "a}b"),
+        ("singleton_lock_on_backend_error", "ignore"),
+        ("singleton_lock_tasks", ["x"]),
+    ],
+)
+def test_settings(app: Any, client: Any, name: str, value: Any) -> None:
+    app.conf[name] = value
+    _refused(client, lambda: setting(app, name), name)
+
+
+def test_a_setting_is_checked_before_a_publish_writes(app: Any, client: Any) -> None:
+    app.conf.singleton_lock_queue_ttl = -1
+
+    @app_task(app, base=LockedTask, name="bad.setting", lock_at="publish", shared=False)
+    def task() -> None:
+        return None
+
+    _refused(client, task.delay, "singleton_lock_queue_ttl")
+    app.conf.singleton_lock_tasks = {"bad.other": {"lock_at": "sometimes"}}
+    _refused(client, lambda: install(app), "lock_at")
+
+
+def test_a_publish_that_celery_refuses_leaves_no_lock(app: Any, client: Any) -> None:
+    @app_task(app, base=LockedTask, name="bad.refused", lock_at="publish", shared=False)
+    def task() -> None:
+        return None
+
+    with pytest.raises(OverflowError):
+        task.apply_async(countdown=1e12)  # Celery cannot make a date of it
+    assert not list(LockSpace(client).find())
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("countdown", math.nan), ("countdown", "soon")],
+)
+def test_publish_options(app: Any, client: Any, option: str, value: Any) -> None:
+    @app_task(app, base=LockedTask, name="bad.publish", lock_at="publish", shared=False)
+    def task() -> None:
+        return None
+
+    with pytest.raises((TypeError, ValueError)):
+        task.apply_async(**{option: value})
+    assert client.dbsize() == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"countdown": 20 * 365 * 86400},
+        {"eta": datetime.now(UTC) + timedelta(days=365 * 50)},
+        {"expires": datetime.now(UTC) + timedelta(days=365 * 50)},
+        {"countdown": -10},
+        {"eta": datetime.now() - timedelta(days=1)},  # naive, on purpose
+    ],
+)
+def test_far_or_past_delays_take_a_bounded_lease(app: Any, client: Any, options: Any) -> None:
+    @app_task(app, base=LockedTask, name="bad.far", lock_at="publish", shared=False)
+    def task() -> None:
+        return None
+
+    task.apply_async(**options)
+    keys = list(LockSpace(client).find())
+    assert len(keys) == 1
+    assert 0 < client.pttl(keys[0].lock) <= MAX_LEASE_SECONDS * 1000
+
+
+def test_a_megabyte_of_arguments_makes_a_bounded_key(app: Any, client: Any) -> None:
+    @app_task(app, base=LockedTask, name="bad.big", lock_at="publish", shared=False)
+    def task(blob: str) -> None:
+        return None
+
+    first = task.delay("x" * 1_000_000)
+    assert task.delay("x" * 1_000_000).id == first.id
+    [keys] = list(LockSpace(client).find())
+    assert len(keys.lock) < 300

@@ -1,0 +1,100 @@
+"""No leaks (issue 7): after 10,000 mixed tasks (success, failure, retry, skipped duplicates,
+revoked while queued, publish-time locks) through a real prefork worker, the lock keyspace holds
+only expiring records and no held lock, and the worker's processes have the threads they had
+before the load."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery_procs import WorkerProcess, close_app, new_job, redis_base, task_states
+from faultapp import LOCK_DB, RESULT_DB, make_app
+
+from celery_singleton_lock._lock import LockSpace
+from celery_singleton_lock.testing import RedisServer
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(600)]
+
+FINAL = {"SUCCESS", "FAILURE", "SKIPPED", "REVOKED"}
+TASKS = int(os.environ.get("LEAK_TASKS", "10000"))
+
+
+def _threads_by_pid(app: Any, probes: int = 6) -> dict[int, list[str]]:
+    """Each pool child's thread names, as a locked task running there sees them."""
+    replies = [app.tasks["fault.threads"].delay(new_job("probe"), 0.2) for _ in range(probes)]
+    return {r["pid"]: sorted(r["threads"]) for r in (x.get(timeout=60) for x in replies)}
+
+
+def _main_threads(app: Any, worker: WorkerProcess) -> list[str]:
+    answer = app.control.broadcast(
+        "fault_threads", destination=[worker.hostname], reply=True, timeout=5
+    )
+    return sorted(answer[0][worker.hostname]["threads"])
+
+
+def test_ten_thousand_mixed_tasks_leave_no_lock_and_no_thread(
+    make_redis_server: Any, tmp_path: Path
+) -> None:
+    server: RedisServer = make_redis_server()
+    base = redis_base(server.port)
+    app = make_app(base)
+    worker = WorkerProcess(base, tmp_path, concurrency=2).start()
+    results = redis.Redis(port=server.port, db=RESULT_DB)
+    locks = redis.Redis(port=server.port, db=LOCK_DB)
+    try:
+        children_before = _threads_by_pid(app)
+        main_before = _main_threads(app, worker)
+        rng = random.Random(7)
+        mixed, publish = app.tasks["fault.mixed"], app.tasks["fault.publish_work"]
+        ids: list[str] = []
+        for _ in range(TASKS):
+            roll = rng.random()
+            if roll < 0.1:
+                result = publish.delay(f"leak-{rng.randrange(50)}", 0.0)
+            else:
+                mode = "fail" if roll < 0.2 else "retry" if roll < 0.3 else "ok"
+                # 300 keys: concurrent runs of one key collide now and then, and are skipped
+                result = mixed.delay(f"k{rng.randrange(300)}", mode)
+            ids.append(result.id)
+            if roll > 0.98:
+                app.control.revoke(result.id)
+
+        # A publish-time duplicate returns the first task's result: ids has repeats.
+        distinct = list(dict.fromkeys(ids))
+
+        def finished() -> int:
+            """Tasks in a final state (a RETRY is not: its retry is on its way)."""
+            return sum(state in FINAL for state in task_states(results, distinct).values())
+
+        deadline = time.monotonic() + 480
+        while finished() < len(distinct) and time.monotonic() < deadline:
+            time.sleep(1)
+        all_states = task_states(results, distinct)
+        unfinished = Counter(
+            all_states.get(i, "no result") for i in distinct if all_states.get(i) not in FINAL
+        )
+        assert not unfinished, f"tasks never finished: {dict(unfinished)}; {worker.log()[-3000:]}"
+        states = Counter(all_states.values())
+        assert set(states) == FINAL, states  # every kind of ending happened
+
+        # Only expiring records: no held lock, every key (meta hashes) with a TTL.
+        space = LockSpace(locks)
+        held = [space.inspect(keys.lock) for keys in space.find()]
+        assert held == [], [(s.info, s.pttl, s.run_token, s.owners) for s in held[:5]]
+        assert all(locks.pttl(key) > 0 for key in locks.scan_iter(count=1000))
+
+        # The same threads as before the load, in the main process and in each pool child.
+        assert _main_threads(app, worker) == main_before
+        children_after = _threads_by_pid(app)
+        for pid in children_before.keys() & children_after.keys():
+            assert children_after[pid] == children_before[pid], pid
+    finally:
+        worker.stop()
+        close_app(app)

@@ -1,0 +1,313 @@
+"""The lock under injected faults, with real processes and a real server (issue 7's suite).
+
+Each test states its expectation in its docstring. Run the whole fault suite alone with
+``pytest -m faults``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from lock_helpers import fenced_write, paused_holder_worker, wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_singleton_lock import LockBackendError, LockLostError, ReentrantLock
+from celery_singleton_lock.testing import RedisServer
+
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.timeout(90),
+    pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"),
+]
+
+FORK = multiprocessing.get_context("fork")
+
+
+class FreezableProxy:
+    """A TCP proxy on loopback between a client and Redis. ``freeze()`` stops forwarding in
+    both directions and keeps every socket open (a stalled path: no reset, no error, silence);
+    ``thaw()`` forwards what was held back, in order."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.frozen = threading.Event()
+        #: only the replies are held back: requests still reach Redis
+        self.replies_frozen = threading.Event()
+        self.closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()  # the server is gone: the client sees the path close
+                continue
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while not self.closed.is_set():
+                if self.frozen.is_set():
+                    time.sleep(0.01)
+                    continue
+                # Unread data stays in the kernel's buffers until the thaw.
+                readable = [a] if self.replies_frozen.is_set() else [a, b]
+                ready, _, _ = select.select(readable, [], [], 0.05)
+                for sock in ready:
+                    if self.frozen.is_set() or (sock is b and self.replies_frozen.is_set()):
+                        break
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    peers[sock].sendall(data)
+        except OSError:
+            return
+        finally:
+            a.close()
+            b.close()
+
+    def freeze(self) -> None:
+        self.frozen.set()
+
+    def hold_replies(self) -> None:
+        self.replies_frozen.set()
+
+    def thaw(self) -> None:
+        self.frozen.clear()
+        self.replies_frozen.clear()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+
+
+@pytest.fixture
+def debug_server(make_redis_server: Any) -> RedisServer:
+    made: RedisServer = make_redis_server("--enable-debug-command", "yes")
+    return made
+
+
+def test_a_holder_paused_past_its_lease_is_taken_over_and_fenced_out(
+    redis_server: RedisServer,
+) -> None:
+    """SIGSTOP a holder process for longer than its lease: a contender takes the lock after
+    the lease with a larger fence; the holder, continued, finds ``lost`` set, and the fenced
+    store refuses its late write while keeping the contender's."""
+    report, go_on = FORK.Queue(), FORK.Event()
+    holder = FORK.Process(
+        target=paused_holder_worker, args=(redis_server.port, "paused", 1.0, report, go_on)
+    )
+    holder.start()
+    try:
+        kind, old_fence = report.get(timeout=20)
+        assert kind == "held"
+        assert holder.pid is not None
+        os.kill(holder.pid, signal.SIGSTOP)
+        client = redis_server.client()
+        contender = ReentrantLock(client, "paused", ttl=5, renew=False)
+        started = time.monotonic()
+        assert contender.acquire(timeout=10)
+        waited = time.monotonic() - started
+        assert 0.5 < waited < 3.0  # after the holder's lease, not before, not much later
+        assert contender.fence is not None and contender.fence > old_fence
+        assert fenced_write(client, contender.fence, "the contender's write")
+        os.kill(holder.pid, signal.SIGCONT)
+        go_on.set()
+        kind, lost, late_write_taken = report.get(timeout=20)
+        assert kind == "woke" and lost is True and late_write_taken is False
+        assert client.get("store:value") == b"the contender's write"
+        contender.release()
+    finally:
+        if holder.pid is not None:
+            os.kill(holder.pid, signal.SIGCONT)
+        holder.join(10)
+        if holder.is_alive():
+            holder.kill()
+
+
+@pytest.mark.parametrize("how", ["CLIENT PAUSE", "DEBUG SLEEP"])
+def test_a_server_paused_shorter_than_the_lease_keeps_the_locks(
+    debug_server: RedisServer, how: str
+) -> None:
+    """Redis stops answering for 0.6 s under held locks with a 3 s lease: every lock is still
+    held and renewed afterwards, none is reported lost."""
+    client = debug_server.client(socket_timeout=5)
+    locks = [ReentrantLock(client, f"short-{i}", ttl=3) for i in range(5)]
+    assert all(lock.acquire() for lock in locks)
+    _pause(debug_server, how, 0.6)
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        for lock in locks:
+            lock.ensure_held()
+        time.sleep(0.1)
+    direct = debug_server.client()
+    assert all(direct.hexists(lock.key, lock.owner) for lock in locks)
+    for lock in locks:
+        lock.release()
+
+
+@pytest.mark.parametrize("how", ["CLIENT PAUSE", "DEBUG SLEEP"])
+def test_a_server_paused_longer_than_the_lease_loses_them_for_good(
+    debug_server: RedisServer, how: str
+) -> None:
+    """Redis stops answering for 2.5 s under a lock with a 1 s lease: ``lost`` is set by the
+    end of the lease, the holder never passes ``ensure_held()`` again, and once Redis answers
+    a contender takes the lock; the holder's late renewal does not take it back."""
+    client = debug_server.client(socket_timeout=5)
+    lock = ReentrantLock(client, "long", ttl=1)
+    assert lock.acquire()
+    paused = time.monotonic()
+    pauser = threading.Thread(target=_pause, args=(debug_server, how, 2.5))
+    pauser.start()
+    assert lock.lost.wait(3)
+    assert time.monotonic() - paused < 1.5
+    pauser.join(10)
+    contender = ReentrantLock(debug_server.client(), "long", ttl=5, owner="contender")
+    assert contender.acquire(timeout=5)
+    time.sleep(1.0)  # the holder's lane had every chance to renew by now
+    with pytest.raises(LockLostError):
+        lock.ensure_held()
+    assert debug_server.client().hkeys(lock.key) == [b"contender"]
+    contender.release()
+
+
+def _pause(server: RedisServer, how: str, seconds: float) -> None:
+    pauser: Any = redis.Redis(port=server.port)
+    if how == "CLIENT PAUSE":
+        pauser.execute_command("CLIENT", "PAUSE", int(seconds * 1000), "WRITE")
+        time.sleep(seconds)
+    else:
+        pauser.execute_command("DEBUG", "SLEEP", seconds)
+    pauser.close()
+
+
+def test_a_restart_under_held_locks_sets_lost_and_a_new_holder_gets_a_larger_fence(
+    redis_server: RedisServer,
+) -> None:
+    """Redis restarts (without persistence) under a held lock: the holder's ``lost`` is set
+    at its next renewal, and a new holder gets a fence larger than the lost one's."""
+    client = redis_server.client(socket_timeout=5)
+    lock = ReentrantLock(client, "restarted", ttl=1.5)
+    assert lock.acquire()
+    old_fence = lock.fence
+    assert old_fence is not None
+    redis_server.restart()
+    assert lock.lost.wait(5)
+    other = ReentrantLock(redis_server.client(), "restarted", ttl=5, owner="other")
+    assert other.acquire(blocking=False)
+    assert other.fence is not None and other.fence > old_fence
+    other.release()
+
+
+def test_a_frozen_path_costs_the_lease_and_a_thawed_holder_does_not_revive_it(
+    redis_server: RedisServer,
+) -> None:
+    """The path between a holder and Redis stalls (a freezable proxy: no error, silence): by
+    the end of the lease ``lost`` is set; a contender on a working path takes the lock after
+    the lease; after the thaw, the holder's late renewals do not take it back."""
+    proxy = FreezableProxy(redis_server.port)
+    try:
+        through_proxy = redis.Redis(port=proxy.port, socket_timeout=0.5)
+        lock = ReentrantLock(through_proxy, "frozen", ttl=1)
+        assert lock.acquire()
+        proxy.freeze()
+        frozen = time.monotonic()
+        assert lock.lost.wait(3)
+        assert time.monotonic() - frozen < 1.5
+        contender = ReentrantLock(redis_server.client(), "frozen", ttl=5, owner="contender")
+        assert contender.acquire(timeout=5)
+        time.sleep(1.5)
+        proxy.thaw()
+        time.sleep(1.5)  # what the holder sent or would send now reaches Redis
+        assert redis_server.client().hkeys(lock.key) == [b"contender"]
+        with pytest.raises(LockLostError):
+            lock.ensure_held()
+        contender.release()
+    finally:
+        proxy.close()
+
+
+def test_an_acquire_whose_reply_is_held_back_leaves_no_hold(redis_server: RedisServer) -> None:
+    """The acquire reaches Redis through a path that then freezes, so its reply never comes
+    back in time: ``acquire()`` raises ``LockBackendError``; once the path thaws, no hold of
+    that owner is left in Redis, and another owner takes the lock at once."""
+    proxy = FreezableProxy(redis_server.port)
+    try:
+        client = redis.Redis(port=proxy.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+        warm = ReentrantLock(client, "warm-up", ttl=5)
+        assert warm.acquire()  # connected and scripts loaded before the fault
+        warm.release()
+        lock = ReentrantLock(client, "held-back", ttl=30)
+        direct = redis_server.client()
+        proxy.hold_replies()  # the acquire reaches Redis and runs; its reply does not come back
+        with pytest.raises(LockBackendError):
+            lock.acquire(blocking=False)
+        proxy.thaw()
+        assert wait_until(lambda: direct.exists(lock.key) == 0, 10), direct.hgetall(lock.key)
+        other = ReentrantLock(direct, "held-back", ttl=5, owner="other")
+        assert other.acquire(blocking=False)
+        other.release()
+    finally:
+        proxy.close()
+
+
+def test_a_release_whose_reply_is_lost_still_frees_the_lock(debug_server: RedisServer) -> None:
+    """The release reaches a server that stalls past the client's socket timeout: the caller
+    gets ``LockBackendError``, and the lock is not left held: once the server answers, another
+    owner takes it at once (the release ran, or is sent again in the background)."""
+    client = redis.Redis(port=debug_server.port, socket_timeout=0.3, retry=Retry(NoBackoff(), 1))
+    lock = ReentrantLock(client, "release-lost", ttl=30)
+    assert lock.acquire()
+    sleeper = threading.Thread(target=_pause, args=(debug_server, "DEBUG SLEEP", 1.5))
+    sleeper.start()
+    time.sleep(0.1)
+    with pytest.raises(LockBackendError):
+        lock.release()
+    sleeper.join(10)
+    other = ReentrantLock(debug_server.client(), "release-lost", ttl=5, owner="other")
+    assert other.acquire(timeout=2)
+    other.release()
+
+
+def test_one_stalled_server_does_not_cost_the_locks_on_a_healthy_one(
+    make_redis_server: Any,
+) -> None:
+    """Two clients to two servers in one process, each with a socket timeout and redis-py's
+    default retry: the path to one freezes for several leases. The lock on the healthy server
+    is renewed throughout; the other's ``lost`` is set."""
+    stalled_server, healthy_server = make_redis_server(), make_redis_server()
+    proxy = FreezableProxy(stalled_server.port)
+    try:
+        stalled = ReentrantLock(redis.Redis(port=proxy.port, socket_timeout=0.5), "s", ttl=1)
+        healthy_client = healthy_server.client(socket_timeout=0.5)
+        healthy = ReentrantLock(healthy_client, "h", ttl=1)
+        assert stalled.acquire() and healthy.acquire()
+        proxy.freeze()
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            healthy.ensure_held()
+            assert healthy_client.hexists(healthy.key, healthy.owner)
+            time.sleep(0.05)
+        assert stalled.lost.is_set()
+        healthy.release()
+    finally:
+        proxy.thaw()
+        proxy.close()
