@@ -32,6 +32,8 @@ from celery.worker.control import inspect_command
 
 from celery_singleton_lock import LockedTask, LockLostError
 from celery_singleton_lock._lock.heartbeat import get_heartbeat
+from celery_singleton_lock.compat.once import QueueOnce
+from celery_singleton_lock.compat.singleton import Singleton
 
 URL_ENV = "CSL_FAULT_REDIS"
 #: a short broker visibility timeout (seconds), for the redelivery test
@@ -174,6 +176,20 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         app.conf.beat_schedule = {
             "fault-tick": {"task": "fault.tick", "schedule": 1.0, "args": ("beat",)},
         }
+
+    # The compat shims (tests/test_compat_*.py): a long run with a short running lease, for a
+    # worker killed mid-task.
+    @_app_task(
+        app, base=Singleton, bind=True, name="fault.singleton_hang", lock_ttl=2, shared=False
+    )
+    def singleton_hang(self: Any, job: str, seconds: float) -> None:
+        _enter(self, job)
+        _sleep(seconds)
+
+    @_app_task(app, base=QueueOnce, bind=True, name="fault.once_hang", lock_ttl=2, shared=False)
+    def once_hang(self: Any, job: str, seconds: float) -> None:
+        _enter(self, job)
+        _sleep(seconds)
 
     @_app_task(app, base=LockedTask, bind=True, name="fault.work", lock_ttl=30, shared=False)
     def work(self: Any, job: str, seconds: float = 0.0, fail: bool = False) -> dict[str, Any]:

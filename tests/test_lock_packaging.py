@@ -143,6 +143,23 @@ def add(x, y):
 def digest(user_id, day):
     time.sleep(1)  # still running when the test checks the lock
     return f"{{user_id}}:{{day}}"
+
+
+# celery-singleton and celery-once code with only the import changed
+from celery_singleton_lock.compat.once import QueueOnce
+from celery_singleton_lock.compat.singleton import Singleton
+
+
+@app.task(base=Singleton, unique_on=["user_id"])
+def report(user_id, note):
+    time.sleep(1)
+    return note
+
+
+@app.task(base=QueueOnce, once={{"graceful": False}})
+def rebuild(user_id):
+    time.sleep(1)
+    return user_id
 """
 
 #: run in the venv next to the running worker: publishes, waits, checks the deduplication
@@ -150,7 +167,8 @@ PUBLISHER = """\
 import pathlib, sysconfig, uuid
 
 import celery_singleton_lock
-from wheelapp import add, digest
+from celery_singleton_lock.compat.once import AlreadyQueued
+from wheelapp import add, digest, rebuild, report
 
 site = pathlib.Path(sysconfig.get_paths()["purelib"]).resolve()
 assert site in pathlib.Path(celery_singleton_lock.__file__).resolve().parents
@@ -164,6 +182,18 @@ assert second.id == first.id, (first.id, second.id)
 assert digest.is_locked(user, "mon")
 assert first.get(timeout=30) == f"{user}:mon"
 assert not digest.is_locked(user, "mon")
+
+first_report = report.delay(user, "a")
+assert report.delay(user, "b").id == first_report.id
+assert first_report.get(timeout=30) == "a"
+first_rebuild = rebuild.delay(user)
+try:
+    rebuild.delay(user)
+except AlreadyQueued as error:
+    assert error.countdown > 0
+else:
+    raise AssertionError("no AlreadyQueued")
+assert first_rebuild.get(timeout=30) == user
 print("ok", first.id)
 """
 

@@ -59,10 +59,18 @@ class TaskLocking:
                 raw[name] = value
         task = str(task_class.__dict__.get("name") or task_class.__qualname__)
         # Celery turns every decorator keyword into a class attribute: a misspelt option
-        # would otherwise be ignored in silence.
+        # would otherwise be ignored in silence. A subclass may name lock_* attributes of its
+        # own (a compat shim's lock_expiry) in own_lock_attributes.
+        own: set[str] = set()
+        for klass in task_class.__mro__:
+            own.update(vars(klass).get("own_lock_attributes", ()))
         check_option_names(
             task,
-            (a for a in task_class.__dict__ if a.startswith("lock_") and not hasattr(base, a)),
+            (
+                a
+                for a in task_class.__dict__
+                if a.startswith("lock_") and not hasattr(base, a) and a not in own
+            ),
         )
         signature = run_signature(task_class)
         return cls(validate_options(task, raw, signature), signature)

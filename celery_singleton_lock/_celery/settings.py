@@ -20,6 +20,7 @@ __all__ = [
     "REDIS_SCHEMES",
     "SETTINGS",
     "Setting",
+    "is_set",
     "scheme_of",
     "setting",
     "settings_table",
@@ -246,6 +247,11 @@ def setting(app: Any, name: str) -> Any:
     result = SETTINGS[name].check(name, value)
     checked[name] = (value, result)
     return result
+
+
+def is_set(app: Any, name: str) -> bool:
+    """Whether the user set ``name`` (under any of its spellings), as opposed to its default."""
+    return _raw(app.conf, name) is not None
 
 
 def settings_table() -> str:

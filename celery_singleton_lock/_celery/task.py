@@ -50,6 +50,11 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     #: the class's options as validated, and how it makes lock names
     locking: ClassVar[TaskLocking] = TaskLocking(LockOptions(), None)
 
+    #: names starting with ``lock_`` that a subclass defines for itself and that are not lock
+    #: options (a compat shim's ``lock_expiry``): kept out of the misspelt-option check, for
+    #: that subclass and its own subclasses
+    own_lock_attributes: ClassVar[frozenset[str]] = frozenset()
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         key_func = cls.__dict__.get("lock_key")

@@ -1,0 +1,99 @@
+"""celery-singleton's ``Config``: its ``singleton_*`` settings, read from the app."""
+
+from __future__ import annotations
+
+import importlib
+from json import JSONEncoder
+from typing import Any
+
+from ..._celery.settings import setting
+from ..._errors import MisconfiguredError
+from .._shared import check_seconds
+
+__all__ = ["DEFAULT_BACKEND", "Config"]
+
+#: the only backend class accepted in ``singleton_backend_class`` (as celery-singleton names it,
+#: or as this package does)
+DEFAULT_BACKEND = "celery_singleton.backends.redis.RedisBackend"
+_OURS = "celery_singleton_lock.compat.singleton.backends.redis.RedisBackend"
+
+
+class Config:
+    """The app's celery-singleton settings, each read when asked for (as celery-singleton's)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def _get(self, name: str, default: Any = None) -> Any:
+        return self.app.conf.get(name, default)
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix of every lock key: ``singleton_lock_prefix``, whose default is
+        ``singleton_key_prefix`` when that is set."""
+        prefix: str = setting(self.app, "singleton_lock_prefix")
+        return prefix
+
+    @property
+    def backend_class(self) -> type:
+        """The Redis backend; any other ``singleton_backend_class`` is refused."""
+        self.check_backend_class()
+        from .backends.redis import RedisBackend
+
+        return RedisBackend
+
+    def check_backend_class(self) -> None:
+        """:class:`~celery_singleton_lock.MisconfiguredError` unless ``singleton_backend_class``
+        is unset or names the Redis backend."""
+        path_or_class = self._get("singleton_backend_class") or DEFAULT_BACKEND
+        if isinstance(path_or_class, type):
+            path_or_class = f"{path_or_class.__module__}.{path_or_class.__qualname__}"
+        if path_or_class in (DEFAULT_BACKEND, _OURS):
+            return
+        raise MisconfiguredError(
+            f"singleton_backend_class={path_or_class!r} cannot be used: celery-singleton-lock "
+            "keeps its locks in Redis with its own scripts (a lease, renewal, fencing). Remove "
+            "the setting; to give the locks a client of your own, set "
+            "app.conf.singleton_lock_client to a redis-py client (Sentinel and Cluster "
+            "included)"
+        )
+
+    @property
+    def backend_kwargs(self) -> dict[str, Any]:
+        return dict(self._get("singleton_backend_kwargs") or {})
+
+    @property
+    def backend_url(self) -> str | None:
+        """``singleton_backend_url``, else a ``redis://`` result backend, else the broker."""
+        url = self._get("singleton_backend_url")
+        if url is not None:
+            return str(url)
+        url = self._get("result_backend")
+        if not url or not str(url).startswith("redis://"):
+            url = self._get("broker_url")
+        return None if url is None else str(url)
+
+    @property
+    def raise_on_duplicate(self) -> bool | None:
+        value = self._get("singleton_raise_on_duplicate")
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"singleton_raise_on_duplicate must be True or False, got {value!r}")
+        return value
+
+    @property
+    def lock_expiry(self) -> float | None:
+        value = self._get("singleton_lock_expiry")
+        return None if value is None else check_seconds("singleton_lock_expiry", value)
+
+    @property
+    def json_encoder_class(self) -> type | None:
+        value = self._get("singleton_json_encoder_class")
+        if isinstance(value, str):
+            module, _, name = value.rpartition(".")
+            value = getattr(importlib.import_module(module), name)
+        if value is not None and not (isinstance(value, type) and issubclass(value, JSONEncoder)):
+            raise TypeError(
+                "singleton_json_encoder_class must be a json.JSONEncoder subclass or its "
+                f"dotted path, got {value!r}"
+            )
+        return value

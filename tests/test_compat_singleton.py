@@ -1,0 +1,376 @@
+"""The celery-singleton drop-in (issue 10), against a real worker and a real Redis.
+
+Written from celery-singleton 0.3.1's documented behaviour, with only the import changed: a
+duplicate ``.delay()`` returns the first task's result (or raises ``DuplicateTaskError``), a
+new id once the first has ended, ``unique_on`` picks the key, ``clear_locks`` frees every lock,
+the ``singleton_*`` settings apply with the task's own option first. Then the cases where we
+behave better on purpose: a retry keeps its lock and runs, a ``send_task`` duplicate is
+skipped at run time, and a killed worker's lock ends within one running lease.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, current_app
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from celery_procs import WorkerProcess, close_app, new_job, redis_base
+from faultapp import DATA_DB, LOCK_DB, make_app
+
+from celery_singleton_lock import AlreadyQueuedError, MisconfiguredError
+from celery_singleton_lock.compat.singleton import (
+    CelerySingletonException,
+    DuplicateTaskError,
+    Singleton,
+    backends,
+    clear_locks,
+    config,
+    util,
+)
+from celery_singleton_lock.testing import RedisServer
+
+gates = Gates()
+app = new_app("csl_compat_singleton")
+
+
+def _key() -> str:
+    return uuid.uuid4().hex
+
+
+@app_task(app, base=Singleton, shared=False, name="single.held")
+def held(key: str, n: int = 0) -> str:
+    gates.enter(key)
+    return key
+
+
+@app_task(app, base=Singleton, shared=False, name="single.raising", raise_on_duplicate=True)
+def raising(key: str) -> str:
+    gates.enter(key)
+    return key
+
+
+@app_task(app, base=Singleton, shared=False, name="single.quiet", raise_on_duplicate=False)
+def quiet(key: str) -> str:
+    gates.enter(key)
+    return key
+
+
+@app_task(app, base=Singleton, shared=False, name="single.failing")
+def failing(key: str) -> None:
+    gates.mark(key)
+    raise ValueError("fails on purpose")
+
+
+@app_task(app, base=Singleton, shared=False, name="single.on_first", unique_on="key")
+def on_first(key: str, note: str) -> str:
+    gates.enter(key)
+    return note
+
+
+@app_task(app, base=Singleton, shared=False, name="single.name_only", unique_on=[])
+def name_only(key: str) -> str:
+    gates.enter(key)
+    return key
+
+
+@app_task(app, base=Singleton, shared=False, bind=True, name="single.retrying")
+def retrying(self: Any, key: str) -> int:
+    gates.mark(key, self.request.retries)
+    if self.request.retries < 1:
+        raise self.retry(countdown=1.5)
+    return int(self.request.retries)
+
+
+@app_task(app, shared=False, name="single.publisher")
+def publisher(key: str) -> None:
+    """Publishes a duplicate with raise_on_duplicate from inside a task: the error goes
+    through the result backend."""
+    raising.delay(key)
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[CeleryEnv]:
+    with celery_env(app, gates, concurrency=6) as env:
+        yield env
+
+
+def test_a_duplicate_returns_the_first_result_and_a_new_id_follows_its_end(
+    env: CeleryEnv,
+) -> None:
+    key = _key()
+    first = held.delay(key)
+    gates.wait_started(key)
+    second = held.delay(key)
+    assert second.id == first.id
+    assert held.apply_async(args=(key,)).id == first.id
+    assert held.delay(key, 1).id != first.id  # other arguments: another job
+    gates.open(key)
+    assert first.get(timeout=10) == key
+    third = held.delay(key)
+    assert third.id != first.id
+    gates.open(key)
+    assert third.get(timeout=10) == key
+
+
+def test_a_failed_task_frees_its_lock(env: CeleryEnv) -> None:
+    key = _key()
+    first = failing.delay(key)
+    with pytest.raises(ValueError, match="fails on purpose"):
+        first.get(timeout=10)
+    assert failing.delay(key).id != first.id
+
+
+def test_raise_on_duplicate_raises_with_the_first_task_id(env: CeleryEnv) -> None:
+    key = _key()
+    first = raising.delay(key)
+    gates.wait_started(key)
+    with pytest.raises(DuplicateTaskError) as caught:
+        raising.delay(key)
+    error = caught.value
+    assert error.task_id == first.id
+    assert isinstance(error, AlreadyQueuedError) and isinstance(error, CelerySingletonException)
+    assert str(error) == f"Attempted to queue a duplicate of task ID {first.id}"
+    assert error.ttl > 0 and error.key.endswith("}")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), copy.task_id, str(copy)) == (DuplicateTaskError, first.id, str(error))
+    gates.open(key)
+    first.get(timeout=10)
+
+
+def test_a_duplicate_error_raised_in_a_task_survives_the_result_backend(env: CeleryEnv) -> None:
+    key = _key()
+    first = raising.delay(key)
+    gates.wait_started(key)
+    result = publisher.delay(key)
+    with pytest.raises(DuplicateTaskError) as caught:
+        result.get(timeout=10)
+    assert caught.value.task_id == first.id
+    gates.open(key)
+    first.get(timeout=10)
+
+
+def test_the_app_setting_applies_and_the_task_option_wins(env: CeleryEnv) -> None:
+    key = _key()
+    env.app.conf.singleton_raise_on_duplicate = True
+    try:
+        first = held.delay(key)
+        gates.wait_started(key)
+        with pytest.raises(DuplicateTaskError):
+            held.delay(key)
+        quiet_first = quiet.delay(key)
+        gates.wait_started(key)
+        assert quiet.delay(key).id == quiet_first.id  # raise_on_duplicate=False on the task
+    finally:
+        env.app.conf.singleton_raise_on_duplicate = None
+        gates.open(key)
+    first.get(timeout=10)
+    quiet_first.get(timeout=10)
+
+
+def test_unique_on_picks_the_key(env: CeleryEnv) -> None:
+    key = _key()
+    first = on_first.delay(key, "a")
+    gates.wait_started(key)
+    assert on_first.delay(key, "b").id == first.id  # note is not part of the key
+    assert on_first.delay(key=key, note="c").id == first.id
+    name_key = _key()
+    name_first = name_only.delay(name_key)
+    assert name_only.delay(_key()).id == name_first.id  # [] : the task name alone
+    gates.open(key)
+    gates.open(name_key)
+    assert first.get(timeout=10) == "a"
+    assert name_first.get(timeout=10) == name_key
+
+
+def test_lock_names_holders_and_clear_locks(env: CeleryEnv) -> None:
+    key = _key()
+    first = held.delay(key)
+    gates.wait_started(key)
+    lock = held.generate_lock(held.name, [key])
+    assert lock == held.generate_lock(held.name, task_kwargs={"key": key})
+    previous = current_app._get_current_object()
+    env.app.set_current()
+    try:
+        assert util.generate_lock(held.name, [key]) == lock  # the current app's task's name
+    finally:
+        previous.set_current()
+    assert held.get_existing_task_id(lock) == first.id
+    backend = backends.get_backend(config.Config(env.app))
+    assert backend.get(lock) == first.id
+    held.release_lock(task_args=[key])  # celery-singleton's signature
+    assert held.get_existing_task_id(lock) is None
+    second = held.delay(key)
+    assert second.id != first.id
+    other = _key()
+    third = held.delay(other)
+    gates.wait_started(other)
+    assert held.get_existing_task_id(held.generate_lock(held.name, [other])) == third.id
+    clear_locks(env.app)
+    assert held.get_existing_task_id(held.generate_lock(held.name, [other])) is None
+    assert held.get_existing_task_id(lock) is None
+    gates.open(key)
+    gates.open(other)
+    for result in (first, second, third):
+        result.get(timeout=10)
+
+
+# -- where we behave better on purpose -----------------------------------------------------
+
+
+def test_a_retry_keeps_its_lock_and_runs(env: CeleryEnv) -> None:
+    """celery-singleton's retry met its own lock at publish and was never sent."""
+    key = _key()
+    first = retrying.delay(key)
+    wait_until(lambda: gates.data[key] == [0], 10)
+    assert retrying.delay(key).id == first.id  # kept through the countdown
+    assert first.get(timeout=15) == 1
+    assert gates.data[key] == [0, 1]
+
+
+def test_a_send_task_duplicate_is_skipped_at_run_time(env: CeleryEnv) -> None:
+    """celery-singleton did not see a publish by name at all: both ran."""
+    key = _key()
+    first = held.delay(key)
+    gates.wait_started(key)
+    by_name = env.app.send_task("single.held", args=(key,))
+    assert env.wait_state(by_name.id, "SKIPPED") == "SKIPPED"
+    assert by_name.info["holder"] == first.id
+    gates.open(key)
+    first.get(timeout=10)
+    assert gates.runs[key] == 1
+
+
+# -- settings, without a worker -----------------------------------------------------------
+
+
+def _bare_app(server: RedisServer, **conf: Any) -> Celery:
+    bare = Celery("csl_compat_bare", set_as_current=False)
+    base = f"redis://127.0.0.1:{server.port}"
+    bare.conf.update(broker_url=f"{base}/0", result_backend=f"{base}/1", **conf)
+    return bare
+
+
+def test_the_singleton_settings_give_the_redis_the_prefix_and_the_lease(
+    redis_server: RedisServer,
+) -> None:
+    bare = _bare_app(
+        redis_server,
+        singleton_backend_url=f"redis://127.0.0.1:{redis_server.port}/7",
+        singleton_key_prefix="legacy",
+        singleton_lock_expiry=120,
+    )
+
+    @app_task(bare, base=Singleton, shared=False, name="bare.job")
+    def job(x: int) -> int:
+        return x
+
+    @app_task(bare, base=Singleton, shared=False, name="bare.short", lock_expiry=40)
+    def short(x: int) -> int:
+        return x
+
+    db7 = redis.Redis(port=redis_server.port, db=7, decode_responses=True)
+    db7.flushdb()
+    try:
+        first = job.delay(1)
+        assert job.delay(1).id == first.id
+        [key] = [k for k in db7.keys("legacy:*") if not str(k).endswith(":meta")]
+        assert 110_000 < db7.pttl(key) <= 120_000  # singleton_lock_expiry
+        short.delay(1)
+        short_key = short.locking.lock_name("bare.short", (1,), {})
+        assert 30_000 < db7.pttl(f"legacy:{{{short_key}}}") <= 40_000  # the task's own wins
+    finally:
+        db7.flushdb()
+        close_app(bare)
+
+
+def test_the_result_backend_then_the_broker_are_the_default_redis(
+    redis_server: RedisServer,
+) -> None:
+    bare = _bare_app(redis_server)
+
+    @app_task(bare, base=Singleton, shared=False, name="bare.job")
+    def job(x: int) -> int:
+        return x
+
+    results = redis.Redis(port=redis_server.port, db=1, decode_responses=True)
+    try:
+        job.delay(2)
+        assert any(k.startswith("lock:{bare.job") for k in results.scan_iter("lock:*"))
+    finally:
+        results.flushdb()
+        redis.Redis(port=redis_server.port, db=0).flushdb()
+        close_app(bare)
+
+
+def test_another_backend_class_is_refused_when_the_task_is_bound(
+    redis_server: RedisServer,
+) -> None:
+    bare = _bare_app(redis_server, singleton_backend_class="myproject.backends.Memcached")
+
+    @app_task(bare, base=Singleton, shared=False, name="bare.job")
+    def job(x: int) -> int:
+        return x
+
+    with pytest.raises(MisconfiguredError, match=r"singleton_backend_class.*singleton_lock_client"):
+        bare.finalize()
+    close_app(bare)
+
+
+@pytest.mark.parametrize(
+    ("option", "error", "match"),
+    [
+        ({"raise_on_duplicate": "yes"}, TypeError, "raise_on_duplicate must be True, False"),
+        ({"lock_expiry": -1}, ValueError, "lock_expiry must be > 0"),
+        ({"lock_expiry": "1h"}, TypeError, "lock_expiry must be a number of seconds"),
+        ({"unique_on": ["nope"]}, ValueError, r"unique_on \(lock_unique_on\) names \['nope'\]"),
+    ],
+)
+def test_bad_option_values_name_the_option(
+    option: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    bare = Celery("csl_compat_bad", set_as_current=False)
+
+    @app_task(bare, base=Singleton, shared=False, name="bad.job", **option)
+    def job(x: int) -> None: ...
+
+    with pytest.raises(error, match=match):
+        bare.finalize()
+    close_app(bare)
+
+
+# -- a killed worker ------------------------------------------------------------------------
+
+
+@pytest.mark.faults
+def test_a_killed_workers_lock_ends_within_one_running_lease(
+    make_redis_server: Any, tmp_path: Path
+) -> None:
+    """celery-singleton kept it until lock_expiry (by default: forever)."""
+    server: RedisServer = make_redis_server()
+    base = redis_base(server.port)
+    fault_app = make_app(base)
+    worker = WorkerProcess(base, tmp_path, concurrency=1).start()
+    data = redis.Redis(port=server.port, db=DATA_DB)
+    try:
+        task = fault_app.tasks["fault.singleton_hang"]
+        job = new_job("single")
+        first = task.delay(job, 60)
+        wait_until(lambda: data.llen(f"starts:{job}") == 1, 20)
+        assert task.delay(job, 60).id == first.id
+        worker.kill_group()
+        killed = time.monotonic()
+        lock = task.generate_lock(task.name, [job, 60])
+        wait_until(lambda: task.get_existing_task_id(lock) is None, 10)
+        assert time.monotonic() - killed < 2 + 1.5  # the running lease (lock_ttl=2), plus slack
+        assert task.delay(job, 60).id != first.id
+        assert redis.Redis(port=server.port, db=LOCK_DB).dbsize() > 0
+    finally:
+        worker.stop()
+        close_app(fault_app)
