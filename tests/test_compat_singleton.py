@@ -10,6 +10,7 @@ skipped at run time, and a killed worker's lock ends within one running lease.
 
 from __future__ import annotations
 
+import json
 import pickle
 import time
 import uuid
@@ -374,3 +375,41 @@ def test_a_killed_workers_lock_ends_within_one_running_lease(
     finally:
         worker.stop()
         close_app(fault_app)
+
+
+class Point:
+    def __init__(self, x: int, y: int) -> None:
+        self.x, self.y = x, y
+
+
+class PointEncoder(json.JSONEncoder):
+    def default(self, o: Any) -> Any:
+        if isinstance(o, Point):
+            return [o.x, o.y]
+        return super().default(o)
+
+
+def test_the_json_encoder_class_keys_arguments_the_lock_cannot(
+    redis_server: RedisServer,
+) -> None:
+    bare = _bare_app(
+        redis_server,
+        task_serializer="pickle",
+        accept_content=["pickle", "json"],
+        singleton_lock_redis_url=f"redis://127.0.0.1:{redis_server.port}/9",
+    )
+
+    @app_task(bare, base=Singleton, shared=False, name="bare.plot")
+    def plot(point: Point) -> None: ...
+
+    try:
+        with pytest.raises(TypeError, match="cannot build a lock key"):
+            plot.delay(Point(1, 2))
+        bare.conf.singleton_json_encoder_class = f"{__name__}.PointEncoder"
+        first = plot.delay(Point(1, 2))
+        assert plot.delay(Point(1, 2)).id == first.id
+        assert plot.delay(Point(2, 1)).id != first.id
+    finally:
+        redis.Redis(port=redis_server.port, db=9).flushdb()
+        redis.Redis(port=redis_server.port, db=0).flushdb()
+        close_app(bare)
