@@ -10,6 +10,7 @@ import sys
 from typing import Any, cast
 
 from celery_singleton_lock import ReentrantLock
+from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
 
 TASK_INFO = json.dumps(
@@ -72,11 +73,21 @@ def test_release_frees_one_lock_and_checks_the_holder(
     assert lock.acquire(blocking=False) and other.acquire(blocking=False)
 
     wrong = cli(redis_server, "release", "lock:{job:1}", "--holder", "someone-else", "--json")
-    assert json.loads(wrong.stdout) == {"key": "lock:{job:1}", "released": False}
+    assert json.loads(wrong.stdout) == {
+        "key": "lock:{job:1}",
+        "released": False,
+        "holder": "task-9",
+    }
+    assert wrong.returncode == 1  # a lock left in place is a failure, not "was not held"
+    assert "held by task-9, not someone-else; not released" in wrong.stderr
     assert redis_client.exists("lock:{job:1}")
+    plain = cli(redis_server, "release", "lock:{job:1}", "--holder", "someone-else")
+    assert plain.returncode == 1 and "was not held" not in plain.stdout
 
     done = cli(redis_server, "release", "lock:{job:1}", "--json")
-    assert json.loads(done.stdout) == {"key": "lock:{job:1}", "released": True}
+    assert json.loads(done.stdout) == {"key": "lock:{job:1}", "released": True, "holder": None}
+    absent = cli(redis_server, "release", "lock:{job:1}")
+    assert absent.returncode == 0 and "was not held" in absent.stdout
     assert not redis_client.exists("lock:{job:1}")
     assert redis_client.exists("lock:{job:2}")  # only the named lock
     assert lock.lost.wait(15)  # the holder's heartbeat notices on its next renewal (ttl/3)
@@ -95,6 +106,23 @@ def test_purge_frees_the_matching_locks(redis_server: RedisServer, redis_client:
     keep.release()
 
 
+def test_purge_queued_frees_only_locks_no_run_entered(
+    redis_server: RedisServer, redis_client: Any
+) -> None:
+    """After `celery purge`: the locks of queued messages go, a running task's stays."""
+    space = LockSpace(redis_client)
+    assert space.take("proj.job:queued", "task-1", 30).acquired  # a publish-time hold
+    running = ReentrantLock(
+        redis_client, "proj.job:running", ttl=30, owner="task-2", run_token="run-1", renew=False
+    )
+    assert running.acquire(blocking=False)
+    done = cli(redis_server, "purge", "--queued", "--yes", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"released": 1}
+    assert [v["key"] for v in listed(redis_server)] == ["lock:{proj.job:running}"]
+    running.release()
+
+
 def test_purge_asks_before_it_acts(redis_server: RedisServer, redis_client: Any) -> None:
     lock = ReentrantLock(redis_client, "asked", ttl=30, renew=False)
     assert lock.acquire(blocking=False)
@@ -106,6 +134,7 @@ def test_purge_asks_before_it_acts(redis_server: RedisServer, redis_client: Any)
         timeout=60,
     )
     assert refused.returncode != 0
+    assert "no message is touched" in refused.stdout
     assert redis_client.exists("lock:{asked}")
     lock.release()
 

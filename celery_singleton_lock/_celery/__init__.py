@@ -4,12 +4,14 @@ layer's API (:mod:`celery_singleton_lock._lock`) only.
 Modules, along a task's life: ``options`` and ``settings`` (each defined once), ``client``
 (the Redis client from the settings), ``taskkey`` (the lock name of a call), ``locking`` (a
 task class's options and leases), ``info`` (what operators see of a hold), ``publish``,
-``run`` (run and retry), ``worker`` (the main process's side), ``revoked``, ``task``
+``run`` (run and retry), ``worker`` (the main process's side), ``revoked``, ``dropped``
+(messages a worker drops unrun), ``task``
 (``LockedTask``, a thin class of hooks), ``install``.
 """
 
 from __future__ import annotations
 
+from .dropped import connect_dropped_receivers
 from .install import install
 from .revoked import connect_revoke_receiver
 from .task import LockedTask
@@ -17,3 +19,4 @@ from .task import LockedTask
 __all__ = ["LockedTask", "install"]
 
 connect_revoke_receiver()
+connect_dropped_receivers()

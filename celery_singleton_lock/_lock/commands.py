@@ -54,20 +54,25 @@ def text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _raise_backend_error(operation: str, name: str, exc: RedisError) -> NoReturn:
+def _raise_backend_error(
+    operation: str, name: str, exc: RedisError, subject: str | None = None
+) -> NoReturn:
+    # redis-py's messages often end with a period of their own ("Connection refused.")
+    detail = str(exc).rstrip(".")
     raise LockBackendError(
-        f"Redis failed to {operation} lock {name!r}: {type(exc).__name__}: {exc}. "
-        "Check that Redis is reachable at the configured URL."
+        f"Redis failed to {operation} {subject or f'lock {name!r}'}: {type(exc).__name__}: "
+        f"{detail}. Check that Redis is reachable at the configured URL."
     ) from exc
 
 
 @contextmanager
-def backend_errors(operation: str, name: str) -> Iterator[None]:
-    """Turn a redis-py error inside the block into :class:`LockBackendError`."""
+def backend_errors(operation: str, name: str, subject: str | None = None) -> Iterator[None]:
+    """Turn a redis-py error inside the block into :class:`LockBackendError` (about lock
+    ``name``, or about ``subject`` when given: what was being done, in words)."""
     try:
         yield
     except RedisError as exc:
-        _raise_backend_error(operation, name, exc)
+        _raise_backend_error(operation, name, exc, subject)
 
 
 class AcquireReply(NamedTuple):

@@ -112,7 +112,7 @@ class LockSpace:
     def find(self, pattern: str = "*") -> Iterator[LockKeys]:
         """The keys of every lock whose name matches the glob ``pattern``, found by SCAN
         (never KEYS); a lock may appear twice while the keyspace is rehashed."""
-        with commands.backend_errors("scan", self.prefix):
+        with commands.backend_errors("scan", "", f"for the locks under prefix {self.prefix!r}"):
             match = f"{self.prefix}:{{{escape_name(pattern)}}}"
             for raw in self.client.scan_iter(match=match, count=500):
                 key = commands.text(raw)

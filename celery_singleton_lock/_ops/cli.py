@@ -88,18 +88,37 @@ def _run(ctx: click.Context, action: str, url: str | None, prefix: str | None, *
                 for field, title in _COLUMNS:
                     click.echo(f"{title:>8}: {_cell(getattr(view, field))}")
         elif action == "release":
-            done = ops.release(client, kw["key"], prefix, kw.get("holder") or "")
+            holder = kw.get("holder") or ""
+            done = ops.release(client, kw["key"], prefix, holder)
+            current = None if done else ops.show(client, kw["key"], prefix)
             if as_json:
-                click.echo(json.dumps({"key": kw["key"], "released": done}))
-            else:
-                click.echo(f"{kw['key']}: {'released' if done else 'was not held'}")
+                click.echo(
+                    json.dumps(
+                        {
+                            "key": kw["key"],
+                            "released": done,
+                            "holder": current.holder if current else None,
+                        }
+                    )
+                )
+            elif done:
+                click.echo(f"{kw['key']}: released")
+            elif current is None:
+                click.echo(f"{kw['key']}: was not held")
+            if not done and current is not None:
+                # Only --holder can leave a held lock in place: say who holds it, and fail.
+                raise click.ClickException(
+                    f"{kw['key']}: held by {current.holder}, not {holder}; not released"
+                )
         elif action == "purge":
+            which = "queued lock (no run entered)" if kw["queued"] else "lock"
             if not kw["yes"]:
                 click.confirm(
-                    f"force-release every lock under {prefix!r} matching {kw['match']!r}?",
+                    f"force-release every {which} under {prefix!r} matching {kw['match']!r}? "
+                    "(locks only: no message is touched)",
                     abort=True,
                 )
-            count = ops.purge(client, prefix, kw["match"])
+            count = ops.purge(client, prefix, kw["match"], queued_only=kw["queued"])
             if as_json:
                 click.echo(json.dumps({"released": count}))
             else:
@@ -164,16 +183,31 @@ def release(
 
 @locks.command()
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.option(
+    "--queued",
+    is_flag=True,
+    help="only locks held for queued messages that no run has entered (after `celery purge`)",
+)
 @_match
 @_url
 @_prefix
 @_json
 @click.pass_context
 def purge(
-    ctx: click.Context, yes: bool, match: str, url: str | None, prefix: str | None, as_json: bool
+    ctx: click.Context,
+    yes: bool,
+    queued: bool,
+    match: str,
+    url: str | None,
+    prefix: str | None,
+    as_json: bool,
 ) -> None:
-    """Force-release every lock under the prefix (or those matching --match)."""
-    _run(ctx, "purge", url, prefix, as_json=as_json, yes=yes, match=match)
+    """Force-release every lock under the prefix (or those matching --match).
+
+    Locks only: unlike Celery's own `celery purge`, no message is removed from any queue. After
+    `celery purge` emptied a queue, `locks purge --queued` frees the publish-time locks of the
+    messages it removed (they would otherwise hold their jobs for singleton_lock_queue_ttl)."""
+    _run(ctx, "purge", url, prefix, as_json=as_json, yes=yes, match=match, queued=queued)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -79,7 +79,10 @@ def release(client: Any, key_or_name: str, prefix: str = "lock", holder: str = "
     return LockSpace(client, prefix).force_release(key_or_name, holder=holder or None)
 
 
-def purge(client: Any, prefix: str = "lock", pattern: str = "*") -> int:
-    """Force-release every lock under ``prefix`` matching ``pattern``; returns how many."""
+def purge(client: Any, prefix: str = "lock", pattern: str = "*", queued_only: bool = False) -> int:
+    """Force-release every lock under ``prefix`` matching ``pattern`` (with ``queued_only``,
+    only those held for a queued message that no run has entered); returns how many."""
     space = LockSpace(client, prefix)
-    return sum(space.force_release(keys.lock) for keys in list(space.find(pattern)))
+    return sum(
+        space.force_release(keys.lock, unentered=queued_only) for keys in list(space.find(pattern))
+    )

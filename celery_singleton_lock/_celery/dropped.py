@@ -1,0 +1,75 @@
+"""Messages a worker drops without running them: their publish-time locks are freed at once.
+
+A worker that does not know a message's task (``task_unknown``: not registered there) or cannot
+take its message (``task_rejected``: a content type it does not accept, an invalid message)
+rejects the message without requeueing it: no run will ever enter or release the lock the
+publisher took for it, which would otherwise keep the job locked (every later ``.delay()``
+handed the dead task's id) for ``singleton_lock_queue_ttl``. The receivers below free that
+lock from the worker's main process: the one named in the message's header, only while the
+dropped task's id holds it and no run has entered it (checked atomically in Redis).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import signals
+
+from .client import lock_space
+from .locking import HEADER
+
+__all__ = ["connect_dropped_receivers"]
+
+log = logging.getLogger("celery_singleton_lock.release")
+
+
+def _release_dropped(consumer: Any, message: Any, why: str) -> None:
+    headers = getattr(message, "headers", None) or {}
+    name, task_id = headers.get(HEADER), headers.get("id")
+    if not (isinstance(name, str) and name and isinstance(task_id, str) and task_id):
+        return  # not a message whose publisher took a lock (protocol 2 headers)
+    app = getattr(consumer, "app", None)
+    if app is None:
+        return
+    try:
+        space = lock_space(app)
+        freed = space.force_release(name, holder=task_id, unentered=True)
+    except Exception as exc:
+        log.error(
+            "could not release the lock of dropped task %s (%s): %s; it frees itself when its "
+            "lease ends",
+            task_id,
+            why,
+            exc,
+        )
+        return
+    if freed:
+        log.warning(
+            "released %s: the worker dropped the message of task %s (%s)",
+            space.keys(name).lock,
+            task_id,
+            why,
+        )
+
+
+def _on_task_unknown(
+    sender: Any = None, message: Any = None, name: str = "", **kwargs: Any
+) -> None:
+    _release_dropped(sender, message, f"task {name!r} is not registered in this worker")
+
+
+def _on_task_rejected(
+    sender: Any = None, message: Any = None, exc: Any = None, **kwargs: Any
+) -> None:
+    _release_dropped(sender, message, f"message rejected: {exc!r}" if exc else "message rejected")
+
+
+def connect_dropped_receivers() -> None:
+    """Connect the worker's ``task_unknown`` and ``task_rejected`` receivers (idempotent)."""
+    signals.task_unknown.connect(
+        _on_task_unknown, weak=False, dispatch_uid="celery_singleton_lock.unknown"
+    )
+    signals.task_rejected.connect(
+        _on_task_rejected, weak=False, dispatch_uid="celery_singleton_lock.rejected"
+    )

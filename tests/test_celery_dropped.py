@@ -1,0 +1,94 @@
+"""Messages a worker drops unrun (issue 9): their publish-time locks are freed at once.
+
+A message whose task the worker does not know (``task_unknown``) or whose content type it does
+not accept (``task_rejected``) is rejected without requeue; before, its publish lock kept the
+job locked, and every later ``.delay()`` returned the dead task's id, for
+``singleton_lock_queue_ttl`` (an hour).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, configure, new_app, wait_until
+from celery_procs import close_app
+
+from celery_singleton_lock import LockedTask
+
+gates = Gates()
+#: the worker's app: it knows dropped.known (json only), not dropped.ghost
+app = new_app("csl_dropped")
+
+
+@app_task(app, base=LockedTask, shared=False, name="dropped.known", lock_at="publish")
+def known(key: str) -> str:
+    gates.enter(key)
+    return key
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[CeleryEnv]:
+    with celery_env(app, gates, concurrency=2, accept_content=["json"]) as env:
+        yield env
+
+
+@pytest.fixture
+def publisher(env: CeleryEnv) -> Iterator[Celery]:
+    """Another service's app on the same broker and locks: it knows a task the worker does
+    not, and sends with pickle, which the worker does not accept."""
+    pub = Celery("csl_dropped_pub", set_as_current=False)
+    configure(pub, env.server, task_serializer="pickle")
+    yield pub
+    close_app(pub)
+
+
+def _task(pub: Celery, name: str) -> Any:
+    @app_task(pub, base=LockedTask, shared=False, name=name, lock_at="publish")
+    def task(key: str) -> str:
+        return key
+
+    return task
+
+
+def test_an_unknown_tasks_lock_is_freed_when_the_worker_drops_it(
+    env: CeleryEnv, publisher: Celery
+) -> None:
+    ghost = _task(publisher, "dropped.ghost")
+    first = ghost.delay("k1")
+    assert ghost.is_locked("k1")
+    wait_until(lambda: not ghost.is_locked("k1"), 10)
+    assert env.wait_state(first.id, "FAILURE") == "FAILURE"  # NotRegistered, by Celery
+    assert ghost.delay("k1").id != first.id  # not handed the dead task's id
+
+
+def test_a_rejected_messages_lock_is_freed(env: CeleryEnv, publisher: Celery) -> None:
+    pickled = _task(publisher, "dropped.known")
+    first = pickled.delay("k2")
+    wait_until(lambda: not pickled.is_locked("k2"), 10)
+    second = known.delay("k2")  # json: accepted, and not a duplicate of the dropped one
+    assert second.id != first.id
+    gates.wait_started("k2")
+    gates.open("k2")
+    assert second.get(timeout=10) == "k2"
+
+
+def test_a_dropped_duplicate_leaves_the_running_holders_lock(
+    env: CeleryEnv, publisher: Celery
+) -> None:
+    holder = known.delay("k3")
+    gates.wait_started("k3")
+    # A message naming the same lock, sent by name with another task id (as a stand-in
+    # publisher's would be): the worker rejects it (pickle), and must not free the lock that
+    # the running task holds.
+    name = known.locking.lock_name(known.name, ("k3",), {})
+    dropped = publisher.send_task(
+        "dropped.known", ("k3",), serializer="pickle", headers={"singleton_lock": name}
+    )
+    assert dropped.id != holder.id
+    wait_until(lambda: env.broker.llen("celery") == 0, 10)
+    assert known.lock_holder("k3") == holder.id
+    gates.open("k3")
+    assert holder.get(timeout=10) == "k3"
