@@ -19,11 +19,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import faultapp
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -231,3 +232,26 @@ def task_states(results: Any, ids: list[str]) -> dict[str, str]:
             if raw is not None:
                 states[task_id] = json.loads(raw)["status"]
     return states
+
+
+@contextlib.contextmanager
+def hanging_job(
+    port: int, log_dir: Path, task_name: str
+) -> Iterator[tuple[Any, str, Any, WorkerProcess]]:
+    """A one-child ``celery worker`` subprocess on the server at ``port``, running
+    ``task_name(job, 60)`` (a fault-app task that records its start, then sleeps): yields the
+    task, the job, the first run's result and the worker once that run has started."""
+    base = redis_base(port)
+    app = faultapp.make_app(base)
+    worker = WorkerProcess(base, log_dir, concurrency=1).start()
+    data = redis.Redis(port=port, db=faultapp.DATA_DB)
+    try:
+        task = app.tasks[task_name]
+        job = new_job(task_name.rsplit(".", 1)[-1])
+        first = task.delay(job, 60)
+        wait_for(lambda: data.llen(f"starts:{job}") == 1, 20, f"{task_name} to start")
+        yield task, job, first, worker
+    finally:
+        worker.stop()
+        close_app(app)
+        data.close()

@@ -22,8 +22,7 @@ import pytest
 import redis
 from celery import Celery
 from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
-from celery_procs import WorkerProcess, close_app, new_job, redis_base
-from faultapp import DATA_DB, make_app
+from celery_procs import close_app, hanging_job
 
 from celery_singleton_lock import AlreadyQueuedError, MisconfiguredError
 from celery_singleton_lock.compat.once import AlreadyQueued, QueueOnce
@@ -288,15 +287,7 @@ def test_a_killed_workers_lock_ends_within_one_running_lease(
 ) -> None:
     """celery-once kept it for the whole timeout (an hour by default)."""
     server: RedisServer = make_redis_server()
-    base = redis_base(server.port)
-    fault_app = make_app(base)
-    worker = WorkerProcess(base, tmp_path, concurrency=1).start()
-    data = redis.Redis(port=server.port, db=DATA_DB)
-    try:
-        task = fault_app.tasks["fault.once_hang"]
-        job = new_job("once")
-        task.delay(job, 60)
-        wait_until(lambda: data.llen(f"starts:{job}") == 1, 20)
+    with hanging_job(server.port, tmp_path, "fault.once_hang") as (task, job, _, worker):
         with pytest.raises(AlreadyQueued):
             task.delay(job, 60)
         worker.kill_group()
@@ -311,6 +302,3 @@ def test_a_killed_workers_lock_ends_within_one_running_lease(
 
         wait_until(accepted, 10)
         assert time.monotonic() - killed < 2 + 1.5  # the running lease (lock_ttl=2), plus slack
-    finally:
-        worker.stop()
-        close_app(fault_app)

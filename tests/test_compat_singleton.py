@@ -22,8 +22,7 @@ import pytest
 import redis
 from celery import Celery, current_app
 from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
-from celery_procs import WorkerProcess, close_app, new_job, redis_base
-from faultapp import DATA_DB, LOCK_DB, make_app
+from celery_procs import close_app, hanging_job
 
 from celery_singleton_lock import AlreadyQueuedError, MisconfiguredError
 from celery_singleton_lock.compat.singleton import (
@@ -355,15 +354,7 @@ def test_a_killed_workers_lock_ends_within_one_running_lease(
 ) -> None:
     """celery-singleton kept it until lock_expiry (by default: forever)."""
     server: RedisServer = make_redis_server()
-    base = redis_base(server.port)
-    fault_app = make_app(base)
-    worker = WorkerProcess(base, tmp_path, concurrency=1).start()
-    data = redis.Redis(port=server.port, db=DATA_DB)
-    try:
-        task = fault_app.tasks["fault.singleton_hang"]
-        job = new_job("single")
-        first = task.delay(job, 60)
-        wait_until(lambda: data.llen(f"starts:{job}") == 1, 20)
+    with hanging_job(server.port, tmp_path, "fault.singleton_hang") as (task, job, first, worker):
         assert task.delay(job, 60).id == first.id
         worker.kill_group()
         killed = time.monotonic()
@@ -371,10 +362,6 @@ def test_a_killed_workers_lock_ends_within_one_running_lease(
         wait_until(lambda: task.get_existing_task_id(lock) is None, 10)
         assert time.monotonic() - killed < 2 + 1.5  # the running lease (lock_ttl=2), plus slack
         assert task.delay(job, 60).id != first.id
-        assert redis.Redis(port=server.port, db=LOCK_DB).dbsize() > 0
-    finally:
-        worker.stop()
-        close_app(fault_app)
 
 
 class Point:
