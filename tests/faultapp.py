@@ -41,6 +41,9 @@ VISIBILITY_ENV = "CSL_FAULT_VISIBILITY"
 #: "1": a beat schedule with ``fault.tick`` due every second
 BEAT_ENV = "CSL_FAULT_BEAT"
 
+#: seconds: the app's singleton_lock_ttl (the beat leader's lease, in the beat tests)
+TTL_ENV = "CSL_FAULT_TTL"
+
 BROKER_DB, RESULT_DB, LOCK_DB, DATA_DB = 0, 1, 2, 3
 HEARTBEAT_THREAD = "celery-singleton-lock-heartbeat"
 
@@ -391,3 +394,5 @@ if os.environ.get(URL_ENV):
         visibility=float(_vis) if _vis else None,
         beat=os.environ.get(BEAT_ENV) == "1",
     )
+    if os.environ.get(TTL_ENV):
+        app.conf.singleton_lock_ttl = float(os.environ[TTL_ENV])

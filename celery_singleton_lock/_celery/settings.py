@@ -72,6 +72,14 @@ def _prefix(name: str, value: Any) -> str:
     return check_prefix(value, name)
 
 
+def _class_path(name: str, value: Any) -> Any:
+    if isinstance(value, type):
+        return value
+    if not isinstance(value, str) or not value.strip(". :"):
+        raise TypeError(f"{name} must be a class or its path ('module:Class'), got {value!r}")
+    return value
+
+
 def _seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{name} must be a number of seconds such as 30, got {value!r}")
@@ -147,6 +155,14 @@ SETTINGS: dict[str, Setting] = {
             '`"raise"`',
             '`"proceed"`: publish / run anyway and log at ERROR; never a silent drop',
             _policy,
+        ),
+        Setting(
+            "singleton_lock_beat_scheduler",
+            "celery.beat:PersistentScheduler",
+            '`"celery.beat:PersistentScheduler"`',
+            "the scheduler `celery_singleton_lock.beat:LeaderScheduler` runs while it leads "
+            "(e.g. `django_celery_beat.schedulers:DatabaseScheduler`)",
+            _class_path,
         ),
         Setting(
             "singleton_lock_tasks",
