@@ -95,6 +95,15 @@ def new_app(main: str) -> Celery:
     return Celery(main, set_as_current=False)
 
 
+def bare_app(server: RedisServer, main: str, **conf: Any) -> Celery:
+    """An app with only a broker and a result backend on ``server`` (databases 0 and 1), and
+    ``conf``: for settings that decide where the locks live."""
+    app = Celery(main, set_as_current=False)
+    base = f"redis://127.0.0.1:{server.port}"
+    app.conf.update(broker_url=f"{base}/0", result_backend=f"{base}/1", **conf)
+    return app
+
+
 def configure(app: Celery, server: RedisServer, **conf: Any) -> None:
     settings = dict(BASE_CONF)
     settings.update(

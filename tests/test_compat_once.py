@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from celery_fixtures import (
+    CeleryEnv,
+    Gates,
+    app_task,
+    bare_app,
+    celery_env,
+    new_app,
+    wait_until,
+)
 from celery_procs import close_app, hanging_job
 
 from celery_singleton_lock import AlreadyQueuedError, MisconfiguredError
@@ -195,17 +203,11 @@ def test_a_send_task_duplicate_is_skipped_at_run_time(env: CeleryEnv) -> None:
 # -- the ONCE setting, without a worker -----------------------------------------------------
 
 
-def _bare_app(server: RedisServer, **conf: Any) -> Celery:
-    bare = Celery("csl_compat_once_bare", set_as_current=False)
-    base = f"redis://127.0.0.1:{server.port}"
-    bare.conf.update(broker_url=f"{base}/0", result_backend=f"{base}/1", **conf)
-    return bare
-
-
 def test_the_once_setting_gives_the_redis_and_the_timeouts(redis_server: RedisServer) -> None:
     url = f"redis://127.0.0.1:{redis_server.port}/8"
-    bare = _bare_app(
+    bare = bare_app(
         redis_server,
+        "csl_compat_once_bare",
         ONCE={
             "backend": "celery_once.backends.Redis",
             "settings": {"url": url, "default_timeout": 120},
@@ -242,8 +244,9 @@ def test_the_once_setting_gives_the_redis_and_the_timeouts(redis_server: RedisSe
 
 
 def test_the_file_backend_is_refused_when_the_task_is_bound(redis_server: RedisServer) -> None:
-    bare = _bare_app(
+    bare = bare_app(
         redis_server,
+        "csl_compat_once_bare",
         ONCE={"backend": "celery_once.backends.File", "settings": {"location": "/tmp/x"}},
     )
 

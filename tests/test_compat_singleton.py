@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, current_app
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from celery_fixtures import (
+    CeleryEnv,
+    Gates,
+    app_task,
+    bare_app,
+    celery_env,
+    new_app,
+    wait_until,
+)
 from celery_procs import close_app, hanging_job
 
 from celery_singleton_lock import AlreadyQueuedError, MisconfiguredError
@@ -250,18 +258,12 @@ def test_a_send_task_duplicate_is_skipped_at_run_time(env: CeleryEnv) -> None:
 # -- settings, without a worker -----------------------------------------------------------
 
 
-def _bare_app(server: RedisServer, **conf: Any) -> Celery:
-    bare = Celery("csl_compat_bare", set_as_current=False)
-    base = f"redis://127.0.0.1:{server.port}"
-    bare.conf.update(broker_url=f"{base}/0", result_backend=f"{base}/1", **conf)
-    return bare
-
-
 def test_the_singleton_settings_give_the_redis_the_prefix_and_the_lease(
     redis_server: RedisServer,
 ) -> None:
-    bare = _bare_app(
+    bare = bare_app(
         redis_server,
+        "csl_compat_bare",
         singleton_backend_url=f"redis://127.0.0.1:{redis_server.port}/7",
         singleton_key_prefix="legacy",
         singleton_lock_expiry=120,
@@ -293,7 +295,7 @@ def test_the_singleton_settings_give_the_redis_the_prefix_and_the_lease(
 def test_the_result_backend_then_the_broker_are_the_default_redis(
     redis_server: RedisServer,
 ) -> None:
-    bare = _bare_app(redis_server)
+    bare = bare_app(redis_server, "csl_compat_bare")
 
     @app_task(bare, base=Singleton, shared=False, name="bare.job")
     def job(x: int) -> int:
@@ -312,7 +314,9 @@ def test_the_result_backend_then_the_broker_are_the_default_redis(
 def test_another_backend_class_is_refused_when_the_task_is_bound(
     redis_server: RedisServer,
 ) -> None:
-    bare = _bare_app(redis_server, singleton_backend_class="myproject.backends.Memcached")
+    bare = bare_app(
+        redis_server, "csl_compat_bare", singleton_backend_class="myproject.backends.Memcached"
+    )
 
     @app_task(bare, base=Singleton, shared=False, name="bare.job")
     def job(x: int) -> int:
@@ -379,8 +383,9 @@ class PointEncoder(json.JSONEncoder):
 def test_the_json_encoder_class_keys_arguments_the_lock_cannot(
     redis_server: RedisServer,
 ) -> None:
-    bare = _bare_app(
+    bare = bare_app(
         redis_server,
+        "csl_compat_bare",
         task_serializer="pickle",
         accept_content=["pickle", "json"],
         singleton_lock_redis_url=f"redis://127.0.0.1:{redis_server.port}/9",

@@ -20,6 +20,7 @@ __all__ = [
     "REDIS_SCHEMES",
     "SETTINGS",
     "Setting",
+    "check_seconds",
     "is_set",
     "scheme_of",
     "setting",
@@ -80,7 +81,8 @@ def _class_path(name: str, value: Any) -> Any:
     return value
 
 
-def _seconds(name: str, value: Any) -> float:
+def check_seconds(name: str, value: Any) -> float:
+    """``value`` as seconds of a lease, or an error naming ``name`` and saying what it takes."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{name} must be a number of seconds such as 30, got {value!r}")
     if not 0 < value <= MAX_LEASE_SECONDS:
@@ -140,14 +142,14 @@ SETTINGS: dict[str, Setting] = {
             30.0,
             "`30` s",
             "lease of a running lock, renewed about every ttl/3",
-            _seconds,
+            check_seconds,
         ),
         Setting(
             "singleton_lock_queue_ttl",
             3600.0,
             "`3600` s (or the message's `expires`)",
             "lease of a publish-time lock while the message waits",
-            _seconds,
+            check_seconds,
         ),
         Setting(
             "singleton_lock_on_backend_error",

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .._celery.client import reset_client
 from .._celery.locking import TaskLocking
-from .._celery.settings import REDIS_SCHEMES, is_set
-from .._lock import MAX_LEASE_SECONDS
+from .._celery.settings import REDIS_SCHEMES, check_seconds, is_set
 
 __all__ = [
     "ShimLocking",
@@ -34,18 +32,6 @@ __all__ = [
 _call_queue_ttl: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "celery_singleton_lock_call_queue_ttl", default=None
 )
-
-
-def check_seconds(name: str, value: object) -> float:
-    """``value`` as seconds of a lease, or an error naming ``name`` (a peer's option or
-    setting) and saying what it takes."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a number of seconds such as 3600, got {value!r}")
-    if not 0 < value <= MAX_LEASE_SECONDS:
-        raise ValueError(
-            f"{name} must be > 0 and at most {MAX_LEASE_SECONDS} seconds (ten years), got {value!r}"
-        )
-    return float(value)
 
 
 @contextlib.contextmanager

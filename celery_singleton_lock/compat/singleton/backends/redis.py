@@ -8,6 +8,7 @@ import redis
 
 from ...._celery.client import lock_space
 from ...._lock import LockSpace
+from ...._ops.locks import purge
 from ..._shared import check_seconds
 from .base import BaseBackend
 
@@ -50,5 +51,4 @@ class RedisBackend(BaseBackend):
                 f"key_prefix {key_prefix!r} is not this backend's prefix "
                 f"{self.space.prefix!r} (singleton_lock_prefix)"
             )
-        for keys in list(self.space.find()):
-            self.space.force_release(keys.name)
+        purge(self.space.client, self.space.prefix)
