@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -151,8 +152,20 @@ def retry_slow(key: str) -> None:
     gates.enter(key)
 
 
-@app_task(app, base=LockedTask, name="opts.retry_default", lock_on_locked="retry", lock_ttl=2)
+@app_task(app, base=LockedTask, name="opts.retry_default", lock_on_locked="retry", max_retries=10)
 def retry_default(key: str) -> None:
+    gates.enter(key)
+
+
+@app_task(
+    app,
+    base=LockedTask,
+    name="opts.retry_short_lease",
+    lock_on_locked="retry",
+    lock_ttl=2,
+    max_retries=20,
+)
+def retry_short_lease(key: str) -> None:
     gates.enter(key)
 
 
@@ -459,18 +472,56 @@ def test_lock_retry_countdown_spaces_the_retries(env: CeleryEnv) -> None:
     assert 1.4 <= times[1] - times[0] < 4.0
 
 
-def test_retry_countdown_defaults_to_the_holders_remaining_lease(env: CeleryEnv) -> None:
+def test_default_retry_comes_back_soon_after_a_short_holder(env: CeleryEnv) -> None:
+    """The holder's lease is renewed (always 20-30 s left), but it ends after ~2 s: the
+    duplicate's growing backoff (1, 2, 4 s with jitter) brings it back within a few seconds,
+    not a whole lease later."""
     k = _key()
-    first = retry_default.delay(k)  # lock_ttl=2: the holder's lease is at most 2 s
+    first = retry_default.delay(k)
     gates.wait_started(k)
     dup = retry_default.delay(k)
     wait_until(lambda: len(attempts[dup.id]) >= 1, 5)
+    time.sleep(2.0)
+    gates.open(k)
+    first.get(timeout=10)
+    ended = time.monotonic()
+    dup.get(timeout=15)
+    assert gates.runs[k] == 2  # the holder, then the duplicate: never both at once
+    times = attempts[dup.id]
+    assert len(times) >= 2
+    assert times[-1] - ended < 8.0  # the old default waited out the ~30 s lease
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert 0.4 <= gaps[0] < 1.5  # the first retry: 0.5-1 s
+
+
+def test_default_retry_never_waits_longer_than_the_holders_lease(env: CeleryEnv) -> None:
+    k = _key()
+    first = retry_short_lease.delay(k)  # lock_ttl=2: the holder's lease is at most 2 s
+    gates.wait_started(k)
+    dup = retry_short_lease.delay(k)
+    wait_until(lambda: len(attempts[dup.id]) >= 1, 5)
+    time.sleep(7.0)  # uncapped, the backoff would reach 4-8 s by now
     gates.open(k)
     first.get(timeout=10)
     dup.get(timeout=10)
     times = attempts[dup.id]
-    assert len(times) == 2
-    assert 0.9 <= times[1] - times[0] < 4.0
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert len(gaps) >= 4
+    assert max(gaps) < 2.7, gaps
+
+
+def test_lock_retry_delay_grows_with_jitter_and_is_capped() -> None:
+    from celery_singleton_lock._celery.run import RETRY_MIN_DELAY, lock_retry_delay
+
+    for retries in range(0, 40):
+        for lease in (-0.002, 0.05, 0.7, 3.0, 30.0, 3600.0):
+            full = min(2.0 ** min(retries, 30), max(lease, RETRY_MIN_DELAY))
+            delays = {lock_retry_delay(retries, lease) for _ in range(50)}
+            assert all(
+                max(full / 2, RETRY_MIN_DELAY) <= d <= max(full, RETRY_MIN_DELAY) for d in delays
+            )
+            if full >= 0.4:
+                assert len(delays) > 1  # jittered
 
 
 def test_lock_on_locked_raise_survives_the_result_backend(env: CeleryEnv) -> None:

@@ -158,9 +158,10 @@ class LockOptions:
     lock_retry_countdown: float | None = field(
         default=None,
         metadata=_about(
-            "the holder's remaining lease",
-            'for `"retry"`; these retries count against `max_retries`, and when they run out the '
-            "duplicate ends `SKIPPED`",
+            "1 s, 2 s, 4 s, … with jitter, capped by the holder's remaining lease",
+            'for `"retry"`: the countdown of each retry (a fixed number replaces the growing '
+            "backoff); these retries count against `max_retries` (Celery's default of 3 covers "
+            "3.5 to 7 s of backoff), and when they run out the duplicate ends `SKIPPED`",
             _seconds_or_none,
         ),
     )

@@ -13,6 +13,7 @@ which serves every run in a process.
 from __future__ import annotations
 
 import logging
+import random
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
@@ -28,13 +29,42 @@ from .locking import HEADER, TaskLocking, proceed_without_lock
 from .publish import seconds_until
 from .revoked import free_revoked_holder
 
-__all__ = ["SKIPPED", "TaskRun", "current_run", "retry_keeping_lock", "run_locked"]
+__all__ = [
+    "SKIPPED",
+    "TaskRun",
+    "current_run",
+    "lock_retry_delay",
+    "retry_keeping_lock",
+    "run_locked",
+]
 
 log_run = logging.getLogger("celery_singleton_lock.run")
 log_release = logging.getLogger("celery_singleton_lock.release")
 
 #: the state a skipped duplicate records (not a ready state: .get() on it waits)
 SKIPPED = "SKIPPED"
+
+#: a ``lock_on_locked="retry"`` duplicate's first retry comes back after about this long
+#: (seconds); each later one waits twice as long, up to the holder's remaining lease
+RETRY_FIRST_DELAY = 1.0
+#: no lock retry is sooner than this (seconds): a holder that is about to expire still costs
+#: the broker a message per retry
+RETRY_MIN_DELAY = 0.1
+
+
+def lock_retry_delay(retries: int, holder_lease: float) -> float:
+    """The default countdown of a ``lock_on_locked="retry"`` duplicate.
+
+    A growing backoff (``RETRY_FIRST_DELAY * 2**retries``) capped by the holder's remaining
+    lease ``holder_lease`` (seconds), with equal jitter (a uniform draw from the upper half), so
+    the duplicate comes back soon after a short holder ends, never later than the holder's lease
+    could run out, and duplicates refused together do not come back together. ``retries`` is
+    the request's retry count, so a task's own retries also grow it.
+    """
+    backoff = RETRY_FIRST_DELAY * 2.0 ** min(max(retries, 0), 30)
+    ceiling = min(backoff, max(holder_lease, RETRY_MIN_DELAY))
+    return max(RETRY_MIN_DELAY, ceiling * random.uniform(0.5, 1.0))
+
 
 #: per-run state, by the run's request Context (not an attribute of it: Celery copies a
 #: Context's attributes into the retry message)
@@ -193,7 +223,9 @@ def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoR
     if options.lock_on_locked == "raise":
         raise TaskLockedError(refusal.holder, key)
     if options.lock_on_locked == "retry":
-        countdown = options.lock_retry_countdown or max(max(refusal.pttl, 0) / 1000, 0.1)
+        countdown = options.lock_retry_countdown or lock_retry_delay(
+            request.retries, refusal.pttl / 1000
+        )
         try:
             raise task.retry(countdown=countdown)
         except MaxRetriesExceededError:
