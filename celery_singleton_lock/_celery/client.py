@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlparse
 
@@ -29,6 +30,22 @@ def _resolve_url(app: Any) -> str:
         "(e.g. 'redis://127.0.0.1:6379/1'), or app.conf.singleton_lock_client to a redis-py "
         f"client; the broker ({scheme_of(broker)}) is not Redis, so it cannot be used"
     )
+
+
+#: the ``broker_use_ssl`` keys that mean the same to redis-py's client (Celery's Redis
+#: transport passes them on as they are)
+_SSL_KEYS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+def _broker_ssl(app: Any, url: str) -> dict[str, Any]:
+    """The broker's TLS options, for a lock client that shares the broker's ``rediss://``
+    URL: without them it could not verify a server the broker can (a private CA)."""
+    if setting(app, "singleton_lock_redis_url") or not url.lower().startswith("rediss:"):
+        return {}
+    use_ssl = app.conf.broker_use_ssl
+    if not isinstance(use_ssl, Mapping):
+        return {}
+    return {k: use_ssl[k] for k in _SSL_KEYS if k in use_ssl}
 
 
 def _sentinel_client(url: str, options: dict[str, Any], app: Any) -> Any:
@@ -75,7 +92,7 @@ def make_client(app: Any) -> Any:
             )
         return client
     url = _resolve_url(app)
-    options = dict(setting(app, "singleton_lock_redis_options"))
+    options = {**_broker_ssl(app, url), **setting(app, "singleton_lock_redis_options")}
     if url.startswith("sentinel"):
         return _sentinel_client(url, options, app)
     cluster = options.pop("cluster", False)

@@ -118,7 +118,8 @@ SETTINGS: dict[str, Setting] = {
             None,
             "`broker_url` when it is `redis://`, `rediss://`, `unix://` or `sentinel://`",
             "where locks live; with any other broker (RabbitMQ, SQS) it is required, and the "
-            "first use says so",
+            "first use says so; a `rediss://` broker URL brings `broker_use_ssl`'s "
+            "`ssl_*` keys along",
             _url,
         ),
         Setting(

@@ -1,0 +1,162 @@
+"""TLS (``rediss://``): the lock and the Celery settings path on a server that only the test's
+own CA vouches for (see :mod:`tls_helpers`)."""
+
+from __future__ import annotations
+
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery_fixtures import BASE_CONF, Gates, app_task, running_worker, wait_until
+from tls_helpers import TlsRedis, tls_redis
+
+from celery_singleton_lock import LockBackendError, LockedTask, ReentrantLock
+from celery_singleton_lock._celery.client import get_client, reset_client
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
+    with tls_redis(tmp_path_factory.mktemp("tls")) as server:
+        yield server
+
+
+def _client(tls: TlsRedis, **options: Any) -> redis.Redis:
+    return redis.Redis.from_url(tls.url(), ssl_ca_certs=str(tls.files.ca), **options)
+
+
+def test_the_lock_over_tls_renews_and_wakes_a_waiter(tls: TlsRedis) -> None:
+    client = _client(tls)
+    name = f"tls-{uuid.uuid4().hex}"
+    holder = ReentrantLock(client, name, ttl=1.0, owner="holder")
+    assert holder.acquire(blocking=False)
+    time.sleep(2.5)  # two and a half leases: only the heartbeat, over TLS, keeps it
+    assert holder.owned()
+    assert 0 < client.pttl(f"lock:{{{name}}}") <= 1000
+
+    got: list[float] = []
+    waiter = ReentrantLock(_client(tls), name, ttl=5.0, owner="waiter")
+
+    def wait() -> None:
+        start = time.monotonic()
+        if waiter.acquire(timeout=10):
+            got.append(time.monotonic() - start)
+            waiter.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)  # the waiter is subscribed (its wake-up channel is on TLS too)
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert got, "the waiter never got the lock"
+    # woken by the release's message, not by polling out the holder's lease
+    assert time.monotonic() - released < 1.0
+    assert not holder.locked()
+
+
+def test_a_server_the_client_does_not_trust_is_a_backend_error_that_says_so(
+    tls: TlsRedis,
+) -> None:
+    untrusting = redis.Redis.from_url(tls.url(), socket_connect_timeout=5)  # the system CAs only
+    lock = ReentrantLock(untrusting, f"tls-{uuid.uuid4().hex}")
+    with pytest.raises(LockBackendError) as raised:
+        lock.acquire(blocking=False)
+    assert (
+        "certificate verify failed"
+        in str(raised.value).lower() + str(raised.value.__cause__).lower()
+    )
+
+
+def test_the_settings_url_with_its_tls_options_in_the_query(tls: TlsRedis) -> None:
+    app = Celery("tls_query", set_as_current=False)
+    app.conf.singleton_lock_redis_url = (
+        f"{tls.url(2)}?ssl_cert_reqs=required&ssl_ca_certs={tls.files.ca}"
+    )
+    try:
+        client = get_client(app)
+        assert client.ping()
+        assert client.connection_pool.connection_class is redis.SSLConnection
+    finally:
+        reset_client(app)
+
+
+gates = Gates()
+app = Celery("tls_app", set_as_current=False)
+
+
+@app_task(app, base=LockedTask, name="tls.run_once")
+def run_once(key: str) -> str:
+    gates.enter(key)
+    return "ran"
+
+
+@app_task(app, base=LockedTask, name="tls.queued_once", lock_at="publish")
+def queued_once(key: str) -> str:
+    gates.enter(key)
+    return "ran"
+
+
+@pytest.fixture(scope="module")
+def tls_worker(tls: TlsRedis) -> Iterator[TlsRedis]:
+    """A worker whose broker, result backend and locks are all on the TLS server: the locks
+    follow the broker's URL and its ``broker_use_ssl`` (no lock setting at all)."""
+    use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(tls.files.ca)}
+    app.conf.update(
+        BASE_CONF,
+        broker_url=tls.url(0),
+        result_backend=tls.url(1),
+        broker_use_ssl=use_ssl,
+        redis_backend_use_ssl=use_ssl,
+    )
+    reset_client(app)
+    try:
+        with running_worker(app):
+            yield tls
+    finally:
+        gates.open_all()
+        reset_client(app)
+
+
+def test_a_worker_on_a_tls_broker_locks_over_tls(tls_worker: TlsRedis) -> None:
+    k = uuid.uuid4().hex
+    first = run_once.delay(k)
+    gates.wait_started(k)
+    dup = run_once.delay(k)
+    wait_until(lambda: app.AsyncResult(dup.id).state == "SKIPPED", 10)
+    assert run_once.lock_holder(k) == first.id
+    gates.open(k)
+    assert first.get(timeout=10) == "ran"
+    assert gates.runs[k] == 1
+    assert get_client(app).connection_pool.connection_class is redis.SSLConnection
+
+
+def test_a_publish_lock_over_tls_returns_the_first_job(tls_worker: TlsRedis) -> None:
+    k = uuid.uuid4().hex
+    first = queued_once.delay(k)
+    dup = queued_once.delay(k)
+    assert dup.id == first.id
+    gates.open(k)
+    assert first.get(timeout=10) == "ran"
+    assert gates.runs[k] == 1
+    assert queued_once.lock_holder(k) is None
+
+
+def test_the_default_lock_client_without_broker_use_ssl_cannot_verify(
+    tls: TlsRedis, tmp_path: Path
+) -> None:
+    """The negative of the worker test above: the CA reaches the lock client only through
+    ``broker_use_ssl``."""
+    bare = Celery("tls_bare", set_as_current=False)
+    bare.conf.broker_url = tls.url(0)
+    try:
+        with pytest.raises(redis.ConnectionError, match=r"(?i)certificate verify failed"):
+            get_client(bare).ping()
+    finally:
+        reset_client(bare)
