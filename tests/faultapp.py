@@ -43,6 +43,8 @@ BEAT_ENV = "CSL_FAULT_BEAT"
 
 #: seconds: the app's singleton_lock_ttl (the beat leader's lease, in the beat tests)
 TTL_ENV = "CSL_FAULT_TTL"
+#: a port: the app's singleton_lock_metrics_port (tests/test_metrics.py)
+METRICS_ENV = "CSL_FAULT_METRICS_PORT"
 
 BROKER_DB, RESULT_DB, LOCK_DB, DATA_DB = 0, 1, 2, 3
 HEARTBEAT_THREAD = "celery-singleton-lock-heartbeat"
@@ -292,7 +294,15 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         _sleep(seconds)
         _leave(self, job, start)
 
-    @_app_task(app, base=LockedTask, bind=True, name="fault.short_lease", lock_ttl=1, shared=False)
+    @_app_task(
+        app,
+        base=LockedTask,
+        bind=True,
+        name="fault.short_lease",
+        lock_ttl=1,
+        lock_unique_on=["job"],
+        shared=False,
+    )
     def short_lease(self: Any, job: str, seconds: float = 6.0) -> dict[str, Any]:
         start = _enter(self, job)
         _sleep(seconds)
@@ -396,3 +406,8 @@ if os.environ.get(URL_ENV):
     )
     if os.environ.get(TTL_ENV):
         app.conf.singleton_lock_ttl = float(os.environ[TTL_ENV])
+    if os.environ.get(METRICS_ENV):
+        app.conf.update(
+            singleton_lock_metrics_port=int(os.environ[METRICS_ENV]),
+            singleton_lock_metrics_address="127.0.0.1",
+        )

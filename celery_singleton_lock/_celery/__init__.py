@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .dropped import connect_dropped_receivers
 from .install import install
+from .metrics_server import connect_metrics_receivers
 from .revoked import connect_revoke_receiver
 from .task import LockedTask
 
@@ -20,3 +21,4 @@ __all__ = ["LockedTask", "install"]
 
 connect_revoke_receiver()
 connect_dropped_receivers()
+connect_metrics_receivers()

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._errors import AlreadyQueuedError, LockBackendError
-from .._lock import MAX_LEASE_SECONDS
+from .._lock import MAX_LEASE_SECONDS, get_observer
 from .client import lock_space
 from .info import holder_info
 from .locking import HEADER, TaskLocking, proceed_without_lock
@@ -119,7 +119,11 @@ def publish_once(
             key,
             ttl,
         )
-        if locking.options.lock_on_duplicate == "raise":
+        raising = locking.options.lock_on_duplicate == "raise"
+        observer = get_observer()
+        if observer is not None:
+            observer.duplicate(task.name, "raised" if raising else "returned")
+        if raising:
             raise AlreadyQueuedError(reply.holder, ttl, key)
         if has_callbacks:
             log.warning(

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from celery.exceptions import Ignore, MaxRetriesExceededError, Retry
 
 from .._errors import LockBackendError, TaskLockedError
-from .._lock import AcquireReply, ReentrantLock, new_run_token
+from .._lock import AcquireReply, ReentrantLock, get_observer, new_run_token
 from .client import lock_space
 from .info import holder_info
 from .locking import HEADER, TaskLocking, proceed_without_lock
@@ -220,9 +220,14 @@ def _enter(
 def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoReturn:
     """A run-time duplicate: raise, retry or skip, as ``lock_on_locked`` says."""
     options = task.locking.options
+    observer = get_observer()
     if options.lock_on_locked == "raise":
+        if observer is not None:
+            observer.duplicate(task.name, "raised")
         raise TaskLockedError(refusal.holder, key)
     if options.lock_on_locked == "retry":
+        if observer is not None:
+            observer.duplicate(task.name, "retried")
         countdown = options.lock_retry_countdown or lock_retry_delay(
             request.retries, refusal.pttl / 1000
         )
@@ -235,6 +240,8 @@ def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoR
     log_run.info(
         "skipped %s[%s]: lock %s is held by task %s", task.name, request.id, key, refusal.holder
     )
+    if observer is not None:
+        observer.duplicate(task.name, "skipped")
     if not request.is_eager:
         with suppress(NotImplementedError):  # no result backend configured
             task.backend.store_result(

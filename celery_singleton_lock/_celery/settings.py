@@ -92,6 +92,20 @@ def check_seconds(name: str, value: Any) -> float:
     return float(value)
 
 
+def _port(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ValueError(f"{name} must be a TCP port (1-65535) or None (off), got {value!r}")
+    return value
+
+
+def _address(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{name} must be an address to listen on, such as '0.0.0.0', got {value!r}")
+    return value
+
+
 def _policy(name: str, value: Any) -> str:
     if value not in ("raise", "proceed"):
         raise ValueError(f"{name} must be 'raise' or 'proceed', got {value!r}")
@@ -173,6 +187,22 @@ SETTINGS: dict[str, Setting] = {
             "`{}`",
             "`{task name: options}`, as `install(app, tasks=...)`",
             _mapping,
+        ),
+        Setting(
+            "singleton_lock_metrics_port",
+            None,
+            "`None` (off)",
+            "serve Prometheus metrics from every worker process that runs tasks (the "
+            "`prometheus` extra): a solo or threads worker on this port; prefork: the main "
+            "process on it, pool child *i* on port + *i*",
+            _port,
+        ),
+        Setting(
+            "singleton_lock_metrics_address",
+            "0.0.0.0",
+            '`"0.0.0.0"`',
+            "the address the metrics listen on",
+            _address,
         ),
     )
 }

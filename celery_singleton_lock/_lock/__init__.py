@@ -9,7 +9,8 @@ Modules, bottom up: ``keys`` (key names), ``owner`` (owner, request and run toke
 ``connection`` (a kept connection per thread), ``scripts`` (the Lua files), ``commands`` (one
 script call each, typed replies, Redis errors mapped), ``hold`` (a process's hold and their
 registry), ``heartbeat`` (renewal), ``wakeup`` (push wake-ups), ``reentrant``
-(:class:`ReentrantLock`), ``space`` (:class:`LockSpace`).
+(:class:`ReentrantLock`), ``space`` (:class:`LockSpace`), ``observe`` (what it reports, for
+metrics).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .checks import MAX_LEASE_SECONDS
 from .client import RedisClient
 from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply, text
 from .keys import LockKeys, check_prefix
+from .observe import LockObserver, get_observer, set_observer
 from .owner import new_run_token
 from .reentrant import ReentrantLock
 from .space import LockSpace
@@ -27,12 +29,15 @@ __all__ = [
     "MAX_LEASE_SECONDS",
     "AcquireReply",
     "LockKeys",
+    "LockObserver",
     "LockSpace",
     "LockState",
     "RedisClient",
     "ReentrantLock",
     "ReleaseReply",
     "check_prefix",
+    "get_observer",
     "new_run_token",
+    "set_observer",
     "text",
 ]

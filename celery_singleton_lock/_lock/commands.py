@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, NoReturn
 from redis.exceptions import RedisError
 
 from .._errors import LockBackendError
-from . import scripts
+from . import observe, scripts
 from .heartbeat import get_heartbeat
 from .keys import LockKeys
 from .owner import new_request_id
@@ -57,6 +57,8 @@ def text(value: Any) -> str:
 def _raise_backend_error(
     operation: str, name: str, exc: RedisError, subject: str | None = None
 ) -> NoReturn:
+    if observe.observer is not None:
+        observe.observer.backend_error()
     # redis-py's messages often end with a period of their own ("Connection refused.")
     detail = str(exc).rstrip(".")
     raise LockBackendError(

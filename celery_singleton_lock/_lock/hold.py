@@ -14,6 +14,7 @@ import time
 import weakref
 from typing import Any
 
+from . import observe
 from .keys import LockKeys
 
 __all__ = ["Hold", "LeaseLost", "find_hold", "forget_hold", "hold_for"]
@@ -32,6 +33,16 @@ class LeaseLost(threading.Event):
     def __init__(self, hold: Hold) -> None:
         super().__init__()
         self._hold = weakref.ref(hold)
+
+    def set(self) -> None:
+        # Every way a lease is lost ends here (the heartbeat, a release that found it gone,
+        # the local clock): the one place to report it, once per hold.
+        if not threading.Event.is_set(self):
+            super().set()
+            if observe.observer is not None:
+                observe.observer.lost()
+        else:
+            super().set()
 
     def _lease_left(self) -> float | None:
         """Seconds left on the lease while the lock is held; ``None`` when it is not held."""
@@ -80,6 +91,7 @@ class Hold:
         "owner",
         "pid",
         "renew",
+        "taken_at",
         "thread",
         "ttl",
         "valid_until",
@@ -107,6 +119,8 @@ class Hold:
         #: the last successful acquire or renew was *sent*, plus the lease
         self.valid_until = 0.0
         self.next_renew = 0.0
+        #: monotonic time the acquire that took it was sent (for the hold-time metric)
+        self.taken_at = 0.0
 
     def lease_left(self) -> float:
         return self.valid_until - time.monotonic()

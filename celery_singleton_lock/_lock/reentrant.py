@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any
 
 from .._errors import LockLostError, LockNotOwnedError, LockTimeoutError
-from . import commands
+from . import commands, observe
 from .checks import check_lease_ms, check_wait
 from .client import RedisClient, check_client
 from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
@@ -152,6 +152,8 @@ class ReentrantLock:
                             f"cannot re-enter lock {self._name!r}: its lease was lost"
                         )
                     hold.count += 1
+                    if observe.observer is not None:
+                        observe.observer.acquired(True)
                     return hold
                 try:
                     reply = self._acquire_in_redis(hold, deadline)
@@ -165,6 +167,7 @@ class ReentrantLock:
     def _acquire_in_redis(self, hold: Hold, deadline: float | None) -> AcquireReply:
         hub = event = None
         request = new_request_id()
+        started = time.monotonic()
         try:
             while True:
                 if event is not None:
@@ -181,9 +184,17 @@ class ReentrantLock:
                 )
                 if reply.acquired:
                     self._took(hold, reply.fence, sent)
+                    if observe.observer is not None:
+                        observe.observer.acquired(reply.hold_count > 1)
+                        if hub is not None:
+                            observe.observer.waited(time.monotonic() - started)
                     return reply
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
+                    if observe.observer is not None:
+                        observe.observer.refused()
+                        if hub is not None:
+                            observe.observer.waited(time.monotonic() - started)
                     return reply
                 request = new_request_id()
                 if hub is None:
@@ -207,6 +218,7 @@ class ReentrantLock:
     def _took(self, hold: Hold, fence: int | None, sent: float) -> None:
         hold.count = 1
         hold.fence = fence
+        hold.taken_at = sent
         hold.valid_until = sent + hold.ttl
         self._last_lost = hold.lost
         if self._owner is None:
@@ -258,29 +270,40 @@ class ReentrantLock:
                     find_hold(self._client, self._keys.lock, hold.owner) is not None
                 ),
             )
-        if not reply.owned:
+        if reply.owned:
+            if observe.observer is not None:
+                observe.observer.released(time.monotonic() - hold.taken_at)
+        else:
             hold.lost.set()
             raise LockNotOwnedError(
                 f"cannot release lock {self._name!r}: owner {hold.owner!r} no longer held it in "
                 "Redis (its lease was lost: it expired or was released by someone else)"
             )
 
-    def _detach(self) -> None:
+    def _detach(self) -> Hold | None:
         """Forget this process's hold without telling Redis (the caller settles Redis)."""
         hold = self._hold()
         if hold is None:
-            return
+            return None
         with hold.mutex:
+            held = hold.count > 0
             hold.count = 0
             get_heartbeat().remove(hold)
             forget_hold(hold)
+        return hold if held else None
 
     def release_all(self) -> ReleaseReply:
         """Drop every hold of this owner, in this process and in Redis (the holds that other
         processes took as the same owner included). Never raises :class:`LockNotOwnedError`:
         the reply says whether the owner still held it."""
-        self._detach()
-        return commands.release(self._client, self._keys, self.owner, ALL_HOLDS)
+        hold = self._detach()
+        reply = commands.release(self._client, self._keys, self.owner, ALL_HOLDS)
+        if hold is not None:
+            if not reply.owned:
+                hold.lost.set()  # held here, gone in Redis: the lease was lost on the way
+            elif observe.observer is not None:
+                observe.observer.released(time.monotonic() - hold.taken_at)
+        return reply
 
     def park(self, lease: float, info: str = "") -> bool:
         """Hand the hold over to a later process of the same owner: end this process's hold

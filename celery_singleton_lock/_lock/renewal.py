@@ -21,7 +21,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from . import scripts
+from . import observe, scripts
 from .hold import Hold
 from .scripts import META_RETENTION_MS
 from .sentinel import follow_master
@@ -208,15 +208,19 @@ class Lane:
         except Exception as exc:
             self._failed(due, exc)
             return
+        renewed = 0
         for hold, ok in zip(due, results, strict=True):
             if isinstance(ok, Exception):
                 self._failed([hold], ok)
             elif ok:
-                self.renewed += 1
+                renewed += 1
                 hold.valid_until = sent + hold.ttl
                 hold.next_renew = sent + hold.ttl / 3
             else:
                 self._gone(hold)
+        self.renewed += renewed
+        if renewed and observe.observer is not None:
+            observe.observer.renewed(renewed)
 
     def _renew_batch(self, holds: Sequence[Hold]) -> list[int | Exception]:
         """One result per hold: 1 renewed, 0 gone, or the error that kept it from renewing."""
@@ -290,6 +294,8 @@ class Lane:
 
     def _failed(self, holds: Sequence[Hold], exc: Exception) -> None:
         now = time.monotonic()
+        if observe.observer is not None:
+            observe.observer.renewal_failed()
         for hold in holds:
             if not self._still_held(hold):
                 continue
@@ -298,8 +304,10 @@ class Lane:
                 self.remove(hold)
                 hold.lost.set()
                 log.error(
-                    "could not renew %s before its lease ended (%s: %s); the lock is lost",
+                    "could not renew %s (owner %s) before its lease ended (%s: %s); the lock "
+                    "is lost",
                     hold.keys.lock,
+                    hold.owner,
                     type(exc).__name__,
                     exc,
                 )

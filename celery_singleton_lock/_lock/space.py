@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from . import commands
+from . import commands, observe
 from .checks import check_lease_ms
 from .client import RedisClient, check_client
 from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply
@@ -72,9 +72,15 @@ class LockSpace:
         """Take or re-enter ``name`` for ``owner`` in Redis only: no hold in this process, no
         renewal; the lease is ``lease`` seconds. Another process acting as ``owner`` (a
         task's run) re-enters it, and :meth:`release` lets it go."""
-        return commands.acquire(
+        reply = commands.acquire(
             self.client, self.keys(name), owner, check_lease_ms(lease), new_request_id(), info
         )
+        if observe.observer is not None:
+            if reply.acquired:
+                observe.observer.acquired(reply.hold_count > 1)
+            else:
+                observe.observer.refused()
+        return reply
 
     def release(
         self, name: str, owner: str, holds: int = ALL_HOLDS, *, retry_for: float = 0.0

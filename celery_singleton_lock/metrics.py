@@ -1,0 +1,147 @@
+"""Prometheus metrics of the lock and the Celery layer (``pip install
+'celery-singleton-lock[prometheus]'``).
+
+In a Celery worker, set ``singleton_lock_metrics_port``: every process that runs tasks serves
+its metrics over HTTP (a solo or threads worker on that port; the prefork pool's main process
+on that port and pool child *i* on port + *i*, *i* from 1). Elsewhere call :func:`enable` (and
+:func:`serve`, or expose your own registry).
+
+Every name starts with ``celery_singleton_lock_``:
+
+- ``acquires_total{outcome}``: ``acquired``, ``reentered`` (the owner already held it: a
+  Celery run entering its message's publish hold, or nested re-entry), ``refused``;
+- ``duplicates_total{task,action}``: Celery duplicates: ``skipped``, ``retried``, ``raised``
+  at run time, ``returned`` (the first task's result) or ``raised`` at publish;
+- ``wait_seconds``: how long blocking acquires that found the lock held waited;
+- ``hold_seconds``: from taking a lock to its final release in this process;
+- ``renewals_total``, ``renewal_failures_total``, ``lost_total`` (leases lost while held),
+  ``backend_errors_total`` (operations that failed because Redis did).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client import start_http_server as _start_http_server
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "celery_singleton_lock.metrics needs prometheus_client: "
+        "pip install 'celery-singleton-lock[prometheus]'"
+    ) from exc
+
+from ._lock import set_observer
+
+__all__ = ["PREFIX", "LockMetrics", "disable", "enable", "serve"]
+
+log = logging.getLogger("celery_singleton_lock.metrics")
+
+#: the prefix of every metric's name
+PREFIX = "celery_singleton_lock_"
+
+#: wait and hold times span a hand-off (ms) to a long job (hours)
+_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3600, float("inf"))
+
+
+class LockMetrics:
+    """The metrics, in one registry, and the observer that counts into them."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
+        self.acquires = Counter(
+            PREFIX + "acquires",
+            "Lock acquires by outcome",
+            ["outcome"],
+            registry=registry,
+        )
+        self.duplicates = Counter(
+            PREFIX + "duplicates",
+            "Celery duplicates by task and what was done with them",
+            ["task", "action"],
+            registry=registry,
+        )
+        self.wait = Histogram(
+            PREFIX + "wait_seconds",
+            "Wait of blocking acquires that found the lock held",
+            buckets=_BUCKETS,
+            registry=registry,
+        )
+        self.hold = Histogram(
+            PREFIX + "hold_seconds",
+            "Time from taking a lock to its final release in this process",
+            buckets=_BUCKETS,
+            registry=registry,
+        )
+        self.renewals = Counter(PREFIX + "renewals", "Leases renewed", registry=registry)
+        self.renewal_failures = Counter(
+            PREFIX + "renewal_failures", "Renewal calls that failed", registry=registry
+        )
+        self.lost_leases = Counter(PREFIX + "lost", "Leases lost while held", registry=registry)
+        self.backend_errors = Counter(
+            PREFIX + "backend_errors", "Lock operations failed by Redis", registry=registry
+        )
+        # made once: a label lookup per event would be the costliest part of counting it
+        self._acquired = self.acquires.labels("acquired")
+        self._reentered = self.acquires.labels("reentered")
+        self._refused = self.acquires.labels("refused")
+
+    # -- the observer (celery_singleton_lock._lock.observe.LockObserver) -----------------------
+
+    def acquired(self, reentered: bool) -> None:
+        (self._reentered if reentered else self._acquired).inc()
+
+    def refused(self) -> None:
+        self._refused.inc()
+
+    def waited(self, seconds: float) -> None:
+        self.wait.observe(seconds)
+
+    def released(self, held_seconds: float) -> None:
+        self.hold.observe(held_seconds)
+
+    def renewed(self, leases: int) -> None:
+        self.renewals.inc(leases)
+
+    def renewal_failed(self) -> None:
+        self.renewal_failures.inc()
+
+    def lost(self) -> None:
+        self.lost_leases.inc()
+
+    def backend_error(self) -> None:
+        self.backend_errors.inc()
+
+    def duplicate(self, task: str, action: str) -> None:
+        self.duplicates.labels(task, action).inc()
+
+
+_enabled: LockMetrics | None = None
+_enable_lock = threading.Lock()
+
+
+def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
+    """Count into Prometheus from now on in this process; idempotent (the first call's
+    registry stays: a metric cannot be registered twice)."""
+    global _enabled
+    with _enable_lock:
+        if _enabled is None:
+            _enabled = LockMetrics(REGISTRY if registry is None else registry)
+        set_observer(_enabled)
+        return _enabled
+
+
+def disable() -> None:
+    """Stop counting (the metrics keep their values)."""
+    set_observer(None)
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> Any:
+    """:func:`enable`, and serve the registry over HTTP on ``addr:port`` from a daemon thread;
+    returns prometheus_client's server."""
+    metrics = enable()
+    server = _start_http_server(port, addr, registry=metrics.registry)
+    log.info("serving the lock metrics on http://%s:%d/metrics", addr, port)
+    return server

@@ -1,0 +1,160 @@
+"""Metrics (``celery_singleton_lock.metrics``): what the lock counts, read from a registry of the
+test's own; and real ``celery worker`` subprocesses serving them, scraped over HTTP."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import faultapp
+import pytest
+import redis
+from celery_procs import WorkerProcess, close_app, new_job, redis_base, wait_for
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from celery_singleton_lock import LockBackendError, ReentrantLock
+from celery_singleton_lock._lock import LockSpace, get_observer, set_observer
+from celery_singleton_lock.metrics import LockMetrics
+from celery_singleton_lock.testing import RedisServer, free_port
+
+
+@pytest.fixture
+def metrics() -> Iterator[tuple[LockMetrics, CollectorRegistry]]:
+    registry = CollectorRegistry()
+    counting = LockMetrics(registry)
+    before = get_observer()
+    set_observer(counting)
+    try:
+        yield counting, registry
+    finally:
+        set_observer(before)
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_the_lock_counts_each_outcome(
+    metrics: tuple[LockMetrics, CollectorRegistry], redis_client: Any
+) -> None:
+    _, registry = metrics
+    name = f"m-{uuid.uuid4().hex}"
+    holder = ReentrantLock(redis_client, name, ttl=0.6, owner="holder")
+    assert holder.acquire(blocking=False)
+    assert holder.acquire(blocking=False)  # nested: re-entered in this process
+    other = ReentrantLock(redis_client, name, owner="other")
+    assert not other.acquire(blocking=False)
+    assert not other.acquire(timeout=0.3)  # waits, then gives up
+    time.sleep(0.7)  # more than a lease: kept only by renewals
+    holder.release()
+    holder.release()
+
+    assert _value(registry, "celery_singleton_lock_acquires_total", outcome="acquired") == 1
+    assert _value(registry, "celery_singleton_lock_acquires_total", outcome="reentered") == 1
+    assert _value(registry, "celery_singleton_lock_acquires_total", outcome="refused") == 2
+    assert _value(registry, "celery_singleton_lock_wait_seconds_count") == 1
+    assert _value(registry, "celery_singleton_lock_wait_seconds_sum") >= 0.25
+    assert _value(registry, "celery_singleton_lock_hold_seconds_count") == 1
+    assert _value(registry, "celery_singleton_lock_hold_seconds_sum") >= 0.9
+    assert _value(registry, "celery_singleton_lock_renewals_total") >= 2
+    assert _value(registry, "celery_singleton_lock_lost_total") == 0
+
+
+def test_a_lost_lease_and_a_backend_error_are_counted(
+    metrics: tuple[LockMetrics, CollectorRegistry], redis_client: Any
+) -> None:
+    _, registry = metrics
+    name = f"m-{uuid.uuid4().hex}"
+    lock = ReentrantLock(redis_client, name, ttl=0.6)
+    assert lock.acquire(blocking=False)
+    LockSpace(redis_client).force_release(name)  # an operator frees it under the holder
+    assert lock.lost.wait(2.0)
+    assert _value(registry, "celery_singleton_lock_lost_total") == 1
+    assert lock.lost.is_set()  # asking again counts nothing more
+    assert _value(registry, "celery_singleton_lock_lost_total") == 1
+
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    with pytest.raises(LockBackendError):
+        ReentrantLock(dead, name).acquire(blocking=False)
+    assert _value(registry, "celery_singleton_lock_backend_errors_total") == 1
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("celery_singleton_lock_")
+    }
+
+
+def _total(scrapes: list[dict[Any, float]], name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return sum(scrape.get(key, 0.0) for scrape in scrapes)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize(("pool", "ports"), [("prefork", 3), ("threads", 1)])
+def test_a_worker_serves_the_metrics(
+    server: RedisServer, tmp_path: Path, pool: str, ports: int
+) -> None:
+    """prefork -c 2: the main process on the port, the children on port + 1 and + 2."""
+    base = redis_base(server.port)
+    app = faultapp.make_app(base)
+    port = free_port()
+    while any(_in_use(p) for p in range(port, port + ports + 1)):
+        port = free_port()
+    env = {faultapp.METRICS_ENV: str(port)}
+    data = redis.Redis(port=server.port, db=faultapp.DATA_DB)
+    try:
+        with WorkerProcess(base, tmp_path, pool=pool, concurrency=2, env=env):
+            job = new_job("metered")
+            task = app.tasks["fault.short_lease"]
+            first = task.delay(job, 1.5)  # lock_ttl=1: renewed while it runs
+            wait_for(lambda: data.llen(f"starts:{job}") == 1, 20, "the first run to start")
+            dup = task.delay(job)
+            wait_for(lambda: app.AsyncResult(dup.id).state == "SKIPPED", 20, "the skip")
+            first.get(timeout=20)
+
+            def scraped() -> list[dict[Any, float]] | None:
+                try:
+                    return [_scrape(port + i) for i in range(ports)]
+                except OSError:
+                    return None  # a child still starting its server
+
+            scrapes = wait_for(scraped, 20, "every process's metrics")
+            assert _total(scrapes, "celery_singleton_lock_acquires_total", outcome="acquired") >= 1
+            assert (
+                _total(
+                    scrapes,
+                    "celery_singleton_lock_duplicates_total",
+                    task="fault.short_lease",
+                    action="skipped",
+                )
+                == 1
+            )
+            assert _total(scrapes, "celery_singleton_lock_hold_seconds_count") >= 1
+            assert _total(scrapes, "celery_singleton_lock_renewals_total") >= 2
+            assert _total(scrapes, "celery_singleton_lock_lost_total") == 0
+    finally:
+        close_app(app)
+        data.close()
+
+
+def _in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
