@@ -39,6 +39,7 @@ if (_ROOT / "celery_singleton_lock").is_dir() and str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run from a checkout without installing
 
 import redis
+from _support import check, problems, redis_url, say
 from celery import Celery
 
 from celery_singleton_lock import LockedTask
@@ -74,46 +75,8 @@ def refresh_cache(self: LockedTask) -> None:
 
 # -- the script ----------------------------------------------------------------------------------
 
-problems: list[str] = []
 SKIP_LINE = re.compile(r"skipped \S+\[(?P<id>[^\]]+)\]: lock \S+ is held by task (?P<holder>\S+)")
 SENT_LINE = re.compile(r"Sending due task refresh-every-second")
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def check(ok: bool, what: str) -> None:
-    if not ok:
-        problems.append(what)
-        say(f"   UNEXPECTED: {what}")
-
-
-def reachable(url: str) -> bool:
-    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
-    try:
-        client.ping()
-        return True
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
-@contextlib.contextmanager
-def redis_url(embedded: bool) -> Iterator[str]:
-    url = os.environ.get("REDIS_URL")
-    if url and not embedded:
-        if reachable(url):
-            say(f"Using the Redis at $REDIS_URL ({url}).")
-            yield url
-            return
-        say(f"No Redis answered at $REDIS_URL ({url}); starting one of our own.")
-    from celery_singleton_lock.testing import RedisServer
-
-    with RedisServer() as server:
-        say(f"Started a throw-away Redis on 127.0.0.1:{server.port} ({server.binary}).")
-        yield server.url
 
 
 @contextlib.contextmanager

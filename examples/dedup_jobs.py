@@ -36,6 +36,7 @@ if (_ROOT / "celery_singleton_lock").is_dir() and str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run from a checkout without installing
 
 import redis
+from _support import check, problems, redis_url, say
 from celery import Celery
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask
@@ -80,45 +81,7 @@ def charge_invoice(invoice_id: int) -> str:
 
 # -- the script ----------------------------------------------------------------------------------
 
-problems: list[str] = []
 results: list[object] = []  # every AsyncResult seen, to forget() at the end
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def check(ok: bool, what: str) -> None:
-    if not ok:
-        problems.append(what)
-        say(f"   UNEXPECTED: {what}")
-
-
-def reachable(url: str) -> bool:
-    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
-    try:
-        client.ping()
-        return True
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
-@contextlib.contextmanager
-def redis_url(embedded: bool) -> Iterator[str]:
-    url = os.environ.get("REDIS_URL")
-    if url and not embedded:
-        if reachable(url):
-            say(f"Using the Redis at $REDIS_URL ({url}).")
-            yield url
-            return
-        say(f"No Redis answered at $REDIS_URL ({url}); starting one of our own.")
-    from celery_singleton_lock.testing import RedisServer
-
-    with RedisServer() as server:
-        say(f"Started a throw-away Redis on 127.0.0.1:{server.port} ({server.binary}).")
-        yield server.url
 
 
 @contextlib.contextmanager

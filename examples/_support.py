@@ -1,0 +1,49 @@
+"""What the examples share: plain-words output, checks, and where Redis comes from."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import redis
+
+#: what did not go as described (an example exits 1 when this is not empty)
+problems: list[str] = []
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def check(ok: bool, what: str) -> None:
+    if not ok:
+        problems.append(what)
+        say(f"   UNEXPECTED: {what}")
+
+
+def reachable(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
+    try:
+        client.ping()
+        return True
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def redis_url(embedded: bool) -> Iterator[str]:
+    url = os.environ.get("REDIS_URL")
+    if url and not embedded:
+        if reachable(url):
+            say(f"Using the Redis at $REDIS_URL ({url}).")
+            yield url
+            return
+        say(f"No Redis answered at $REDIS_URL ({url}); starting one of our own.")
+    from celery_singleton_lock.testing import RedisServer
+
+    with RedisServer() as server:
+        say(f"Started a throw-away Redis on 127.0.0.1:{server.port} ({server.binary}).")
+        yield server.url
