@@ -94,7 +94,12 @@ def test_proceed_publishes_runs_and_logs_at_error(
     r2 = run.delay(k)
     assert r2.get(timeout=10) == k
     assert gates.runs[k] == 2
-    errors = [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+    # ours only: Celery's trace logger may report a task of an earlier test ending now
+    errors = [
+        rec
+        for rec in caplog.records
+        if rec.levelno >= logging.ERROR and rec.name.startswith("celery_singleton_lock")
+    ]
     loggers = {rec.name for rec in errors}
     assert "celery_singleton_lock.publish" in loggers  # the publish went on without the lock
     assert "celery_singleton_lock.run" in loggers  # so did the runs
