@@ -113,13 +113,11 @@ def test_a_worker_serves_the_metrics(
     """prefork -c 2: the main process on the port, the children on port + 1 and + 2."""
     base = redis_base(server.port)
     app = faultapp.make_app(base)
-    port = free_port()
-    while any(_in_use(p) for p in range(port, port + ports + 1)):
-        port = free_port()
+    port = _free_port_block(ports)
     env = {faultapp.METRICS_ENV: str(port)}
     data = redis.Redis(port=server.port, db=faultapp.DATA_DB)
     try:
-        with WorkerProcess(base, tmp_path, pool=pool, concurrency=2, env=env):
+        with WorkerProcess(base, tmp_path, pool=pool, concurrency=2, env=env) as worker:
             job = new_job("metered")
             task = app.tasks["fault.short_lease"]
             first = task.delay(job, 1.5)  # lock_ttl=1: renewed while it runs
@@ -134,7 +132,12 @@ def test_a_worker_serves_the_metrics(
                 except OSError:
                     return None  # a child still starting its server
 
-            scrapes = wait_for(scraped, 20, "every process's metrics")
+            try:
+                scrapes = wait_for(scraped, 20, "every process's metrics")
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"{exc}; the worker's log:\n{worker.log_path.read_text()}"
+                ) from exc
             assert _total(scrapes, "celery_singleton_lock_acquires_total", outcome="acquired") >= 1
             assert (
                 _total(
@@ -153,8 +156,22 @@ def test_a_worker_serves_the_metrics(
         data.close()
 
 
-def _in_use(port: int) -> bool:
+def _free_port_block(count: int) -> int:
+    """The first of ``count`` consecutive ports that can be bound now, below the ephemeral range.
+
+    Above 32767 an outgoing connection of the worker itself (to Redis, its local port picked by
+    the kernel from the ephemeral range) could take one of the ports before a pool child binds it.
+    """
+    import random
     import socket
 
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+    for _ in range(200):
+        base = random.randrange(20000, 32000 - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError(f"no {count} consecutive free ports between 20000 and 32000")
