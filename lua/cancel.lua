@@ -7,9 +7,11 @@
 --
 -- KEYS[1]  lock hash
 -- KEYS[2]  meta hash
+-- KEYS[3]  the lock's wake-up channel
 -- ARGV[1]  owner token of that acquire
 -- ARGV[2]  request id of that acquire (acquire.lua's ARGV[3])
--- ARGV[3]  wake-up channel; the lock's key is published on it when the lock is freed
+-- ARGV[3]  "publish", or "spublish" on Redis Cluster: how the lock's key is published on
+--          KEYS[3] when the lock is freed
 -- ARGV[4]  how long the meta hash outlives the lock, ms
 -- ARGV[5]  the lease that acquire asked for, ms: the void mark outlives any hold it could make
 --
@@ -22,6 +24,9 @@
 local lock, meta = KEYS[1], KEYS[2]
 local owner, request = ARGV[1], ARGV[2]
 local retention, lease = tonumber(ARGV[4]), tonumber(ARGV[5])
+if ARGV[3] ~= 'publish' and ARGV[3] ~= 'spublish' then
+    return redis.error_reply('ERR the wake-up command must be publish or spublish, got ' .. ARGV[3])
+end
 
 local done = 0
 if redis.call('hget', meta, 'req') == request then
@@ -34,7 +39,7 @@ if redis.call('hget', meta, 'req') == request then
             redis.call('hdel', lock, owner)
         else
             redis.call('del', lock)
-            redis.call('publish', ARGV[3], lock)
+            redis.call(ARGV[3], KEYS[3], lock)
         end
         done = 1
     end

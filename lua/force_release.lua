@@ -2,7 +2,9 @@
 --
 -- KEYS[1]  lock hash
 -- KEYS[2]  meta hash
--- ARGV[1]  wake-up channel; the lock's key is published on it when a lock was deleted
+-- KEYS[3]  the lock's wake-up channel
+-- ARGV[1]  "publish", or "spublish" on Redis Cluster: how the lock's key is published on
+--          KEYS[3] (the lock's wake-up channel) when the lock was deleted
 -- ARGV[2]  how long the meta hash (and with it the last fencing token) outlives the lock, ms
 -- ARGV[3]  expected holder: "" for any, else release only when this owner holds it
 -- ARGV[4]  "1": release only while no run has entered the hold (no run token recorded: it
@@ -13,6 +15,9 @@
 -- holder still gets a larger one.
 
 local lock, meta = KEYS[1], KEYS[2]
+if ARGV[1] ~= 'publish' and ARGV[1] ~= 'spublish' then
+    return redis.error_reply('ERR the wake-up command must be publish or spublish, got ' .. ARGV[1])
+end
 if redis.call('exists', lock) == 0 then
     return 0
 end
@@ -28,5 +33,5 @@ end
 redis.call('del', lock)
 redis.call('hdel', meta, 'req', 'info', 'since', 'run')
 redis.call('pexpire', meta, tonumber(ARGV[2]))
-redis.call('publish', ARGV[1], lock)
+redis.call(ARGV[1], KEYS[3], lock)
 return 1

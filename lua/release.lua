@@ -2,9 +2,12 @@
 --
 -- KEYS[1]  lock hash
 -- KEYS[2]  meta hash
+-- KEYS[3]  the lock's wake-up channel (in its hash tag); its key (KEYS[1]) is published on it
+--          when the lock is freed
 -- ARGV[1]  owner token
 -- ARGV[2]  holds to drop: a positive integer, or 0 for all of this owner's holds
--- ARGV[3]  wake-up channel; the lock's key (KEYS[1]) is published on it when the lock is freed
+-- ARGV[3]  "publish", or "spublish" on Redis Cluster (sharded pub/sub: the message stays on
+--          the lock's shard)
 -- ARGV[4]  how long the meta hash (and with it the last fencing token) outlives the lock, ms
 -- ARGV[5]  request id, unique per release call ("" for none): a resend of a release that
 --          already ran (redis-py resends after a timeout) answers as the first time did,
@@ -22,6 +25,9 @@
 
 local lock, meta = KEYS[1], KEYS[2]
 local owner, drop, request = ARGV[1], tonumber(ARGV[2]), ARGV[5]
+if ARGV[3] ~= 'publish' and ARGV[3] ~= 'spublish' then
+    return redis.error_reply('ERR the wake-up command must be publish or spublish, got ' .. ARGV[3])
+end
 
 -- One call for both the owner's count and whether anyone else holds it (a one-field hash).
 local fields = redis.call('hgetall', lock)
@@ -64,5 +70,5 @@ if request ~= '' then
     redis.call('hset', meta, 'rel', request)
 end
 redis.call('pexpire', meta, tonumber(ARGV[4]))
-redis.call('publish', ARGV[3], lock)
+redis.call(ARGV[3], KEYS[3], lock)
 return 0

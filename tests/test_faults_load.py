@@ -96,7 +96,14 @@ def test_no_two_valid_holders_no_lost_task_no_lost_update(
             valid.sort(key=lambda run: run["start"])
             for earlier, later in itertools.pairwise(valid):
                 assert later["start"] >= earlier["end"], f"{key}: {earlier} overlaps {later}"
-                assert later["fence"] > earlier["fence"]
+                if later["id"] == earlier["id"]:
+                    # The same job delivered again after its pool child died past the body's
+                    # write (acks_late): the main process parked its hold for the redelivery,
+                    # which re-entered it as the same owner with the same fence (not a new
+                    # holder); or, when that hold had expired, took a new one (a larger fence).
+                    assert later["fence"] >= earlier["fence"], (earlier, later)
+                else:
+                    assert later["fence"] > earlier["fence"], (earlier, later)
 
         # Every counter is exact: one increment per write the fenced store took.
         written: dict[str, int] = defaultdict(int)

@@ -17,6 +17,7 @@ from lock_helpers import overlap_worker, try_once_worker, wait_until
 from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock
 from celery_singleton_lock._lock import commands
 from celery_singleton_lock._lock.keys import LockKeys
+from celery_singleton_lock._lock.scripts import ACQUIRE
 from celery_singleton_lock._lock.wakeup import get_hub
 
 # an assertion that fails in a helper thread fails the test
@@ -38,12 +39,18 @@ def _subscribers(client: Any, channel: str) -> int:
     return int(dict(client.pubsub_numsub(channel))[channel.encode()])
 
 
-def _await_waiters(client: Any, prefix: str, key: str, count: int = 1) -> None:
-    """Wait until ``count`` threads of this process wait for ``key`` on the process's shared
-    subscription, and that subscription is live on the server."""
-    hub = get_hub(client, f"{prefix}:wake")
-    wait_until(lambda: len(hub._waiters.get(key, ())) == count, 5)
-    wait_until(lambda: _subscribers(client, f"{prefix}:wake") == 1, 5)
+def _await_waiters(client: Any, key: str, count: int = 1) -> None:
+    """Wait until ``count`` threads of this process wait for the lock ``key`` on the process's
+    subscription to that lock's channel, and that subscription is live on the server."""
+    hub = get_hub(client)
+    channel = key + ":wake"
+
+    def waiting() -> int:
+        sub = hub._subscriptions.get(channel)
+        return 0 if sub is None else sub.waiters
+
+    wait_until(lambda: waiting() == count, 5)
+    wait_until(lambda: _subscribers(client, channel) == 1, 5)
     # A registered waiter tries once more before it waits (a release in between is seen by
     # that try, or pushed): give it a moment, so the tests below meet it in its wait.
     time.sleep(0.05)
@@ -158,10 +165,10 @@ def test_exactly_one_process_wins(redis_client: Any, redis_server: Any) -> None:
 # -- push wake-up --------------------------------------------------------------------------
 
 
-def test_release_wakes_waiters_promptly_and_they_share_one_subscription(
+def test_release_wakes_waiters_promptly_and_they_share_one_subscription_per_lock(
     redis_client: Any,
 ) -> None:
-    prefix = "push"  # a channel of its own: push:wake
+    prefix = "push"
     lease = 5.0  # a waiter that missed the push would wait about this long
     holder = ReentrantLock(redis_client, "handoff", ttl=lease, owner="holder", prefix=prefix)
     other = ReentrantLock(redis_client, "other", ttl=lease, owner="holder", prefix=prefix)
@@ -183,11 +190,12 @@ def test_release_wakes_waiters_promptly_and_they_share_one_subscription(
     for waiter in waiters:
         waiter.start()
 
-    # Five threads wait, on two locks: the process has one subscription to push:wake.
-    _await_waiters(redis_client, prefix, holder.key, 4)
-    _await_waiters(redis_client, prefix, other.key, 1)
-    assert _subscribers(redis_client, f"{prefix}:wake") == 1
-    assert len(_pubsub_clients(redis_client)) == 1
+    # Five threads wait, on two locks: the process has one subscription to each lock's channel.
+    _await_waiters(redis_client, holder.key, 4)
+    _await_waiters(redis_client, other.key, 1)
+    assert _subscribers(redis_client, holder.key + ":wake") == 1
+    assert _subscribers(redis_client, other.key + ":wake") == 1
+    assert len(_pubsub_clients(redis_client)) == 2
     assert got_at == {}
 
     released_at = time.monotonic()
@@ -229,7 +237,7 @@ def test_release_wakes_a_waiter_in_another_process(redis_client: Any, redis_serv
     )
     child.start()
     assert ready.wait(10)
-    wait_until(lambda: _subscribers(redis_client, f"{prefix}:wake") == 1, 5)
+    wait_until(lambda: _subscribers(redis_client, holder.key + ":wake") == 1, 5)
     time.sleep(0.1)  # the child is in its wait now
     released = time.monotonic()
     holder.release()
@@ -259,7 +267,7 @@ def test_a_deleted_lock_wakes_its_waiter_within_one_lease(redis_client: Any) -> 
     assert holder.acquire()
     got: dict[str, float] = {}
     thread = _blocked_waiter(waiter_lock, got)
-    _await_waiters(redis_client, "sup", holder.key)
+    _await_waiters(redis_client, holder.key)
 
     deleted = time.monotonic()
     assert redis_client.delete(holder.key) == 1  # gone, and nobody published it
@@ -277,7 +285,7 @@ def test_a_killed_subscription_still_wakes_the_waiter_and_recovers(redis_client:
     assert holder.acquire()
     got: dict[str, float] = {}
     thread = _blocked_waiter(waiter_lock, got)
-    _await_waiters(redis_client, prefix, holder.key)
+    _await_waiters(redis_client, holder.key)
 
     # Kill the subscription and release at once: the publish may find no subscriber.
     killed = time.monotonic()
@@ -286,12 +294,11 @@ def test_a_killed_subscription_still_wakes_the_waiter_and_recovers(redis_client:
     thread.join(5 * lease)
     assert "at" in got and got["at"] - killed <= lease + SLACK
 
-    # The process subscribes again, and push wake-ups are prompt again.
-    wait_until(lambda: _subscribers(redis_client, f"{prefix}:wake") == 1, 5)
+    # The next wait subscribes again, and push wake-ups are prompt again.
     assert holder.acquire()
     got.clear()
     thread = _blocked_waiter(waiter_lock, got)
-    _await_waiters(redis_client, prefix, holder.key)
+    _await_waiters(redis_client, holder.key)
     released = time.monotonic()
     holder.release()
     thread.join(5 * lease)
@@ -308,7 +315,7 @@ def test_an_operators_force_release_wakes_waiters_and_the_holder_learns_it_lost(
     fence = holder.fence
     got: dict[str, float] = {}
     thread = _blocked_waiter(waiter_lock, got)
-    _await_waiters(redis_client, "ops", holder.key)
+    _await_waiters(redis_client, holder.key)
     forced = time.monotonic()
     keys = LockKeys.for_name("ops", "forced")
     assert commands.force_release(redis_client, keys, holder="someone-else") is False
@@ -323,3 +330,73 @@ def test_an_operators_force_release_wakes_waiters_and_the_holder_learns_it_lost(
     assert waiter_lock.acquire(blocking=False)
     assert waiter_lock.fence is not None and fence is not None and waiter_lock.fence > fence
     waiter_lock.release()
+
+
+# -- per-lock wake-up channels -------------------------------------------------------------
+
+
+def test_a_waiter_hears_nothing_of_other_locks_and_nothing_is_subscribed_after(
+    redis_client: Any,
+) -> None:
+    """Releases of lock B send no message to a process that waits only for lock A; once the
+    wait ends, the process is subscribed to nothing."""
+    prefix = "iso"
+    a = ReentrantLock(redis_client, "a", ttl=5, owner="holder", prefix=prefix)
+    b = ReentrantLock(redis_client, "b", ttl=5, owner="other", prefix=prefix)
+    assert a.acquire()
+    got: dict[str, float] = {}
+    thread = _blocked_waiter(ReentrantLock(redis_client, "a", ttl=5, prefix=prefix), got)
+    _await_waiters(redis_client, a.key)
+    hub = get_hub(redis_client)
+    before = hub.received
+    for _ in range(200):
+        assert b.acquire()
+        b.release()
+    time.sleep(0.2)  # time for any message to arrive
+    assert hub.received == before  # not one delivery for B's 200 releases
+    assert "at" not in got
+    released = time.monotonic()
+    a.release()
+    thread.join(10)
+    assert "at" in got and got["at"] - released < PROMPT
+    assert hub.received == before + 1
+    # the wait is over: no channel of this process is subscribed any more
+    assert redis_client.pubsub_channels(f"{prefix}:*") == []
+    assert hub._subscriptions == {}
+
+
+class _CountingRedis(redis.Redis):
+    """Counts the acquire script calls (a subclass: the lock sends through execute_command)."""
+
+    acquires = 0
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[0] == "EVALSHA" and args[1] == ACQUIRE.sha:
+            type(self).acquires += 1
+        return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]  # redis-py: unannotated
+
+
+def test_a_blocked_wait_on_a_contended_lock_sends_one_refused_acquire(
+    redis_server: Any,
+) -> None:
+    client = _CountingRedis(port=redis_server.port, socket_timeout=5)
+    prefix = "once"
+    holder = ReentrantLock(client, "c", ttl=5, owner="holder", prefix=prefix)
+
+    def blocked_wait_acquires() -> int:
+        assert holder.acquire()
+        got: dict[str, float] = {}
+        start = _CountingRedis.acquires
+        thread = _blocked_waiter(ReentrantLock(client, "c", ttl=5, prefix=prefix), got)
+        _await_waiters(client, holder.key)
+        refused = _CountingRedis.acquires - start
+        holder.release()
+        thread.join(10)
+        assert "at" in got
+        return refused
+
+    # The first time: a try, the subscription, a second try (a release between the first try
+    # and the subscription must not go unseen). Once the process knows the lock is contended,
+    # it subscribes first: one refused try.
+    assert blocked_wait_acquires() == 2
+    assert blocked_wait_acquires() == 1

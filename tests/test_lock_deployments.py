@@ -24,6 +24,7 @@ from redis.sentinel import Sentinel
 
 from celery_singleton_lock import LockBackendError, ReentrantLock
 from celery_singleton_lock._lock.heartbeat import get_heartbeat
+from celery_singleton_lock._lock.wakeup import get_hub, publish_command
 from celery_singleton_lock.testing import RedisServer, find_redis_server, free_port
 
 # an assertion that fails in a helper thread fails the test
@@ -157,8 +158,12 @@ def test_redis_cluster() -> None:
             client.script_flush()
             _basic_cycle(client, "cluster-basic")
 
-            # a waiter is woken by the release's push, through the cluster's pub/sub
+            # a waiter is woken by the release's push: sharded pub/sub (Redis 7+), so the
+            # message stays on the lock's shard instead of crossing the cluster bus
+            assert publish_command(client) == "spublish"
+            received = get_hub(client).received
             assert _handoff(client, "cluster-handoff") < 0.5
+            assert get_hub(client).received == received + 1
 
             # the heartbeat renews locks spread over many slots (one script call per slot)
             names = _names_in_distinct_slots(client, 60)

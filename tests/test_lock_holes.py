@@ -106,8 +106,8 @@ def test_a_cancelled_acquire_that_runs_later_is_refused(server: RedisServer) -> 
     finally runs, takes nothing."""
     client = redis.Redis(port=server.port)
     keys = LockKeys.for_name("lock", "voided")
-    args = ("owner-1", "request-1", keys.channel, commands.META_RETENTION_MS, 30_000)
-    assert scripts.CANCEL(client, keys.pair, args) == 0
+    args = ("owner-1", "request-1", "publish", commands.META_RETENTION_MS, 30_000)
+    assert scripts.CANCEL(client, keys.triple, args) == 0
     reply = commands.acquire(client, keys, "owner-1", 30_000, "request-1")
     assert not reply.acquired
     assert client.exists(keys.lock) == 0
@@ -123,9 +123,9 @@ def test_a_cancel_only_drops_the_hold_its_acquire_added(server: RedisServer) -> 
     keys = LockKeys.for_name("lock", "twice")
     assert commands.acquire(client, keys, "task-1", 30_000, "publish").acquired
     assert commands.acquire(client, keys, "task-1", 30_000, "run").hold_count == 2
-    args = ("task-1", "run", keys.channel, commands.META_RETENTION_MS, 30_000)
-    assert scripts.CANCEL(client, keys.pair, args) == 1
-    assert scripts.CANCEL(client, keys.pair, args) == 0
+    args = ("task-1", "run", "publish", commands.META_RETENTION_MS, 30_000)
+    assert scripts.CANCEL(client, keys.triple, args) == 1
+    assert scripts.CANCEL(client, keys.triple, args) == 0
     assert client.hgetall(keys.lock) == {b"task-1": b"1"}
 
 
@@ -139,8 +139,8 @@ def test_a_cancel_after_the_meta_hash_was_lost_keeps_it_past_the_lock(
     keys = LockKeys.for_name("lock", "evicted")
     assert commands.acquire(client, keys, "holder", 600_000, "long").acquired
     client.delete(keys.meta)
-    args = ("other", "short", keys.channel, commands.META_RETENTION_MS, 1_000)
-    assert scripts.CANCEL(client, keys.pair, args) == 0
+    args = ("other", "short", "publish", commands.META_RETENTION_MS, 1_000)
+    assert scripts.CANCEL(client, keys.triple, args) == 0
     assert client.pttl(keys.meta) > client.pttl(keys.lock) > 500_000
 
 

@@ -166,8 +166,8 @@ class LockMachine(RuleBasedStateMachine):
         if model.last_request is None or model.meta_gone:
             return
         request, owner, lease = model.last_request
-        args = (owner, request, self.keys[name].channel, META_RETENTION_MS, lease)
-        done = int(scripts.CANCEL(self.client, self.keys[name].pair, args))
+        args = (owner, request, "publish", META_RETENTION_MS, lease)
+        done = int(scripts.CANCEL(self.client, self.keys[name].triple, args))
         if model.holder == owner:
             assert done == 1
             model.owners[owner] -= 1
@@ -187,8 +187,8 @@ class LockMachine(RuleBasedStateMachine):
         """cancel.lua on an acquire that has not reached the server yet (its reply lost on the
         way out): nothing is dropped, and the acquire, when it arrives, takes nothing."""
         model, request = self.model[name], new_request_id()
-        args = (owner, request, self.keys[name].channel, META_RETENTION_MS, lease)
-        assert int(scripts.CANCEL(self.client, self.keys[name].pair, args)) == 0
+        args = (owner, request, "publish", META_RETENTION_MS, lease)
+        assert int(scripts.CANCEL(self.client, self.keys[name].triple, args)) == 0
         late = commands.acquire(self.client, self.keys[name], owner, lease, request, "", "")
         assert not late.acquired
         if model.holder is None:

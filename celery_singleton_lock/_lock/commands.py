@@ -21,6 +21,7 @@ from .keys import LockKeys
 from .owner import new_request_id
 from .scripts import META_RETENTION_MS
 from .sentinel import ACQUIRE_CHECK_INTERVAL, follow_master
+from .wakeup import publish_command
 
 __all__ = [
     "ALL_HOLDS",
@@ -169,10 +170,10 @@ def _cancel(client: Any, keys: LockKeys, owner: str, request: str, lease_ms: int
     """Make sure the acquire ``request``, whose reply never came, holds nothing (lua/cancel.lua):
     now if Redis answers, else from the client's renewal thread until it does (or until any
     hold that acquire could have taken has expired)."""
-    args = (owner, request, keys.channel, META_RETENTION_MS, lease_ms)
+    args = (owner, request, publish_command(client), META_RETENTION_MS, lease_ms)
 
     def cancel() -> None:
-        if int(scripts.CANCEL(client, keys.pair, args)):
+        if int(scripts.CANCEL(client, keys.triple, args)):
             _log_acquire.warning(
                 "the acquire of %s by %s whose reply was lost had taken the lock: undone",
                 keys.lock,
@@ -220,15 +221,15 @@ def release(
     also sent again from the client's renewal lane (the same call: it cannot drop a hold
     twice) until it goes through, for up to ``retry_for`` seconds, or until ``retry_unless()``
     says the hold is someone's again (the owner took it anew: its own release settles it)."""
-    args = (owner, drop, keys.channel, META_RETENTION_MS, new_request_id())
+    args = (owner, drop, publish_command(client), META_RETENTION_MS, new_request_id())
     try:  # not backend_errors(): the hot path (see acquire)
-        left = int(scripts.RELEASE(client, keys.pair, args))
+        left = int(scripts.RELEASE(client, keys.triple, args))
     except RedisError as exc:
         if retry_for > 0:
 
             def again() -> None:
                 if retry_unless is None or not retry_unless():
-                    scripts.RELEASE(client, keys.pair, args)
+                    scripts.RELEASE(client, keys.triple, args)
 
             get_heartbeat().retry(client, again, f"release {keys.lock} held by {owner}", retry_for)
         _raise_backend_error("release", keys.name, exc)
@@ -243,9 +244,9 @@ def force_release(
 ) -> bool:
     """Delete the lock whoever holds it (or only when ``holder`` holds it, and with
     ``unentered`` only while no run has entered it); wakes waiters."""
-    args = (keys.channel, META_RETENTION_MS, holder, "1" if unentered else "")
+    args = (publish_command(client), META_RETENTION_MS, holder, "1" if unentered else "")
     with backend_errors("force-release", keys.name):
-        done = int(scripts.FORCE_RELEASE(client, keys.pair, args))
+        done = int(scripts.FORCE_RELEASE(client, keys.triple, args))
     if done:
         _log_release.info("force-released %s%s", keys.lock, f" held by {holder}" if holder else "")
     return bool(done)

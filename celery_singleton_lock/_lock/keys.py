@@ -36,7 +36,8 @@ def unescape_name(escaped: str) -> str:
 @dataclass(frozen=True)
 class LockKeys:
     """``lock`` is the hash (field = owner, value = hold count); ``meta`` keeps the fencing
-    token and operator info; ``channel`` is the prefix-wide wake-up channel."""
+    token and operator info; ``channel`` is the lock's wake-up channel, published on by the
+    release that frees it and subscribed to only while a process waits for this lock."""
 
     prefix: str
     name: str
@@ -51,7 +52,7 @@ class LockKeys:
         # the name is escaped (and with it the escape character), or a name starting with '}'
         # would put the lock and its meta hash in different slots.
         lock = f"{prefix}:{{{escape_name(name)}}}"
-        return cls(prefix, name, lock, lock + ":meta", prefix + ":wake")
+        return cls(prefix, name, lock, lock + ":meta", lock + ":wake")
 
     @classmethod
     def from_lock_key(cls, lock_key: str) -> LockKeys:
@@ -64,3 +65,8 @@ class LockKeys:
     @property
     def pair(self) -> tuple[str, str]:
         return (self.lock, self.meta)
+
+    @property
+    def triple(self) -> tuple[str, str, str]:
+        """The keys of the scripts that free a lock (and publish on its channel)."""
+        return (self.lock, self.meta, self.channel)

@@ -17,7 +17,7 @@ from .heartbeat import get_heartbeat
 from .hold import Hold, find_hold, forget_hold, hold_for
 from .keys import LockKeys, check_prefix
 from .owner import default_owner, new_request_id
-from .wakeup import get_hub
+from .wakeup import get_hub, note_refused, recently_refused
 
 __all__ = ["ReentrantLock"]
 
@@ -165,13 +165,19 @@ class ReentrantLock:
                 return reply
 
     def _acquire_in_redis(self, hold: Hold, deadline: float | None) -> AcquireReply:
-        hub = event = None
+        sub = None
+        seen = 0
         request = new_request_id()
         started = time.monotonic()
+        channel = self._keys.channel
+        if (deadline is None or deadline > started) and recently_refused(channel):
+            # This process met a holder of this lock a moment ago: subscribe before the first
+            # try, so a blocked wait sends one refused acquire, not two.
+            sub = get_hub(self._client).join(channel)
         try:
             while True:
-                if event is not None:
-                    event.clear()
+                if sub is not None:
+                    seen = sub.generation  # a release from now on wakes the wait below
                 sent = time.monotonic()
                 reply = commands.acquire(
                     self._client,
@@ -186,34 +192,32 @@ class ReentrantLock:
                     self._took(hold, reply.fence, sent)
                     if observe.observer is not None:
                         observe.observer.acquired(reply.hold_count > 1)
-                        if hub is not None:
+                        if sub is not None:
                             observe.observer.waited(time.monotonic() - started)
                     return reply
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     if observe.observer is not None:
                         observe.observer.refused()
-                        if hub is not None:
+                        if sub is not None:
                             observe.observer.waited(time.monotonic() - started)
                     return reply
                 request = new_request_id()
-                if hub is None:
-                    # Subscribe before looking again, so a release between our look and our
-                    # wait cannot go unseen.
-                    hub = get_hub(self._client, self._keys.channel)
-                    event = hub.register(self._keys.lock)
-                    hub.ready.wait(1.0 if left is None else min(1.0, left))
+                if sub is None:
+                    # Subscribe, then look again: a release between our look and our
+                    # subscription cannot go unseen.
+                    note_refused(channel)
+                    sub = get_hub(self._client).join(channel)
                     continue
                 # Wait for the push, but never longer than the holder's lease: if the push
                 # is lost, the lease ending is the next moment the lock can be free.
                 pause = reply.pttl / 1000 if reply.pttl > 0 else 0.001
                 if left is not None:
                     pause = min(pause, left)
-                assert event is not None
-                event.wait(pause)
+                sub.wait(seen, pause)
         finally:
-            if hub is not None and event is not None:
-                hub.unregister(self._keys.lock, event)
+            if sub is not None:
+                sub.hub.leave(sub)
 
     def _took(self, hold: Hold, fence: int | None, sent: float) -> None:
         hold.count = 1

@@ -1,9 +1,16 @@
-"""Push wake-ups for blocked acquires: one shared subscription per process and Redis client.
+"""Push wake-ups for blocked acquires: a channel per lock, read by the waiting threads themselves.
 
-A final release publishes the lock's key on the prefix's wake-up channel. Each process that has
-a waiter keeps one pub/sub connection, read by one listener thread, and wakes exactly the
-waiters of the key it is told about. A lost message (a dropped connection, a failover) costs a
-waiter at most the holder's remaining lease: waits are bounded by it and then retried.
+A final release publishes on its lock's own channel (``prefix:{name}:wake``, in the lock's hash
+tag; ``SPUBLISH`` on Redis Cluster, so the message stays on the lock's shard). A process
+subscribes to a lock's channel only while one of its threads waits for that lock, so it never
+hears of the releases of other locks. The waiting threads of a lock share one subscription and
+read it themselves: one of them reads while the others sleep on a condition, and the reader
+wakes them when the release arrives (no listener thread to hop through).
+
+A waiter snapshots :attr:`Subscription.generation` before each try and passes it to
+:meth:`Subscription.wait`, so a release that arrives between its refused try and its wait is not
+missed. A lost message (a dropped connection, a failover) costs a waiter at most the holder's
+remaining lease: every wait is bounded by it, and then the waiter tries again.
 """
 
 from __future__ import annotations
@@ -13,131 +20,280 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
-from .commands import text
-
-__all__ = ["WakeHub", "get_hub"]
+__all__ = [
+    "Subscription",
+    "WakeHub",
+    "get_hub",
+    "note_refused",
+    "publish_command",
+    "recently_refused",
+]
 
 log = logging.getLogger("celery_singleton_lock.wakeup")
 
-#: after this long without a waiter the listener unsubscribes and its thread ends
-IDLE_STOP = 30.0
+#: idle subscriptions (connections) a process keeps per client for its next waits
+KEEP_IDLE = 2
+#: a lock this process was refused within this many seconds counts as contended: a blocking
+#: acquire of it subscribes before its first try
+CONTENDED_FOR = 10.0
+#: how long a waiter waits for its SUBSCRIBE to be confirmed before it polls by lease instead
+SUBSCRIBE_TIMEOUT = 2.0
+
+
+class Subscription:
+    """The subscription of one process to one lock's wake-up channel, shared by its waiters."""
+
+    def __init__(self, hub: WakeHub, channel: str) -> None:
+        self.hub = hub
+        self.channel = channel
+        self.cond = threading.Condition(threading.Lock())
+        #: releases seen on the channel (and connection failures, which may have hidden one)
+        self.generation = 0
+        self.waiters = 0
+        self.pubsub: Any = None
+        #: the subscription failed: its waiters poll by lease until they leave
+        self.broken = False
+        self._reading = False
+
+    def wait(self, seen: int, timeout: float) -> None:
+        """Return when the generation has moved past ``seen`` (a release was published since
+        the caller looked), or after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        cond = self.cond
+        with cond:
+            while self.generation == seen:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                if self._reading or self.broken or self.pubsub is None:
+                    cond.wait(left)
+                    continue
+                self._reading = True
+                cond.release()
+                woke = False
+                try:
+                    woke = self._read(left)
+                finally:
+                    cond.acquire()
+                    self._reading = False
+                    if woke:
+                        self.generation += 1
+                    # a woken waiter, or the next reader when this one's time is up
+                    cond.notify_all()
+
+    def _read(self, timeout: float) -> bool:
+        """Read the subscription for up to ``timeout`` s; True when a release (or a failure that
+        may have hidden one) arrived. Only the one reading thread gets here."""
+        try:
+            reply = self.hub.read(self.pubsub, timeout)
+        except Exception as exc:
+            log.warning(
+                "wake-up subscription to %s failed (%s: %s); its waiters poll by lease",
+                self.channel,
+                type(exc).__name__,
+                exc,
+            )
+            self.broken = True
+            return True
+        if reply is None:
+            return False
+        self.hub.received += 1
+        return True
 
 
 class WakeHub:
-    def __init__(self, client: Any, channel: str) -> None:
+    """A process's wake-up subscriptions through one Redis client."""
+
+    def __init__(self, client: Any) -> None:
         self.client = client
-        self.channel = channel
-        self.ready = threading.Event()
-        self._lock = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = {}
-        self._thread: threading.Thread | None = None
-        self._idle_since = time.monotonic()
-        #: messages received, for tests and operators
+        self.sharded = publish_command(client) == "spublish"
+        self._mutex = threading.Lock()
+        self._subscriptions: dict[str, Subscription] = {}
+        self._idle: list[Any] = []
+        #: wake-up messages read, for tests and operators
         self.received = 0
 
-    def register(self, key: str) -> threading.Event:
-        event = threading.Event()
-        with self._lock:
-            self._waiters.setdefault(key, set()).add(event)
-            if self._thread is None:
-                self.ready.clear()
-                self._thread = threading.Thread(
-                    target=self._listen, name="celery-singleton-lock-wakeup", daemon=True
-                )
-                self._thread.start()
-        return event
+    def join(self, channel: str) -> Subscription:
+        """Join the waiters of ``channel``; the first one subscribes (confirmed before it
+        returns, so a release after this call is heard)."""
+        with self._mutex:
+            sub = self._subscriptions.get(channel)
+            if sub is not None:
+                sub.waiters += 1
+                first = False
+            else:
+                sub = self._subscriptions[channel] = Subscription(self, channel)
+                sub.waiters = 1
+                pubsub = self._idle.pop() if self._idle else None
+                first = True
+        if not first:
+            with sub.cond:
+                # the first waiter is still subscribing: wait for it, not longer
+                sub.cond.wait_for(lambda: sub.pubsub is not None or sub.broken, SUBSCRIBE_TIMEOUT)
+            return sub
+        try:
+            pubsub = self._subscribe(pubsub, channel)
+        except Exception as exc:
+            log.warning(
+                "cannot subscribe to %s (%s: %s); its waiters poll by lease",
+                channel,
+                type(exc).__name__,
+                exc,
+            )
+            with sub.cond:
+                sub.broken = True
+                sub.cond.notify_all()
+            return sub
+        with sub.cond:
+            sub.pubsub = pubsub
+            sub.cond.notify_all()
+        return sub
 
-    def unregister(self, key: str, event: threading.Event) -> None:
-        with self._lock:
-            events = self._waiters.get(key)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del self._waiters[key]
-            if not self._waiters:
-                self._idle_since = time.monotonic()
+    def leave(self, sub: Subscription) -> None:
+        with self._mutex:
+            sub.waiters -= 1
+            if sub.waiters > 0:
+                return
+            del self._subscriptions[sub.channel]
+        pubsub = sub.pubsub
+        if pubsub is None:
+            return
+        if not sub.broken and len(self._idle) < KEEP_IDLE:
+            try:  # the confirmation is read by the next user of the connection
+                if self.sharded:
+                    pubsub.sunsubscribe(sub.channel)
+                else:
+                    pubsub.unsubscribe(sub.channel)
+            except Exception:  # a broken connection: not worth keeping
+                pass
+            else:
+                with self._mutex:
+                    if len(self._idle) < KEEP_IDLE:
+                        self._idle.append(pubsub)
+                        return
+        with contextlib.suppress(Exception):  # closing a broken connection may fail too
+            pubsub.close()
 
-    def _wake(self, key: str) -> None:
-        with self._lock:
-            events = list(self._waiters.get(key, ()))
-        for event in events:
-            event.set()
+    def _subscribe(self, pubsub: Any, channel: str) -> Any:
+        if pubsub is None:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=False)
+        try:
+            if self.sharded:
+                pubsub.ssubscribe(channel)
+            else:
+                pubsub.subscribe(channel)
+            # Read up to our confirmation: the confirmations (and late messages) of the
+            # connection's earlier channel come first on a reused connection.
+            deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+            kind = b"ssubscribe" if self.sharded else b"subscribe"
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no confirmation of the subscription to {channel}")
+                reply = self._raw(pubsub, left)
+                if reply is None:
+                    continue
+                if not self.sharded:  # (get_sharded_message did its bookkeeping)
+                    pubsub.handle_message(reply, ignore_subscribe_messages=False)
+                if _bytes(reply[0]) == kind and _bytes(reply[1]) == channel.encode():
+                    return pubsub
+        except BaseException:
+            with contextlib.suppress(Exception):
+                pubsub.close()
+            raise
 
-    def _should_stop(self, broken: bool = False) -> bool:
-        # A broken subscription with nobody waiting is not worth reconnecting: the next waiter
-        # starts a new listener.
-        with self._lock:
-            idle = broken or time.monotonic() - self._idle_since > IDLE_STOP
-            if not self._waiters and idle:
-                self._thread = None
-                self.ready.clear()
-                return True
-            return False
+    def _raw(self, pubsub: Any, timeout: float) -> Any:
+        if self.sharded:
+            message = pubsub.get_sharded_message(ignore_subscribe_messages=False, timeout=timeout)
+            if message is None:
+                return None
+            return [message["type"], message["channel"], message["data"]]
+        return pubsub.parse_response(block=False, timeout=timeout)
 
-    def _listen(self) -> None:
-        backoff = 0.05
+    def read(self, pubsub: Any, timeout: float) -> Any:
+        """The next message published on the subscription, or None after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
         while True:
-            pubsub = None
-            try:
-                pubsub = self.client.pubsub(ignore_subscribe_messages=False)
-                pubsub.subscribe(self.channel)
-                while True:
-                    message = pubsub.get_message(timeout=1.0)
-                    if message is None:
-                        if self._should_stop():
-                            return
-                        continue
-                    kind = text(message.get("type"))
-                    if kind == "message":
-                        self.received += 1
-                        self._wake(text(message.get("data")))
-                    elif kind == "subscribe":
-                        self.ready.set()
-                        backoff = 0.05
-            except Exception as exc:
-                self.ready.clear()
-                log.warning(
-                    "wake-up subscription to %s failed (%s: %s); waiters poll by lease until "
-                    "it is back",
-                    self.channel,
-                    type(exc).__name__,
-                    exc,
-                )
-                # Everyone waiting may have missed a release: let them look again now.
-                with self._lock:
-                    events = [e for es in self._waiters.values() for e in es]
-                for event in events:
-                    event.set()
-                if self._should_stop(broken=True):
-                    return
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                if self._should_stop():
-                    return
-            finally:
-                if pubsub is not None:
-                    # closing a broken connection may fail too; nothing is left to do then
-                    with contextlib.suppress(Exception):
-                        pubsub.close()
+            reply = self._raw(pubsub, max(deadline - time.monotonic(), 0.0))
+            if reply is None:
+                return None
+            kind = _bytes(reply[0])
+            if kind in (b"message", b"smessage"):
+                return reply
+            # a (un)subscribe confirmation, or a reconnect's resubscription: bookkeeping only
+            if not self.sharded:
+                pubsub.handle_message(reply, ignore_subscribe_messages=False)
+            if time.monotonic() >= deadline:
+                return None
 
 
-_hubs: dict[tuple[int, str], WakeHub] = {}
+def _bytes(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+# -- which locks are contended -----------------------------------------------------------------
+
+#: wake-up channel -> when this process was last refused that lock (monotonic); a plain dict:
+#: its single reads and writes are atomic, and a stale entry costs one early subscription
+_refused: dict[str, float] = {}
+
+
+def note_refused(channel: str) -> None:
+    if len(_refused) >= 4096:  # bounded: forget them all rather than track their age
+        _refused.clear()
+    _refused[channel] = time.monotonic()
+
+
+def recently_refused(channel: str) -> bool:
+    at = _refused.get(channel)
+    return at is not None and time.monotonic() - at < CONTENDED_FOR
+
+
+# -- the publish side ---------------------------------------------------------------------------
+
+_publish_commands: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def publish_command(client: Any) -> str:
+    """``"spublish"`` for a Redis Cluster client whose servers have sharded pub/sub (Redis 7+),
+    else ``"publish"``. Asked once per client."""
+    try:
+        return _publish_commands[client]
+    except (KeyError, TypeError):
+        pass
+    command = "publish"
+    if hasattr(client, "get_nodes") and hasattr(client.pubsub(), "ssubscribe"):
+        try:
+            client.execute_command("SPUBLISH", "{csl-probe}:wake", "")
+        except Exception:  # an older server: plain PUBLISH, which the cluster bus spreads
+            pass
+        else:
+            command = "spublish"
+    with contextlib.suppress(TypeError):  # a client that cannot be weakly referenced
+        _publish_commands[client] = command
+    return command
+
+
+# -- one hub per client and process -------------------------------------------------------------
+
+_hubs: dict[int, WakeHub] = {}
 _hubs_lock = threading.Lock()
 _hubs_pid = os.getpid()
 
 
-def get_hub(client: Any, channel: str) -> WakeHub:
-    """The process's hub for this client and channel (a forked child gets new ones)."""
+def get_hub(client: Any) -> WakeHub:
+    """The process's hub for this client (a forked child gets new ones)."""
     global _hubs_pid
     with _hubs_lock:
         if _hubs_pid != os.getpid():
             _hubs.clear()
             _hubs_pid = os.getpid()
-        hub = _hubs.get((id(client), channel))
+        hub = _hubs.get(id(client))
         if hub is None or hub.client is not client:
-            hub = _hubs[(id(client), channel)] = WakeHub(client, channel)
+            hub = _hubs[id(client)] = WakeHub(client)
         return hub
 
 

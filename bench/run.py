@@ -1,0 +1,272 @@
+#!/usr/bin/env python
+"""The one benchmark command: the lock and the Celery benchmarks in one run, written up.
+
+    .venv/bin/python bench/run.py            # about 10 min
+    .venv/bin/python bench/run.py --quick    # a smoke run, about 1.5 min
+
+Runs ``bench_lock.py`` (the floors, redis-py ``Lock``, python-redis-lock and ``ReentrantLock``:
+uncontended cycles in interleaved rounds, hand-offs in interleaved chunks against a push-woken
+floor) and then ``bench_celery.py`` (plain, the bare two-EVALSHA reference, celery-once,
+celery-singleton and ``LockedTask`` in both modes, solo and prefork, interleaved rounds), one
+after the other so they do not compete for the CPUs. Each starts its own Redis on loopback.
+
+It writes, into ``docs/bench/`` (``--out`` to change):
+
+- ``results.md``: the tables (ratios first), the targets met or not, the machine and the
+  command; the docs' benchmark page includes it, and the README quotes its targets;
+- ``chart.png``: the ratios as bars (matplotlib, from the ``bench`` extra);
+- ``results.json``: everything both benchmarks measured;
+
+and puts ``results.md`` between the README's ``bench-results`` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+_ROOT = _HERE.parent
+
+
+def run_benchmarks(quick: bool) -> dict[str, Any]:
+    flag = ["--quick"] if quick else []
+    with tempfile.TemporaryDirectory(prefix="csl-bench-") as tmp:
+        lock_json = Path(tmp) / "lock.json"
+        print("== bench/bench_lock.py", flush=True)
+        # exit 1 means a target was missed: a result to write up, not a failure
+        done = subprocess.run(
+            [sys.executable, str(_HERE / "bench_lock.py"), *flag, "--json", str(lock_json)]
+        )
+        if done.returncode not in (0, 1) or not lock_json.exists():
+            raise SystemExit(f"bench_lock.py failed (exit {done.returncode})")
+        lock = json.loads(lock_json.read_text())
+    print("== bench/bench_celery.py", flush=True)
+    done = subprocess.run(
+        [sys.executable, str(_HERE / "bench_celery.py"), *flag, "--json"],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return {"lock": lock, "celery": json.loads(done.stdout)}
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
+    lock, celery = results["lock"], results["celery"]
+    env, machine = lock["environment"], celery["machine"]
+    u, h = lock["uncontended"], lock["handoff"]
+    lines = [
+        f"Measured {when} with `{command}` on {env['cpus']} CPUs "
+        f"({machine['platform']}), Python {env['python']}, redis-py {env['redis_py']}, "
+        f"Celery {machine['celery']}, {env['server']}; every contender in the same run, "
+        "interleaved. Ratios are what to read: absolute figures move with the host.",
+        "",
+        "**The lock**: uncontended acquire + release (median of interleaved rounds), and the "
+        "hand-off from a release in one process to a blocked acquire returning in another.",
+        "",
+        "| contender | cycles/s | x floor | hand-off p50 ms | p99 ms | x push floor (p50) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    rows = [
+        ("floor: SET NX PX + CAD, through redis-py", "floor", None),
+        ("floor: the same on a raw kept connection", "floor_direct", None),
+        ("floor: bare hash lock woken by PUBLISH", None, "floor_push"),
+        (u["contenders"]["redispy"]["label"] + " (polls)", "redispy", "redispy"),
+        ("python-redis-lock", "prl", "prl"),
+        ("**ReentrantLock** (renew=True)", "csl", "csl"),
+    ]
+    for label, ukind, hkind in rows:
+        ur = u["contenders"].get(ukind) if ukind else None
+        hr = h["contenders"].get(hkind) if hkind else None
+        if ur is None and hr is None:
+            continue
+        cycles = f"{ur['cycles_per_s']:,.0f}" if ur else ""
+        ratio = _x(ur["ratio_to_floor"]) if ur else ""
+        p50 = f"{hr['p50_ms']:.3f}" if hr else ""
+        p99 = f"{hr['p99_ms']:.3f}" if hr else ""
+        handoff_ratio = _x(hr["p50_ratio_to_floor"]) if hr and "p50_ratio_to_floor" in hr else ""
+        lines.append(f"| {label} | {cycles} | {ratio} | {p50} | {p99} | {handoff_ratio} |")
+    lines += [
+        "",
+        f"**Celery**: a no-op task through a real worker, N = {celery['n']} distinct arguments "
+        f"published then drained, median of {celery['rounds']} interleaved rounds (tasks/s).",
+        "",
+    ]
+    pools = list(celery["pools"])
+    header = "| contender |" + "".join(f" {p} tasks/s | x plain | x reference |" for p in pools)
+    lines += [header, "| --- |" + " ---: | ---: | ---: |" * len(pools)]
+    names = {
+        "plain": "plain `@app.task`",
+        "floor-run": "reference: two bare EVALSHAs (SET NX PX, CAD)",
+        "celery-once": "celery-once `QueueOnce`",
+        "celery-singleton": "celery-singleton `Singleton`",
+        "locked-run": '**LockedTask** `lock_at="run"`',
+        "locked-publish": '**LockedTask** `lock_at="publish"`',
+    }
+    for name, label in names.items():
+        cells = []
+        for p in pools:
+            row = celery["pools"][p]["contenders"].get(name)
+            if row is None:
+                cells.append(" | | |")
+                continue
+            cells.append(
+                f" {row['tasks_per_s']:,.0f} | {_x(row['ratio_to_plain'])} | "
+                f"{_x(row.get('ratio_to_reference'))} |"
+            )
+        lines.append(f"| {label} |" + "".join(cells))
+    lines += ["", "**Targets**", "", "| target | measured | met |", "| --- | --- | --- |"]
+    for t in lock["summary"]:
+        lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['pass'] else '**no**'} |")
+    for p in pools:
+        rows_p = celery["pools"][p]["contenders"]
+        run = rows_p["locked-run"]["ratio_to_reference"]
+        lines.append(
+            f'| Celery `lock_at="run"` >= 0.95x the two-EVALSHA reference ({p}) | {run:.2f}x | '
+            f"{'yes' if run >= 0.95 else '**no**'} |"
+        )
+        pub = rows_p["locked-publish"]["tasks_per_s"]
+        peers = {
+            c: rows_p[c]["tasks_per_s"] for c in ("celery-once", "celery-singleton") if c in rows_p
+        }
+        ahead = all(pub > v for v in peers.values())
+        measured = ", ".join(f"{pub / v:.2f}x {c}" for c, v in peers.items())
+        lines.append(
+            f'| Celery `lock_at="publish"` ahead of celery-once and celery-singleton ({p}) | '
+            f"{measured} | {'yes' if ahead else '**no**'} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def render_chart(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lock, celery = results["lock"], results["celery"]
+    u, h = lock["uncontended"]["contenders"], lock["handoff"]["contenders"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+
+    def bars(ax: Any, labels: list[str], values: list[float], title: str, ours: set[str]) -> None:
+        colors = ["#d95f02" if label in ours else "#7570b3" for label in labels]
+        ax.barh(labels, values, color=colors)
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_title(title, fontsize=10)
+        ax.invert_yaxis()
+        for y, v in enumerate(values):
+            ax.text(v, y, f" {v:.2f}", va="center", fontsize=8)
+
+    kinds = [k for k in ("floor_direct", "redispy", "prl", "csl") if k in u]
+    labels = {
+        "floor_direct": "floor, raw connection",
+        "redispy": "redis-py Lock",
+        "prl": "python-redis-lock",
+        "csl": "ReentrantLock",
+    }
+    bars(
+        axes[0],
+        [labels[k] for k in kinds],
+        [u[k]["ratio_to_floor"] for k in kinds],
+        "Uncontended cycles/s, x the redis-py floor (higher is better)",
+        {"ReentrantLock"},
+    )
+    hk = [k for k in ("prl", "csl") if k in h]
+    bars(
+        axes[1],
+        [labels[k] for k in hk],
+        [h[k]["p50_ratio_to_floor"] for k in hk],
+        "Hand-off p50, x the push-woken floor (lower is better)",
+        {"ReentrantLock"},
+    )
+    names = ["floor-run", "celery-once", "celery-singleton", "locked-run", "locked-publish"]
+    pretty = {
+        "floor-run": "two-EVALSHA reference",
+        "locked-run": "LockedTask run",
+        "locked-publish": "LockedTask publish",
+        "celery-once": "celery-once",
+        "celery-singleton": "celery-singleton",
+    }
+    ax = axes[2]
+    pools = list(celery["pools"])
+    width = 0.8 / len(pools)
+    for i, p in enumerate(pools):
+        rows = celery["pools"][p]["contenders"]
+        present = [n for n in names if n in rows]
+        ys = [names.index(n) + i * width for n in present]
+        ax.barh(ys, [rows[n]["ratio_to_plain"] for n in present], height=width, label=p)
+    ax.set_yticks([n + 0.4 - width / 2 for n in range(len(names))], [pretty[n] for n in names])
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_title("Celery tasks/s, x the plain task (higher is better)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.suptitle(
+        f"celery-singleton-lock benchmarks ({lock['environment']['cpus']} CPUs, "
+        f"{lock['environment']['server']}, Python {lock['environment']['python']})",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+README_START = "<!-- bench-results:start (written by bench/run.py) -->"
+README_END = "<!-- bench-results:end -->"
+
+
+def update_readme(readme: Path, write_up: str) -> bool:
+    """Put the write-up between the README's markers (the README quotes the last run)."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        return False
+    head = text[: start + len(README_START)]
+    readme.write_text(head + "\n" + write_up.strip() + "\n" + text[end:], encoding="utf-8")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of each benchmark")
+    parser.add_argument("--out", type=Path, default=_ROOT / "docs" / "bench")
+    parser.add_argument(
+        "--from-json", type=Path, help="write up an earlier run's results.json instead of running"
+    )
+    args = parser.parse_args(argv)
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())
+    else:
+        results = run_benchmarks(args.quick)
+    command = "python bench/run.py" + (" --quick" if args.quick else "")
+    when = time.strftime("%Y-%m-%d")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results["meta"] = {"command": command, "date": when, "machine": platform.machine()}
+    (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    (args.out / "results.md").write_text(render_markdown(results, command, when))
+    render_chart(results, args.out / "chart.png")
+    if args.out == _ROOT / "docs" / "bench" and update_readme(
+        _ROOT / "README.md", (args.out / "results.md").read_text()
+    ):
+        print("updated the README's quote of the results")
+    print((args.out / "results.md").read_text())
+    print(f"wrote {args.out / 'results.md'}, {args.out / 'chart.png'} ({shlex.join(sys.argv)})")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
