@@ -252,6 +252,17 @@ def test_an_asyncio_client_or_a_pipeline_is_refused_clearly(server: RedisServer)
         ReentrantLock(client.pipeline(), "x")
     with pytest.raises(TypeError, match="not a pipeline"):
         LockSpace(client.pipeline(transaction=False))
+    # The check remembers a client class that passed (a worker makes a lock per run); an
+    # instance of that class whose evalsha was replaced by a coroutine is still refused.
+    ReentrantLock(client, "x")
+    patched = redis.Redis(port=server.port)
+
+    async def evalsha(*args: Any) -> Any:
+        return None
+
+    patched.evalsha = evalsha  # type: ignore[method-assign,assignment]
+    with pytest.raises(TypeError, match=r"synchronous redis-py client.*asyncio"):
+        ReentrantLock(patched, "x")
     assert client.dbsize() == 0
 
 

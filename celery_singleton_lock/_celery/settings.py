@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from celery.utils.collections import ConfigurationView, DictAttribute
+
 from .._lock import MAX_LEASE_SECONDS, check_prefix
 
 __all__ = [
@@ -209,15 +211,9 @@ SETTINGS: dict[str, Setting] = {
 DEFAULTS: dict[str, Any] = {name: s.default for name, s in SETTINGS.items()}
 
 
-def _plain_maps() -> tuple[type, ...]:
-    from celery.utils.collections import DictAttribute
-
-    # dict, and DictAttribute (a config object or module, Django's settings): `key in m`
-    # and `m[key]` are what conf.get() asks of them, minus the exception on a miss.
-    return (dict, DictAttribute)
-
-
-_PLAIN_MAPS = _plain_maps()
+#: dict, and DictAttribute (a config object or module, Django's settings): `key in m` and
+#: `m[key]` are what conf.get() asks of them, minus the exception on a miss
+_PLAIN_MAPS = (dict, DictAttribute)
 
 
 def _conf_cache(conf: Any, name: str) -> dict[str, Any]:
@@ -232,8 +228,6 @@ def _conf_cache(conf: Any, name: str) -> dict[str, Any]:
 def _lookup_plan(conf: Any, name: str) -> tuple[tuple[Any, ...], ...] | None:
     """For each spelling of ``name``, the keys ``conf.get(spelling)`` tries, in its order; or
     ``None`` when ``conf`` is not a plain Celery ``ConfigurationView`` over dicts."""
-    from celery.utils.collections import ConfigurationView
-
     if type(conf).__getitem__ is not ConfigurationView.__getitem__:
         return None
     plans = _conf_cache(conf, "_singleton_lock_plans")

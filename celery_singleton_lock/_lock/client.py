@@ -30,6 +30,8 @@ class RedisClient(Protocol):
 def check_client(client: object, parameter: str = "client") -> RedisClient:
     """``client`` when it is a synchronous redis-py client, else a ``TypeError`` naming
     ``parameter`` and what to pass instead."""
+    if type(client) in _checked_types and "evalsha" not in getattr(client, "__dict__", ()):
+        return cast(RedisClient, client)
     # A pipeline has the client's methods but queues commands instead of running them, and an
     # asyncio client's return coroutines: both would fail later with an unrelated error.
     if isinstance(client, Pipeline | ClusterPipeline):
@@ -50,4 +52,12 @@ def check_client(client: object, parameter: str = "client") -> RedisClient:
             f"{parameter} must be a redis-py client (redis.Redis, redis.RedisCluster, or a "
             f"Sentinel master_for(...) client), got {type(client).__name__}"
         )
+    bound = getattr(client, "evalsha", None)
+    if getattr(bound, "__func__", None) is getattr(type(client), "evalsha", None):
+        _checked_types.add(type(client))
     return cast(RedisClient, client)
+
+
+#: client classes that passed: every lock checks its client, and a Celery worker makes a lock
+#: per run (an instance with an evalsha of its own, not its class's, is checked every time)
+_checked_types: set[type] = set()

@@ -79,13 +79,13 @@ class LeaseLost(threading.Event):
 class Hold:
     __slots__ = (
         "__weakref__",
+        "_lost",
         "client",
         "count",
         "dead",
         "fence",
         "keys",
         "lease_ms",
-        "lost",
         "mutex",
         "next_renew",
         "owner",
@@ -107,7 +107,8 @@ class Hold:
         #: nesting depth in this process; Redis counts this whole hold as one
         self.count = 0
         self.fence: int | None = None
-        self.lost: threading.Event = LeaseLost(self)
+        # made at its first use: most holds end without anyone asking (a Celery run's does)
+        self._lost: LeaseLost | None = None
         self.mutex = threading.Lock()
         self.pid = os.getpid()
         #: set when the hold left the registry; a thread that finds it dead looks again
@@ -122,6 +123,17 @@ class Hold:
         #: monotonic time the acquire that took it was sent (for the hold-time metric)
         self.taken_at = 0.0
 
+    @property
+    def lost(self) -> threading.Event:
+        """Set when the lease is lost (see :class:`LeaseLost`); one Event per hold."""
+        lost = self._lost
+        if lost is None:
+            with _lost_made:
+                lost = self._lost
+                if lost is None:
+                    lost = self._lost = LeaseLost(self)
+        return lost
+
     def lease_left(self) -> float:
         return self.valid_until - time.monotonic()
 
@@ -133,12 +145,15 @@ class Hold:
 #: keeps its client alive, so an id is never reused for another client meanwhile.
 _holds: dict[tuple[int, str, str], Hold] = {}
 _holds_lock = threading.Lock()
+#: makes a hold's ``lost`` Event once, whichever thread asks first
+_lost_made = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    global _holds_lock
+    global _holds_lock, _lost_made
     _holds.clear()
     _holds_lock = threading.Lock()
+    _lost_made = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -78,7 +78,10 @@ class ReentrantLock:
         self._info = info
         self._run_token = run_token
         self._keys = LockKeys.for_name(check_prefix(prefix), name)
-        self._last_lost = threading.Event()
+        #: the hold this object took last (its ``lost`` outlives the hold), and the Event
+        #: that ``lost`` returns before any hold: both made only when needed
+        self._last_hold: Hold | None = None
+        self._never_lost: threading.Event | None = None
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -224,7 +227,7 @@ class ReentrantLock:
         hold.fence = fence
         hold.taken_at = sent
         hold.valid_until = sent + hold.ttl
-        self._last_lost = hold.lost
+        self._last_hold = hold
         if self._owner is None:
             hold.thread = weakref.ref(threading.current_thread())
         if hold.renew:
@@ -361,8 +364,12 @@ class ReentrantLock:
     @property
     def lost(self) -> threading.Event:
         """Set the moment the heartbeat finds the lease gone or cannot renew it in time."""
-        hold = self._hold()
-        return self._last_lost if hold is None else hold.lost
+        hold = self._hold() or self._last_hold
+        if hold is not None:
+            return hold.lost
+        if self._never_lost is None:
+            self._never_lost = threading.Event()
+        return self._never_lost
 
     def ensure_held(self) -> None:
         """Raise :class:`LockLostError` unless this owner still holds an unexpired lease.
