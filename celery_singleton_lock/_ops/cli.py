@@ -147,7 +147,10 @@ def locks() -> None:
 def list_(
     ctx: click.Context, url: str | None, prefix: str | None, as_json: bool, match: str
 ) -> None:
-    """Every held lock: key, task, holder, host, pid, state, age, lease, fence, holds."""
+    """Every held lock: key, task, holder, host, pid, state, age, lease, fence, holds.
+
+    HOLDS is the holder's hold count in Redis: a lock_at="publish" job shows 2 while it runs
+    (its message's hold and its run's, one job), 1 while queued."""
     _run(ctx, "list", url, prefix, as_json=as_json, match=match)
 
 
