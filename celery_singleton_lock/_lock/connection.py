@@ -105,6 +105,23 @@ def _pack(command: Sequence[Any], encoding: str, errors: str) -> list[bytes] | N
     return [b"".join(parts)]
 
 
+#: redis-py's packer when hiredis is installed (it writes str in UTF-8, ignoring the encoding)
+_HIREDIS_PACKER: type | None = getattr(redis.connection, "HiredisRespSerializer", None)
+
+
+def packing_encoding(conn: Any) -> tuple[str | None, str]:
+    """How redis-py's packer of ``conn`` encodes a str: (encoding, errors); encoding ``None``
+    for a connection class without redis-py's encoder (redis-py then packs the commands)."""
+    if _HIREDIS_PACKER is not None and isinstance(
+        getattr(conn, "_command_packer", None), _HIREDIS_PACKER
+    ):
+        # With hiredis installed redis-py packs every str in UTF-8, whatever the client's
+        # encoding: the lock's own commands must name the same keys as redis-py's.
+        return "utf-8", "strict"
+    encoder = getattr(conn, "encoder", None)
+    return getattr(encoder, "encoding", None), getattr(encoder, "encoding_errors", "strict")
+
+
 class _Borrowed:
     __slots__ = ("conn", "encoding", "errors", "pid", "pool", "used")
 
@@ -114,9 +131,7 @@ class _Borrowed:
         self.pid = os.getpid()
         self.pool = weakref.ref(pool)
         # None (a connection class without redis-py's encoder): redis-py packs the commands
-        encoder = getattr(self.conn, "encoder", None)
-        self.encoding: str | None = getattr(encoder, "encoding", None)
-        self.errors: str = getattr(encoder, "encoding_errors", "strict")
+        self.encoding, self.errors = packing_encoding(self.conn)
         #: a command went through on the connection since it was (re)connected
         self.used = False
 
