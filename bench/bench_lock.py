@@ -889,6 +889,15 @@ def cleanup(client: Any, names: Names) -> None:
         client.delete(*keys[i : i + 500])
 
 
+def _parser() -> str:
+    """Who parses Redis replies in this process: hiredis (the extra) or redis-py's own."""
+    from importlib.metadata import version
+
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return f"hiredis {version('hiredis')}" if HIREDIS_AVAILABLE else "pure Python"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="an existing Redis on loopback (default: start one)")
@@ -948,6 +957,7 @@ def main(argv: list[str] | None = None) -> int:
             "server_where": (f"127.0.0.1:{server.port} (started by the bench)" if server else url),
             "python": platform.python_version(),
             "redis_py": redis.__version__,
+            "parser": _parser(),
             "python_redis_lock": getattr(redis_lock, "__version__", None),
             "cpus": os.cpu_count(),
             "platform": platform.platform(),

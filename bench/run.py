@@ -70,7 +70,9 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
     u, h = lock["uncontended"], lock["handoff"]
     lines = [
         f"Measured {when} with `{command}` on {env['cpus']} CPUs "
-        f"({machine['platform']}), Python {env['python']}, redis-py {env['redis_py']}, "
+        f"({machine['platform']}), Python {env['python']}, redis-py {env['redis_py']}"
+        + (f" (replies parsed by {env['parser']})" if env.get("parser") else "")
+        + ", "
         f"Celery {machine['celery']}, {env['server']}; every contender in the same run, "
         "interleaved. Ratios are what to read: absolute figures move with the host.",
         "",
@@ -252,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         results = run_benchmarks(args.quick)
     command = "python bench/run.py" + (" --quick" if args.quick else "")
-    when = time.strftime("%Y-%m-%d")
+    # an earlier run written up again keeps its own date and command
+    earlier = results.get("meta", {}) if args.from_json else {}
+    command = earlier.get("command", command)
+    when = earlier.get("date") or time.strftime("%Y-%m-%d")
     args.out.mkdir(parents=True, exist_ok=True)
     results["meta"] = {"command": command, "date": when, "machine": platform.machine()}
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
