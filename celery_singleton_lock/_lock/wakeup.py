@@ -153,6 +153,11 @@ class WakeHub:
         return sub
 
     def leave(self, sub: Subscription) -> None:
+        """Leave the waiters of the subscription; the last one ends it.
+
+        The UNSUBSCRIBE goes from the client's heartbeat lane, a moment later: sent here it
+        would cost the leaving waiter a send (about 50 us) between its acquire's reply and its
+        return, on the path of every hand-off."""
         with self._mutex:
             sub.waiters -= 1
             if sub.waiters > 0:
@@ -161,12 +166,29 @@ class WakeHub:
         pubsub = sub.pubsub
         if pubsub is None:
             return
-        if not sub.broken and len(self._idle) < KEEP_IDLE:
+        if sub.broken:
+            _close(pubsub)
+            return
+        from .heartbeat import get_heartbeat  # (heartbeat -> commands -> this module)
+
+        get_heartbeat().retry(
+            self.client,
+            lambda: self._unsubscribe(pubsub, sub.channel),
+            f"unsubscribe from {sub.channel}",
+            SUBSCRIBE_TIMEOUT,
+        )
+
+    def _unsubscribe(self, pubsub: Any, channel: str) -> None:
+        """End a subscription no waiter uses any more, and keep its connection for the next
+        waits while fewer than :data:`KEEP_IDLE` are kept (never raises)."""
+        with self._mutex:
+            room = len(self._idle) < KEEP_IDLE
+        if room:
             try:  # the confirmation is read by the next user of the connection
                 if self.sharded:
-                    pubsub.sunsubscribe(sub.channel)
+                    pubsub.sunsubscribe(channel)
                 else:
-                    pubsub.unsubscribe(sub.channel)
+                    pubsub.unsubscribe(channel)
             except Exception:  # a broken connection: not worth keeping
                 pass
             else:
@@ -174,8 +196,7 @@ class WakeHub:
                     if len(self._idle) < KEEP_IDLE:
                         self._idle.append(pubsub)
                         return
-        with contextlib.suppress(Exception):  # closing a broken connection may fail too
-            pubsub.close()
+        _close(pubsub)
 
     def _subscribe(self, pubsub: Any, channel: str) -> Any:
         if pubsub is None:
@@ -228,6 +249,11 @@ class WakeHub:
                 pubsub.handle_message(reply, ignore_subscribe_messages=False)
             if time.monotonic() >= deadline:
                 return None
+
+
+def _close(pubsub: Any) -> None:
+    with contextlib.suppress(Exception):  # closing a broken connection may fail too
+        pubsub.close()
 
 
 def _bytes(value: Any) -> bytes:
