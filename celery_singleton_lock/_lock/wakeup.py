@@ -222,8 +222,7 @@ class WakeHub:
                 if _bytes(reply[0]) == kind and _bytes(reply[1]) == channel.encode():
                     return pubsub
         except BaseException:
-            with contextlib.suppress(Exception):
-                pubsub.close()
+            _close(pubsub)
             raise
 
     def _raw(self, pubsub: Any, timeout: float) -> Any:
