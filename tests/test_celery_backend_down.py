@@ -1,7 +1,8 @@
-"""SPEC §5 row 9: the Redis of the locks is unreachable (the broker and the result backend are
-fine). A publish raises ``LockBackendError`` and sends nothing, a run fails loudly; with
-``singleton_lock_on_backend_error="proceed"`` both go on without the lock and log at ERROR.
-Nothing is dropped silently."""
+"""The Redis of the locks is down: nothing listens, so connections are refused (the broker and
+the result backend are fine). A publish raises ``LockBackendError`` and sends nothing, a run
+fails loudly; with ``singleton_lock_on_backend_error="proceed"`` both go on without the lock and
+log at ERROR. Nothing is dropped silently. (A Redis that hangs instead, accepting connections and
+never answering, is the slow case: see test_celery_hung_redis.py.)"""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlparse
 
 from .._errors import MisconfiguredError
-from .._lock import LockSpace
+from .._lock import DeadlineRetry, LockSpace
+from .checks import check_settings
 from .settings import REDIS_SCHEMES, scheme_of, setting
 
 __all__ = ["get_client", "lock_space", "make_client", "reset_client"]
@@ -48,6 +49,21 @@ def _broker_ssl(app: Any, url: str) -> dict[str, Any]:
     return {k: use_ssl[k] for k in _SSL_KEYS if k in use_ssl}
 
 
+#: seconds: the socket and connect timeouts of the clients made here (unless set in
+#: ``singleton_lock_redis_options``), and the default of ``singleton_lock_backend_timeout``
+SOCKET_TIMEOUT = 5
+
+
+def _retry() -> DeadlineRetry:
+    """The resend policy of the clients made here: 3 resends within about a second
+    (redis-py's default is up to 10 s of them; resending is safe, every script is idempotent
+    per request), none started past the deadline of the lock operation in progress
+    (``singleton_lock_backend_timeout``)."""
+    from redis.backoff import ExponentialBackoff
+
+    return DeadlineRetry(ExponentialBackoff(cap=0.5, base=0.05), 3)
+
+
 def _sentinel_client(url: str, options: dict[str, Any], app: Any) -> Any:
     from redis.sentinel import Sentinel
 
@@ -72,8 +88,9 @@ def _sentinel_client(url: str, options: dict[str, Any], app: Any) -> Any:
             "app.conf.singleton_lock_redis_options = {'master_name': 'mymaster'}"
         )
     sentinel_kwargs = opts.pop("sentinel_kwargs", None) or transport.get("sentinel_kwargs")
-    opts.setdefault("socket_timeout", 5)
-    opts.setdefault("socket_connect_timeout", 5)
+    opts.setdefault("socket_timeout", SOCKET_TIMEOUT)
+    opts.setdefault("socket_connect_timeout", SOCKET_TIMEOUT)
+    opts.setdefault("retry", _retry())
     if password and "password" not in opts:
         opts["password"] = password
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **opts)  # type: ignore[no-untyped-call]  # redis-py: unannotated
@@ -97,15 +114,9 @@ def make_client(app: Any) -> Any:
         return _sentinel_client(url, options, app)
     cluster = options.pop("cluster", False)
     # Bounded waits: a lock call must fail with LockBackendError, never hang on a dead server.
-    # (redis-py's default resends a command 10 times; ours 3 times, within about a second.
-    # Resending is safe: every script is idempotent per request.)
-    options.setdefault("socket_timeout", 5)
-    options.setdefault("socket_connect_timeout", 5)
-    if "retry" not in options:
-        from redis.backoff import ExponentialBackoff
-        from redis.retry import Retry
-
-        options["retry"] = Retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
+    options.setdefault("socket_timeout", SOCKET_TIMEOUT)
+    options.setdefault("socket_connect_timeout", SOCKET_TIMEOUT)
+    options.setdefault("retry", _retry())
     try:
         if cluster:
             from redis.cluster import RedisCluster
@@ -145,6 +156,9 @@ def get_client(app: Any) -> Any:
     with _clients_lock:
         entry = _clients.get(app)
         if entry is None or entry[0] != pid:
+            # The first lock client of a process checks every setting: a publisher finds a
+            # wrong or misspelt one at its first publish, before a worker fails on it.
+            check_settings(app)
             entry = (pid, make_client(app))
             _clients[app] = entry
         return entry[1]
@@ -156,15 +170,23 @@ def reset_client(app: Any) -> None:
         _clients.pop(app, None)
 
 
-def lock_space(app: Any) -> LockSpace:
-    """The app's locks: its lock client and ``singleton_lock_prefix``."""
+def lock_space(app: Any, prefix: str | None = None) -> LockSpace:
+    """The app's locks under ``prefix`` (``None``: ``singleton_lock_prefix``; a task class's
+    own is :meth:`TaskLocking.space`): its lock client and ``singleton_lock_backend_timeout``
+    (every lock operation of the Celery layer, each of its locks' included, is bounded by
+    it)."""
     client = get_client(app)
-    prefix: str = setting(app, "singleton_lock_prefix")
-    space = _spaces.get(app)
-    if space is None or space.client is not client or space.prefix != prefix:
-        space = _spaces[app] = LockSpace(client, prefix)
+    if prefix is None:
+        prefix = setting(app, "singleton_lock_prefix")
+    timeout: float = setting(app, "singleton_lock_backend_timeout")
+    spaces = _spaces.get(app)
+    if spaces is None:
+        spaces = _spaces[app] = {}
+    space = spaces.get(prefix)
+    if space is None or space.client is not client or space.backend_timeout != timeout:
+        space = spaces[prefix] = LockSpace(client, prefix, backend_timeout=timeout)
     return space
 
 
-#: app -> its LockSpace (made again when its client or prefix changes)
-_spaces: weakref.WeakKeyDictionary[Any, LockSpace] = weakref.WeakKeyDictionary()
+#: app -> {prefix: its LockSpace} (made again when the client or backend timeout changes)
+_spaces: weakref.WeakKeyDictionary[Any, dict[str, LockSpace]] = weakref.WeakKeyDictionary()

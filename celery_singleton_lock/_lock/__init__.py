@@ -5,10 +5,10 @@ this process keeps and renews, :class:`LockSpace` for operations on a hold that 
 (a queued message's, a dead pool child's, an operator's view), and their typed replies.
 
 Modules, bottom up: ``keys`` (key names), ``owner`` (owner, request and run tokens), ``checks``
-(argument checks), ``client`` (what a client must be),
-``connection`` (a kept connection per thread), ``scripts`` (the Lua files), ``commands`` (one
-script call each, typed replies, Redis errors mapped), ``hold`` (a process's hold and their
-registry), ``heartbeat`` (renewal), ``wakeup`` (push wake-ups), ``reentrant``
+(argument checks), ``client`` (what a client must be), ``deadline`` (one deadline per operation,
+resends included), ``connection`` (a kept connection per thread), ``scripts`` (the Lua files),
+``commands`` (one script call each, typed replies, Redis errors mapped), ``hold`` (a process's hold
+and their registry), ``heartbeat`` (renewal), ``wakeup`` (push wake-ups), ``reentrant``
 (:class:`ReentrantLock`), ``space`` (:class:`LockSpace`), ``observe`` (what it reports, for
 metrics).
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 from .checks import MAX_LEASE_SECONDS
 from .client import RedisClient
 from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply, text
+from .deadline import DeadlineRetry
 from .keys import LockKeys, check_prefix
 from .observe import LockObserver, get_observer, set_observer
 from .owner import new_run_token
@@ -28,6 +29,7 @@ __all__ = [
     "ALL_HOLDS",
     "MAX_LEASE_SECONDS",
     "AcquireReply",
+    "DeadlineRetry",
     "LockKeys",
     "LockObserver",
     "LockSpace",

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_LEASE_SECONDS", "check_lease_ms", "check_seconds", "check_wait"]
+__all__ = [
+    "MAX_LEASE_SECONDS",
+    "check_backend_timeout",
+    "check_lease_ms",
+    "check_seconds",
+    "check_wait",
+]
 
 #: The longest lease the lock takes: ten years, longer than any real countdown plus queue
 #: lease, and far below what the scripts can write exactly (lease + meta retention < 2**53 ms).
@@ -29,6 +35,15 @@ def check_wait(value: object, parameter: str = "timeout") -> float | None:
     if wait is not None and wait < 0:
         raise ValueError(f"{parameter} must be >= 0 or None, got {value!r}")
     return wait
+
+
+def check_backend_timeout(value: object, parameter: str = "backend_timeout") -> float | None:
+    """How long one lock operation may wait for Redis in all: ``None`` (no bound beyond the
+    client's own) or a number of seconds > 0 (zero would fail every call unsent)."""
+    seconds = check_seconds(value, parameter, allow_none=True)
+    if seconds is not None and seconds <= 0:
+        raise ValueError(f"{parameter} must be > 0 seconds or None, got {value!r}")
+    return seconds
 
 
 def check_lease_ms(value: object, parameter: str = "lease") -> int:

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from .._errors import LockBackendError
 from . import observe, scripts
+from .deadline import budget
 from .heartbeat import get_heartbeat
 from .keys import LockKeys
 from .owner import new_request_id
@@ -93,6 +94,10 @@ class AcquireReply(NamedTuple):
     #: not acquired because another run of the same owner holds it (see ``run_token``)
     other_run: bool = False
 
+    def __bool__(self) -> bool:
+        # A tuple with fields is always true: `if lock.try_acquire():` must mean "acquired".
+        return self.acquired
+
 
 class ReleaseReply(NamedTuple):
     """What a release did (lua/release.lua's -1 / 0 / n, typed)."""
@@ -101,6 +106,10 @@ class ReleaseReply(NamedTuple):
     owned: bool
     #: holds of this owner left in Redis after the release (0: none)
     holds_left: int = 0
+
+    def __bool__(self) -> bool:
+        # as AcquireReply: `if lock.release_all():` means "this owner held it"
+        return self.owned
 
     @property
     def freed(self) -> bool:
@@ -168,8 +177,14 @@ def acquire(
 
 def _cancel(client: Any, keys: LockKeys, owner: str, request: str, lease_ms: int) -> None:
     """Make sure the acquire ``request``, whose reply never came, holds nothing (lua/cancel.lua):
-    now if Redis answers, else from the client's renewal thread until it does (or until any
-    hold that acquire could have taken has expired)."""
+    now if Redis answers within what is left of the operation's deadline (nothing is sent
+    when it has passed), else from the client's renewal lane until it does.
+
+    The lane keeps trying for as long as a hold that acquire could take might live: its lease
+    (plus the meta hash's retention, which keeps the cancel's mark) counted from the last
+    attempt that timed out, since a server that does not answer (stalled, or a silent path
+    that still delivers later) may run the acquire when it wakes, long after it was sent; a
+    server that refuses the connection has lost it with the old connection."""
     args = (owner, request, publish_command(client), META_RETENTION_MS, lease_ms)
 
     def cancel() -> None:
@@ -192,7 +207,12 @@ def _cancel(client: Any, keys: LockKeys, owner: str, request: str, lease_ms: int
             exc,
         )
         get_heartbeat().retry(
-            client, cancel, f"cancel acquire of {keys.lock}", (lease_ms + META_RETENTION_MS) / 1000
+            client,
+            cancel,
+            f"cancel acquire of {keys.lock}",
+            (lease_ms + META_RETENTION_MS) / 1000,
+            budget=budget(),
+            while_stalled=True,
         )
 
 
@@ -217,10 +237,11 @@ def release(
     """Drop ``drop`` holds of ``owner`` (:data:`ALL_HOLDS`: every one).
 
     Idempotent per call: a resend of the same call (redis-py's retry) is answered as the
-    first one was. With ``retry_for`` > 0, a release that Redis fails is still raised, and
-    also sent again from the client's renewal lane (the same call: it cannot drop a hold
-    twice) until it goes through, for up to ``retry_for`` seconds, or until ``retry_unless()``
-    says the hold is someone's again (the owner took it anew: its own release settles it)."""
+    first one was. With ``retry_for`` > 0, a release that Redis fails (or that the operation's
+    deadline cut short) is still raised, and also sent again from the client's renewal lane
+    (the same call: it cannot drop a hold twice) until it goes through, for up to
+    ``retry_for`` seconds (a hold cannot outlive its lease), or until ``retry_unless()`` says
+    the hold is someone's again (the owner took it anew: its own release settles it)."""
     args = (owner, drop, publish_command(client), META_RETENTION_MS, new_request_id())
     try:  # not backend_errors(): the hot path (see acquire)
         left = int(scripts.RELEASE(client, keys.triple, args))
@@ -231,7 +252,18 @@ def release(
                 if retry_unless is None or not retry_unless():
                     scripts.RELEASE(client, keys.triple, args)
 
-            get_heartbeat().retry(client, again, f"release {keys.lock} held by {owner}", retry_for)
+            _log_release.warning(
+                "could not release %s held by %s (%s: %s); sending the release again in the "
+                "background for up to %.0f s",
+                keys.lock,
+                owner,
+                type(exc).__name__,
+                exc,
+                retry_for,
+            )
+            get_heartbeat().retry(
+                client, again, f"release {keys.lock} held by {owner}", retry_for, budget=budget()
+            )
         _raise_backend_error("release", keys.name, exc)
     _log_release.debug("release %s by %s: %s", keys.lock, owner, left)
     if left == 0:

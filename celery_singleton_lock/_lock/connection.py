@@ -6,7 +6,9 @@ socket, metrics) and wraps it in its retry and observability machinery: about as
 time as sending the command and reading the reply. For a plain ``redis.Redis`` over a plain
 ``ConnectionPool``, :func:`execute` sends the command on a connection the calling thread keeps
 checked out instead, under the connection's own retry policy (the same one ``execute_command``
-uses: retried on connection errors and timeouts, the connection closed before each retry).
+uses: retried on connection errors and timeouts, the connection closed before each retry),
+and within the deadline of the lock operation in progress (:mod:`.deadline`): no resend past it,
+and no wait for a reply past it either, however long the socket timeout.
 
 Anything else goes through ``client.execute_command`` as before: Cluster and Sentinel clients,
 a single-connection client, a client with client-side caching, and any client whose
@@ -33,9 +35,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .deadline import call_with_retry, time_left
+
 __all__ = ["execute"]
 
 _local = threading.local()
+#: seconds: how far past the deadline a socket timeout may end and still be the one that ends
+#: the wait for a reply (see _Borrowed._execute)
+REPLY_SLACK = 0.1
 #: pool -> connections kept out of it (by all threads)
 _kept: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 _kept_lock = threading.Lock()
@@ -161,10 +168,23 @@ class _Borrowed:
                 conn.send_command(*command)
             else:
                 conn.send_packed_command(packed)
+            # Under a deadline that ends before the socket timeout would, wait for the reply
+            # only until the deadline (can_read is redis-py's public poll of the socket; the
+            # data it reads stays in the parser's buffer for read_response). Not when the
+            # socket timeout ends at most REPLY_SLACK after it: a poll with a timeout of its
+            # own costs two more system calls per command, and the default deadline is the
+            # socket timeout.
+            left = time_left()
+            if left is not None:
+                timeout = getattr(conn, "socket_timeout", None)
+                if (timeout is None or left < timeout - REPLY_SLACK) and not conn.can_read(
+                    max(left, 0.0)
+                ):
+                    raise RedisTimeoutError("Timeout reading from socket: no reply by the deadline")
             return conn.read_response()
 
         try:
-            reply = conn.retry.call_with_retry(send, lambda _error: conn.disconnect())
+            reply = call_with_retry(conn.retry, send, lambda _error: conn.disconnect())
         except ResponseError:
             self.used = True
             raise  # an error reply, read whole: the connection is in order

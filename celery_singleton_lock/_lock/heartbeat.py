@@ -50,12 +50,25 @@ class Heartbeat:
         if lane is not None and lane.client is hold.client:
             lane.remove(hold)
 
-    def retry(self, client: Any, call: Callable[[], None], what: str, give_up_after: float) -> None:
+    def retry(
+        self,
+        client: Any,
+        call: Callable[[], None],
+        what: str,
+        give_up_after: float,
+        *,
+        budget: float | None = None,
+        while_stalled: bool = False,
+    ) -> None:
         """Call ``call`` from ``client``'s lane until it succeeds, for at most ``give_up_after``
         seconds (used for calls whose failure must not stay unsettled, such as cancelling an
-        acquire whose reply was lost)."""
+        acquire whose reply was lost). ``budget``: the seconds each attempt may take;
+        ``while_stalled``: the ``give_up_after`` seconds count again from each attempt that
+        timed out (a server that does not answer may still run a command sent to it earlier)."""
         with self._lock:
-            self._lane(client).retry(call, what, give_up_after)
+            self._lane(client).retry(
+                call, what, give_up_after, budget=budget, while_stalled=while_stalled
+            )
 
     def _retire(self, lane: Lane) -> bool:
         with self._lock, lane.cond:

@@ -10,9 +10,10 @@ from typing import Any
 
 from .._errors import LockLostError, LockNotOwnedError, LockTimeoutError
 from . import commands, observe
-from .checks import check_lease_ms, check_wait
+from .checks import check_backend_timeout, check_lease_ms, check_wait
 from .client import RedisClient, check_client
 from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
+from .deadline import bounded
 from .heartbeat import get_heartbeat
 from .hold import Hold, find_hold, forget_hold, hold_for
 from .keys import LockKeys, check_prefix
@@ -39,6 +40,12 @@ class ReentrantLock:
     one per delivery of a task, so a message redelivered while its first run lives never runs
     beside it); the same owner without a run token may always re-enter.
 
+    ``backend_timeout`` (seconds, ``None``: no bound beyond the client's own) bounds each of
+    the lock's operations on Redis as a whole, the client's resends included: one acquire
+    attempt (a blocking wait is made of several, and waits as long as it was asked to), a
+    release, a park, a check. What an operation cut short leaves open is settled in the
+    background: the cancel of an acquire whose reply was lost, a release sent again.
+
     The lock is efficiency-grade: a holder paused longer than its lease can lose it while it
     still runs. Check :attr:`lost` / :meth:`ensure_held`, and pass :attr:`fence` to stores that
     can reject writes from an older holder, for correctness-grade safety.
@@ -56,6 +63,7 @@ class ReentrantLock:
         prefix: str = "lock",
         info: str = "",
         run_token: str = "",
+        backend_timeout: float | None = None,
     ) -> None:
         check_client(client)
         if not isinstance(name, str) or not name:
@@ -70,6 +78,7 @@ class ReentrantLock:
             raise TypeError(f"info must be a str, got {info!r}")
         if not isinstance(run_token, str):
             raise TypeError(f"run_token must be a str, got {run_token!r}")
+        self._backend_timeout = check_backend_timeout(backend_timeout)
         self._client: Any = client
         self._name = name
         self._ttl = float(ttl)
@@ -182,15 +191,16 @@ class ReentrantLock:
                 if sub is not None:
                     seen = sub.generation  # a release from now on wakes the wait below
                 sent = time.monotonic()
-                reply = commands.acquire(
-                    self._client,
-                    self._keys,
-                    hold.owner,
-                    hold.lease_ms,
-                    request,
-                    self._info,
-                    self._run_token,
-                )
+                with bounded(self._backend_timeout):
+                    reply = commands.acquire(
+                        self._client,
+                        self._keys,
+                        hold.owner,
+                        hold.lease_ms,
+                        request,
+                        self._info,
+                        self._run_token,
+                    )
                 if reply.acquired:
                     self._took(hold, reply.fence, sent)
                     if observe.observer is not None:
@@ -268,15 +278,16 @@ class ReentrantLock:
             # A release whose reply is lost may not have run: it is sent again in the background
             # (for up to a lease: after that the lock is gone anyway), unless this process has
             # taken the lock again meanwhile.
-            reply = commands.release(
-                self._client,
-                self._keys,
-                hold.owner,
-                retry_for=hold.ttl,
-                retry_unless=lambda: (
-                    find_hold(self._client, self._keys.lock, hold.owner) is not None
-                ),
-            )
+            with bounded(self._backend_timeout):
+                reply = commands.release(
+                    self._client,
+                    self._keys,
+                    hold.owner,
+                    retry_for=hold.ttl,
+                    retry_unless=lambda: (
+                        find_hold(self._client, self._keys.lock, hold.owner) is not None
+                    ),
+                )
         if reply.owned:
             if observe.observer is not None:
                 observe.observer.released(time.monotonic() - hold.taken_at)
@@ -302,9 +313,23 @@ class ReentrantLock:
     def release_all(self) -> ReleaseReply:
         """Drop every hold of this owner, in this process and in Redis (the holds that other
         processes took as the same owner included). Never raises :class:`LockNotOwnedError`:
-        the reply says whether the owner still held it."""
+        the reply says whether the owner still held it.
+
+        When Redis fails, :class:`LockBackendError` is raised and the release is also sent
+        again in the background, as :meth:`release` does (for up to a lease: a hold of this
+        owner taken through this object has this lease, renewed until now), unless this
+        process takes the lock again as the same owner meanwhile."""
         hold = self._detach()
-        reply = commands.release(self._client, self._keys, self.owner, ALL_HOLDS)
+        owner = self.owner
+        with bounded(self._backend_timeout):
+            reply = commands.release(
+                self._client,
+                self._keys,
+                owner,
+                ALL_HOLDS,
+                retry_for=self._ttl if hold is None else hold.ttl,
+                retry_unless=lambda: find_hold(self._client, self._keys.lock, owner) is not None,
+            )
         if hold is not None:
             if not reply.owned:
                 hold.lost.set()  # held here, gone in Redis: the lease was lost on the way
@@ -319,7 +344,8 @@ class ReentrantLock:
         the operator info unless empty. Returns ``False`` when the owner no longer held it."""
         lease_ms = check_lease_ms(lease)
         self._detach()
-        return commands.park(self._client, self._keys, self.owner, lease_ms, info)
+        with bounded(self._backend_timeout):
+            return commands.park(self._client, self._keys, self.owner, lease_ms, info)
 
     def __enter__(self) -> ReentrantLock:
         if not self.acquire(blocking=True, timeout=self._blocking_timeout):
@@ -342,11 +368,13 @@ class ReentrantLock:
 
     def owned(self) -> bool:
         """Whether this owner holds the lock in Redis now (one round trip)."""
-        return commands.is_owned(self._client, self._keys, self.owner)
+        with bounded(self._backend_timeout):
+            return commands.is_owned(self._client, self._keys, self.owner)
 
     def locked(self) -> bool:
         """Whether anyone holds the lock now (one round trip)."""
-        return commands.is_held(self._client, self._keys)
+        with bounded(self._backend_timeout):
+            return commands.is_held(self._client, self._keys)
 
     @property
     def hold_count(self) -> int:

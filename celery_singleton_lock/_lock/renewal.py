@@ -19,9 +19,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import observe, scripts
+from .deadline import bounded
 from .hold import Hold
 from .scripts import META_RETENTION_MS
 from .sentinel import follow_master
@@ -44,14 +47,29 @@ def _is_cluster(client: Any) -> bool:
 
 
 class _Retry:
-    """A call to make again until it returns without raising, or until ``give_up_at``."""
+    """A call to make again until it returns without raising, or until ``give_up_at``.
 
-    __slots__ = ("attempts", "call", "give_up_at", "next_try", "what")
+    ``budget``: seconds each attempt may take in all (a :class:`~.deadline.deadline`), so one
+    attempt against a Redis that hangs holds up the lane's renewals no longer than the
+    operation that handed the call over would have waited. ``span``, when given: each attempt
+    that times out moves ``give_up_at`` to at least ``span`` seconds later (a server that does
+    not answer may still run what it was sent, later)."""
 
-    def __init__(self, call: Callable[[], None], what: str, give_up_at: float) -> None:
+    __slots__ = ("attempts", "budget", "call", "give_up_at", "next_try", "span", "what")
+
+    def __init__(
+        self,
+        call: Callable[[], None],
+        what: str,
+        give_up_at: float,
+        budget: float | None = None,
+        span: float | None = None,
+    ) -> None:
         self.call = call
         self.what = what
         self.give_up_at = give_up_at
+        self.budget = budget
+        self.span = span
         self.next_try = time.monotonic()
         self.attempts = 0
 
@@ -92,9 +110,25 @@ class Lane:
         with self.cond:
             self.holds.pop(id(hold), None)
 
-    def retry(self, call: Callable[[], None], what: str, give_up_after: float) -> None:
-        """Call ``call`` from this lane until it succeeds, for at most ``give_up_after`` s."""
-        job = _Retry(call, what, time.monotonic() + give_up_after)
+    def retry(
+        self,
+        call: Callable[[], None],
+        what: str,
+        give_up_after: float,
+        *,
+        budget: float | None = None,
+        while_stalled: bool = False,
+    ) -> None:
+        """Call ``call`` from this lane until it succeeds, for at most ``give_up_after`` s
+        (with ``while_stalled``: ``give_up_after`` s after the last attempt that timed out),
+        each attempt bounded by ``budget`` seconds when given."""
+        job = _Retry(
+            call,
+            what,
+            time.monotonic() + give_up_after,
+            budget,
+            give_up_after if while_stalled else None,
+        )
         with self.cond:
             self._retries.append(job)
             self.cond.notify()
@@ -110,8 +144,13 @@ class Lane:
                 due, retries = work
                 if due:
                     self._renew(due)
-                for job in retries:
-                    self._try(job)
+                for i, job in enumerate(retries):
+                    if not self._try(job):
+                        # Redis did not answer: the other calls due now would wait for it in
+                        # turn, each as long, while the renewals wait behind them. They go
+                        # with the failed one's next try instead.
+                        self._postpone(retries[i + 1 :], job.next_try)
+                        break
             except Exception:  # pragma: no cover - a bug guard: the lane must not die
                 log.exception("heartbeat iteration failed; retrying")
                 time.sleep(0.1)
@@ -178,21 +217,43 @@ class Lane:
                 alive.append(hold)
         return alive
 
-    def _try(self, job: _Retry) -> None:
+    def _try(self, job: _Retry) -> bool:
+        """One attempt at ``job``; ``False`` when Redis did not answer (a connection error or
+        a timeout), ``True`` otherwise."""
         job.attempts += 1
         try:
-            job.call()
+            with bounded(job.budget):
+                job.call()
         except Exception as exc:
             now = time.monotonic()
+            unanswered = isinstance(exc, (RedisConnectionError, RedisTimeoutError))
+            if job.span is not None and isinstance(exc, RedisTimeoutError):
+                job.give_up_at = max(job.give_up_at, now + job.span)
             if now >= job.give_up_at:
                 self._drop(job)
                 log.error("gave up trying to %s after %d attempts: %s", job.what, job.attempts, exc)
             else:
                 # A growing pause, so a Redis that is down is not hammered.
                 job.next_try = now + min(0.1 * 2**job.attempts, 5.0)
-            return
+            return not unanswered
         self._drop(job)
         log.info("%s: done after %d attempts", job.what, job.attempts)
+        return True
+
+    def _postpone(self, jobs: Sequence[_Retry], until: float) -> None:
+        """Try ``jobs`` no sooner than ``until``: Redis just did not answer another call. A
+        job whose time is up is given up now, as a failed attempt would have."""
+        now = time.monotonic()
+        for job in jobs:
+            if now >= job.give_up_at:
+                self._drop(job)
+                log.error(
+                    "gave up trying to %s after %d attempts: Redis did not answer",
+                    job.what,
+                    job.attempts,
+                )
+            else:
+                job.next_try = max(job.next_try, until)
 
     def _drop(self, job: _Retry) -> None:
         with self.cond:

@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import commands, observe
-from .checks import check_lease_ms
+from .checks import check_backend_timeout, check_lease_ms
 from .client import RedisClient, check_client
 from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply
+from .deadline import bounded
 from .keys import LockKeys, check_prefix, escape_name
 from .owner import new_request_id
 from .reentrant import ReentrantLock
@@ -26,15 +27,23 @@ __all__ = ["LockSpace"]
 
 
 class LockSpace:
-    """The locks under ``prefix`` on ``client``."""
+    """The locks under ``prefix`` on ``client``.
 
-    __slots__ = ("client", "prefix")
+    ``backend_timeout`` (seconds, ``None``: no bound beyond the client's own) bounds each
+    operation here, and each of the locks made by :meth:`lock`, as a whole, the client's
+    resends included (see :class:`ReentrantLock`); what an operation cut short leaves open
+    (the cancel of a lost acquire, a release with ``retry_for``) goes on in the background."""
 
-    def __init__(self, client: RedisClient, prefix: str = "lock") -> None:
+    __slots__ = ("backend_timeout", "client", "prefix")
+
+    def __init__(
+        self, client: RedisClient, prefix: str = "lock", *, backend_timeout: float | None = None
+    ) -> None:
         check_client(client)
         #: the redis-py client (``Any``: beyond :class:`RedisClient`, SCAN and TIME are used)
         self.client: Any = client
         self.prefix = check_prefix(prefix)
+        self.backend_timeout = check_backend_timeout(backend_timeout)
 
     def keys(self, name: str) -> LockKeys:
         """The Redis keys of the lock ``name``."""
@@ -66,15 +75,18 @@ class LockSpace:
             prefix=self.prefix,
             info=info,
             run_token=run_token,
+            backend_timeout=self.backend_timeout,
         )
 
     def take(self, name: str, owner: str, lease: float, *, info: str = "") -> AcquireReply:
         """Take or re-enter ``name`` for ``owner`` in Redis only: no hold in this process, no
         renewal; the lease is ``lease`` seconds. Another process acting as ``owner`` (a
         task's run) re-enters it, and :meth:`release` lets it go."""
-        reply = commands.acquire(
-            self.client, self.keys(name), owner, check_lease_ms(lease), new_request_id(), info
-        )
+        lease_ms = check_lease_ms(lease)
+        with bounded(self.backend_timeout):
+            reply = commands.acquire(
+                self.client, self.keys(name), owner, lease_ms, new_request_id(), info
+            )
         if observe.observer is not None:
             if reply.acquired:
                 observe.observer.acquired(reply.hold_count > 1)
@@ -90,12 +102,15 @@ class LockSpace:
         ``retry_for``: when Redis fails, raise :class:`LockBackendError` and also keep sending
         this release in the background for up to that many seconds (for a hold that nobody
         will release otherwise, such as the publish lock of a message that was never sent)."""
-        return commands.release(self.client, self.keys(name), owner, holds, retry_for=retry_for)
+        with bounded(self.backend_timeout):
+            return commands.release(self.client, self.keys(name), owner, holds, retry_for=retry_for)
 
     def park(self, name: str, owner: str, lease: float, *, info: str = "") -> bool:
         """Keep ``owner``'s hold for ``lease`` seconds, unrenewed, for a later run of the same
         owner (a redelivered message); ``False`` when the owner did not hold it."""
-        return commands.park(self.client, self.keys(name), owner, check_lease_ms(lease), info)
+        lease_ms = check_lease_ms(lease)
+        with bounded(self.backend_timeout):
+            return commands.park(self.client, self.keys(name), owner, lease_ms, info)
 
     def force_release(
         self, name: str, *, holder: str | None = None, unentered: bool = False
@@ -103,17 +118,20 @@ class LockSpace:
         """An operator's release, whoever holds ``name`` (or only when ``holder`` does; with
         ``unentered``, only while no run has entered the hold). Wakes waiters; the fencing
         token keeps increasing. Returns whether a lock was released."""
-        return commands.force_release(
-            self.client, self.keys_of(name), holder or "", unentered=unentered
-        )
+        with bounded(self.backend_timeout):
+            return commands.force_release(
+                self.client, self.keys_of(name), holder or "", unentered=unentered
+            )
 
     def inspect(self, name: str) -> LockState:
         """Everything about one lock (given by name or Redis key), read atomically."""
-        return commands.inspect(self.client, self.keys_of(name))
+        with bounded(self.backend_timeout):
+            return commands.inspect(self.client, self.keys_of(name))
 
     def is_held(self, name: str) -> bool:
         """Whether anyone holds ``name`` now (one round trip)."""
-        return commands.is_held(self.client, self.keys(name))
+        with bounded(self.backend_timeout):
+            return commands.is_held(self.client, self.keys(name))
 
     def find(self, pattern: str = "*") -> Iterator[LockKeys]:
         """The keys of every lock whose name matches the glob ``pattern``, found by SCAN
