@@ -6,6 +6,7 @@ from typing import Any
 
 __all__ = [
     "AlreadyQueuedError",
+    "ChordDuplicateError",
     "LockBackendError",
     "LockError",
     "LockLostError",
@@ -64,6 +65,51 @@ class AlreadyQueuedError(LockError):
         return (
             f"task {self.task_id} already holds lock {self.key!r} "
             f"({self.ttl:.1f} s left on its lease); not publishing a duplicate"
+        )
+
+
+class ChordDuplicateError(AlreadyQueuedError):
+    """A publish-time duplicate inside a chord header: the chord was not sent.
+
+    Raised whatever ``lock_on_duplicate`` says, since returning the first job's result would
+    leave the chord waiting for a member that never reports to it. ``revoked`` lists the ids of
+    the members of that header this publish had sent already, now revoked (their publish locks
+    freed); ``in_header`` says whether the holder was one of them (the same job twice in the
+    header).
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        ttl: float,
+        key: str = "",
+        revoked: tuple[str, ...] = (),
+        in_header: bool = False,
+    ) -> None:
+        super().__init__(task_id, ttl, key)
+        self.revoked = revoked
+        self.in_header = in_header
+
+    def __str__(self) -> str:
+        held = (
+            f"the same job appears twice in this chord's header (lock {self.key!r})"
+            if self.in_header
+            else (
+                f"task {self.task_id} already holds lock {self.key!r} "
+                f"({self.ttl:.1f} s left on its lease)"
+            )
+        )
+        sent = (
+            f"; the {len(self.revoked)} member(s) already sent to it were revoked"
+            if self.revoked
+            else ""
+        )
+        return (
+            f"a chord header member is a duplicate: {held}. The chord was not sent{sent}: "
+            "returning the first job's result would leave the chord waiting for a member that "
+            "never reports to it. Deduplicate the header before building the chord (is_locked, "
+            'lock_holder), or use lock_at="run", where a duplicate in a chord header fails and '
+            "the chord's callback ends with ChordError"
         )
 
 

@@ -299,5 +299,5 @@ def test_a_canvas_member_of_a_publish_mode_task_is_deduplicated_at_publish(
     gates.open(k)
     assert holder.get(timeout=10) == k
     wait_until(lambda: not guarded_pub.is_locked(k), 3)
-    assert env.state(member) == "PENDING"  # never sent, never run
+    assert env.state(member) == "FAILURE"  # never sent, never run: recorded failed
     assert gates.runs[k] == 1 and gates.runs[k2] == 0
