@@ -1,11 +1,13 @@
-"""The celery-singleton drop-in (issue 10), against a real worker and a real Redis.
+"""The celery-singleton drop-in, against a real worker and a real Redis.
 
-Written from celery-singleton 0.3.1's documented behaviour, with only the import changed: a
+Written from celery-singleton's documented behaviour, with only the import changed: a
 duplicate ``.delay()`` returns the first task's result (or raises ``DuplicateTaskError``), a
-new id once the first has ended, ``unique_on`` picks the key, ``clear_locks`` frees every lock,
-the ``singleton_*`` settings apply with the task's own option first. Then the cases where we
-behave better on purpose: a retry keeps its lock and runs, a ``send_task`` duplicate is
-skipped at run time, and a killed worker's lock ends within one running lease.
+new id once the first has ended, ``unique_on`` picks the key, ``clear_locks`` deletes every key
+under the prefix (``SINGLETONLOCK_`` by default), the ``singleton_*`` settings apply with the
+task's own option first, and a ``singleton_json_encoder_class`` that writes a UUID as its
+string makes ``f(uuid)`` and ``f(str(uuid))`` one job. Then the cases where we behave better on
+purpose: a retry keeps its lock and runs, a ``send_task`` duplicate is skipped at run time, and
+a killed worker's lock ends within one running lease.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from celery_fixtures import (
 from celery_procs import close_app, hanging_job
 
 from celery_singleton_lock import AlreadyQueuedError, MisconfiguredError
+from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock.compat.singleton import (
     CelerySingletonException,
     DuplicateTaskError,
@@ -86,6 +89,12 @@ def on_first(key: str, note: str) -> str:
 def name_only(key: str) -> str:
     gates.enter(key)
     return key
+
+
+@app_task(app, base=Singleton, shared=False, name="single.by_ref")
+def by_ref(ref: Any, key: str) -> str:
+    gates.enter(key)
+    return str(ref)
 
 
 @app_task(app, base=Singleton, shared=False, bind=True, name="single.retrying")
@@ -229,6 +238,94 @@ def test_lock_names_holders_and_clear_locks(env: CeleryEnv) -> None:
         result.get(timeout=10)
 
 
+class RefEncoder(json.JSONEncoder):
+    """Writes a UUID as its string: the use celery-singleton documents for its
+    ``singleton_json_encoder_class``."""
+
+    def default(self, o: Any) -> Any:
+        if isinstance(o, uuid.UUID):
+            return str(o)
+        return super().default(o)
+
+
+@pytest.fixture
+def ref_encoder(env: CeleryEnv) -> Iterator[None]:
+    env.app.conf.singleton_json_encoder_class = f"{__name__}.RefEncoder"
+    try:
+        yield
+    finally:
+        env.app.conf.singleton_json_encoder_class = None
+
+
+def test_an_encoder_writing_a_uuid_as_its_string_makes_both_one_job(
+    env: CeleryEnv, ref_encoder: None
+) -> None:
+    """celery-singleton keys the arguments as the encoder writes them, so a UUID and its
+    string are one job, at publish and (for a message sent by name) at run time."""
+    key = _key()
+    ref = uuid.uuid4()
+    first = by_ref.delay(ref, key)
+    gates.wait_started(key)
+    assert by_ref.delay(str(ref), key).id == first.id
+    assert by_ref.delay(ref=str(ref), key=key).id == first.id
+    other = by_ref.delay(uuid.uuid4(), key)  # another UUID: another job
+    assert other.id != first.id
+    by_name = env.app.send_task("single.by_ref", args=(str(ref), key))
+    assert env.wait_state(by_name.id, "SKIPPED") == "SKIPPED"
+    assert by_name.info["holder"] == first.id
+    gates.open(key)
+    assert first.get(timeout=10) == str(ref)
+    other.get(timeout=10)
+    assert gates.runs[key] == 2
+    assert by_ref.delay(str(ref), key).id != first.id  # ended: a new run
+    by_ref.delay(str(ref), key).get(timeout=10)
+
+
+def test_the_encoder_keeps_the_keys_of_plain_arguments(env: CeleryEnv) -> None:
+    """Strings, numbers and lists hash as they did without an encoder: turning the setting on
+    does not move the locks of jobs queued with such arguments."""
+    calls: list[tuple[list[Any], dict[str, Any]]] = [
+        (["a"], {}),
+        (["a"], {"n": 3}),
+        ([["x", 1.5, None, True]], {}),
+    ]
+    before = [held.generate_lock(held.name, args, kwargs) for args, kwargs in calls]
+    env.app.conf.singleton_json_encoder_class = RefEncoder
+    try:
+        after = [held.generate_lock(held.name, args, kwargs) for args, kwargs in calls]
+    finally:
+        env.app.conf.singleton_json_encoder_class = None
+    assert after == before
+
+
+def test_clear_locks_leaves_no_key_under_the_prefix(env: CeleryEnv) -> None:
+    """Every key of a lock goes (its ``:meta`` hash too, which outlives a released lock), and
+    whatever else starts with the prefix, as celery-singleton's clear does; other keys stay."""
+    prefix = config.Config(env.app).key_prefix
+    assert prefix == "SINGLETONLOCK_"
+    done, running = _key(), _key()
+    gates.open(done)
+    finished = held.delay(done)
+    finished.get(timeout=10)  # released: its meta hash stays behind for a while
+    first = held.delay(running)
+    gates.wait_started(running)
+    assert held.aquire_lock("hand-taken", "someone")  # a lock without a message
+    locks = env.locks
+    locks.set(f"{prefix}0123456789abcdef", "left by celery-singleton")
+    locks.set("unrelated", "1")
+    under = sorted(k.decode() for k in locks.scan_iter(f"{prefix}*"))
+    assert any(k.endswith(":meta") for k in under) and len(under) >= 5, under
+    clear_locks(env.app)
+    assert list(locks.scan_iter(f"{prefix}*")) == []
+    assert locks.get("unrelated") == b"1"
+    second = held.delay(running)
+    assert second.id != first.id  # its lock is gone: a second run is queued
+    gates.open(running)
+    first.get(timeout=10)
+    second.get(timeout=10)
+    locks.delete("unrelated")
+
+
 # -- where we behave better on purpose -----------------------------------------------------
 
 
@@ -304,27 +401,77 @@ def test_the_result_backend_then_the_broker_are_the_default_redis(
     results = redis.Redis(port=redis_server.port, db=1, decode_responses=True)
     try:
         job.delay(2)
-        assert any(k.startswith("lock:{bare.job") for k in results.scan_iter("lock:*"))
+        # celery-singleton's default key prefix, kept
+        assert config.Config(bare).key_prefix == "SINGLETONLOCK_"
+        keys = list(results.scan_iter("SINGLETONLOCK_*"))
+        assert any(k.startswith("SINGLETONLOCK_:{bare.job") for k in keys), keys
     finally:
         results.flushdb()
         redis.Redis(port=redis_server.port, db=0).flushdb()
         close_app(bare)
 
 
+class DictBackend(backends.BaseBackend):
+    """A backend of celery-singleton's interface, complete: still refused (no lease renewal,
+    no owner-checked release, no fencing token can go through lock/unlock/get/clear)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.locks: dict[str, str] = {}
+
+    def lock(self, lock: str, task_id: str, expiry: float | None = None) -> bool:
+        return self.locks.setdefault(lock, task_id) == task_id
+
+    def unlock(self, lock: str) -> None:
+        self.locks.pop(lock, None)
+
+    def get(self, lock: str) -> str | None:
+        return self.locks.get(lock)
+
+    def clear(self, key_prefix: str) -> None:
+        self.locks.clear()
+
+
+@pytest.mark.parametrize(
+    "backend_class", ["myproject.backends.Memcached", DictBackend, f"{__name__}.DictBackend"]
+)
 def test_another_backend_class_is_refused_when_the_task_is_bound(
-    redis_server: RedisServer,
+    redis_server: RedisServer, backend_class: Any
 ) -> None:
-    bare = bare_app(
-        redis_server, "csl_compat_bare", singleton_backend_class="myproject.backends.Memcached"
-    )
+    bare = bare_app(redis_server, "csl_compat_bare", singleton_backend_class=backend_class)
 
     @app_task(bare, base=Singleton, shared=False, name="bare.job")
     def job(x: int) -> int:
         return x
 
-    with pytest.raises(MisconfiguredError, match=r"singleton_backend_class.*singleton_lock_client"):
+    with pytest.raises(MisconfiguredError) as caught:
         bare.finalize()
+    message = str(caught.value)
+    assert "renew a lease" in message  # why
+    assert "Remove the setting" in message and "singleton_lock_client" in message  # instead
+    with pytest.raises(MisconfiguredError):
+        clear_locks(bare)
     close_app(bare)
+
+
+def test_a_backend_built_from_a_url_clears_any_prefix(redis_server: RedisServer) -> None:
+    """celery-singleton's ``RedisBackend(url)`` and ``clear(prefix)``, outside any app."""
+    backend = backends.RedisBackend(f"redis://127.0.0.1:{redis_server.port}/11")
+    client = redis.Redis(port=redis_server.port, db=11)
+    client.flushdb()
+    try:
+        assert backend.space.prefix == "SINGLETONLOCK_"
+        assert backend.lock("job-a", "t1", expiry=30) and not backend.lock("job-a", "t2")
+        assert backend.get("job-a") == "t1"
+        other = backends.RedisBackend(space=LockSpace(client, "other[1]"))
+        assert other.lock("job-b", "t3")
+        backend.clear("other[1]")  # a prefix with glob characters: taken literally
+        assert other.get("job-b") is None and backend.get("job-a") == "t1"
+        assert sorted(client.scan_iter("other*")) == []
+        backend.clear("SINGLETONLOCK_")
+        assert client.dbsize() == 0
+    finally:
+        client.flushdb()
+        client.close()
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,16 @@ import importlib
 from json import JSONEncoder
 from typing import Any
 
-from ..._celery.settings import setting
+from ..._celery.settings import is_set, setting
 from ..._errors import MisconfiguredError
+from ..._lock import check_prefix
 from .._shared import check_seconds
 
-__all__ = ["DEFAULT_BACKEND", "Config"]
+__all__ = ["DEFAULT_BACKEND", "DEFAULT_KEY_PREFIX", "Config"]
+
+#: celery-singleton's default ``singleton_key_prefix``: kept, so that the keys of migrated code
+#: are found where operators (and their ``SINGLETONLOCK_*`` scans) look for them
+DEFAULT_KEY_PREFIX = "SINGLETONLOCK_"
 
 #: the only backend class accepted in ``singleton_backend_class`` (as celery-singleton names it,
 #: or as this package does)
@@ -29,10 +34,23 @@ class Config:
 
     @property
     def key_prefix(self) -> str:
-        """The prefix of every lock key: ``singleton_lock_prefix``, whose default is
-        ``singleton_key_prefix`` when that is set."""
-        prefix: str = setting(self.app, "singleton_lock_prefix")
-        return prefix
+        """The prefix of every lock key: ``singleton_lock_prefix`` when set, else
+        ``singleton_key_prefix``, else celery-singleton's default ``"SINGLETONLOCK_"``.
+
+        Read here too, not only from the app's defaults that binding a Singleton task
+        adopts: ``clear_locks(app)`` may run in a process that never bound one."""
+        if is_set(self.app, "singleton_lock_prefix"):
+            prefix: str = setting(self.app, "singleton_lock_prefix")
+            return prefix
+        return self.default_key_prefix
+
+    @property
+    def default_key_prefix(self) -> str:
+        """``singleton_key_prefix``, else celery-singleton's default: the prefix a Singleton
+        app's locks get when ``singleton_lock_prefix`` is not set."""
+        return check_prefix(
+            self._get("singleton_key_prefix") or DEFAULT_KEY_PREFIX, "singleton_key_prefix"
+        )
 
     @property
     def backend_class(self) -> type:
@@ -51,11 +69,13 @@ class Config:
         if path_or_class in (DEFAULT_BACKEND, _OURS):
             return
         raise MisconfiguredError(
-            f"singleton_backend_class={path_or_class!r} cannot be used: celery-singleton-lock "
-            "keeps its locks in Redis with its own scripts (a lease, renewal, fencing). Remove "
-            "the setting; to give the locks a client of your own, set "
-            "app.conf.singleton_lock_client to a redis-py client (Sentinel and Cluster "
-            "included)"
+            f"singleton_backend_class={path_or_class!r} cannot be used: celery-singleton's "
+            "backend interface (lock, unlock, get, clear) has no way to renew a lease, to "
+            "release only its own hold or to hand out fencing tokens, which the locks of "
+            "celery-singleton-lock need (they live in Redis, run by its own scripts). Remove "
+            "the setting. If your backend class only changed how to connect to Redis, set "
+            "singleton_backend_url / singleton_backend_kwargs, or app.conf.singleton_lock_client "
+            "to a redis-py client of your own (Sentinel and Cluster included)"
         )
 
     @property

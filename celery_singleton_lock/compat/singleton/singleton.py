@@ -8,13 +8,14 @@ it in ``on_success`` / ``on_failure`` only, and a crashed worker left it for ``l
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from ..._celery.locking import TaskLocking
 from ..._celery.task import LockedTask
-from ..._celery.taskkey import bind_arguments, task_lock_name
+from ..._celery.taskkey import bind_arguments, canonical, task_lock_name
 from ..._errors import AlreadyQueuedError
 from .._shared import ShimLocking, adopt_defaults, check_seconds, peer_option_errors
 from .backends import get_backend
@@ -26,17 +27,37 @@ __all__ = ["Singleton", "clear_locks"]
 
 
 def clear_locks(app: Any) -> None:
-    """Free every lock under the app's prefix, whoever holds it (celery-singleton's
-    ``clear_locks``). Locks held by live runs go too: call it only when no worker runs. (It is
-    no longer needed at worker start: a crashed worker's locks end within one lease.)"""
+    """Delete every key under the app's prefix (celery-singleton's ``clear_locks``): the
+    locks, whoever holds them, and what each lock keeps beside it (its ``:meta`` hash).
+
+    Locks held by live runs go too, and the fencing tokens start again from 1: call it only
+    when no worker runs. (It is no longer needed at worker start: a crashed worker's locks end
+    within one lease.)"""
     config = Config(app)
     get_backend(config).clear(config.key_prefix)
 
 
+def _encoded_argument(encoder: type[json.JSONEncoder], name: str, value: Any) -> str:
+    """``value`` as ``encoder`` writes it; a value the encoder refuses is written in the
+    lock's canonical form instead (celery-singleton raised ``TypeError`` there)."""
+    instance: json.JSONEncoder
+
+    def fallback(o: Any) -> Any:
+        try:
+            return type(instance).default(instance, o)
+        except TypeError:
+            return canonical(o, name)
+
+    # json.dumps passes default= to every encoder class, so each one accepts it; it replaces
+    # the class's default() on this instance only, which fallback() still calls first.
+    instance = encoder(sort_keys=True, separators=(",", ":"), default=fallback)
+    return instance.encode(value)
+
+
 class SingletonLocking(ShimLocking):
-    """A Singleton task class's locking: ``singleton_lock_expiry`` as the queued lease, and
-    ``singleton_json_encoder_class`` for arguments the lock's own canonical form cannot
-    encode."""
+    """A Singleton task class's locking: ``singleton_lock_expiry`` as the queued lease,
+    ``singleton_json_encoder_class`` for the arguments' part of the key, and celery-singleton's
+    key prefix."""
 
     __slots__ = ("task_class",)
 
@@ -44,21 +65,46 @@ class SingletonLocking(ShimLocking):
         super().__init__(base, lambda app: Config(app).lock_expiry)
         self.task_class = task_class
 
+    def prefix(self, app: Any) -> str:
+        """``singleton_lock_prefix`` when set, else ``singleton_key_prefix``, else
+        celery-singleton's ``SINGLETONLOCK_``: for this class's tasks only (a plain
+        ``LockedTask`` of the same app keeps the app's prefix), and the same in every process
+        that knows the class, whichever tasks it happened to bind first."""
+        return Config(app).key_prefix
+
     def lock_name(
         self, task_name: str, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
     ) -> str:
-        try:
-            return super().lock_name(task_name, args, kwargs)
-        except TypeError:
+        """The lock name of one call. With ``singleton_json_encoder_class`` set, the arguments
+        are keyed as that encoder writes them, as celery-singleton keys them: an encoder that
+        writes a ``UUID`` as its string makes ``f(uuid)`` and ``f(str(uuid))`` one job.
+
+        The setting is read on every call (celery-singleton reads it per publish too), and the
+        worker keys a run by name the same way (a ``send_task`` duplicate is still found). For
+        strings, numbers, booleans, ``None`` and lists of them, the text hashed is the canonical
+        form's, so turning the encoder on keeps those jobs' keys."""
+        encoder = None
+        if self.options.lock_key is None:
             encoder = Config(self.task_class.app).json_encoder_class
-            if encoder is None:
-                raise
+        if encoder is None:
+            return super().lock_name(task_name, args, kwargs)
         arguments = bind_arguments(self.signature, tuple(args or ()), dict(kwargs or {}))
         unique_on = self.options.lock_unique_on
         if unique_on is not None:
             arguments = {name: arguments.get(name) for name in unique_on}
-        part = json.dumps(arguments, sort_keys=True, cls=encoder)
-        return task_lock_name(task_name, None, (), {}, key_func=lambda: part)
+        try:
+            pairs = [
+                f"[{json.dumps(name)},{_encoded_argument(encoder, name, arguments[name])}]"
+                for name in sorted(arguments)
+            ]
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"cannot build a lock key of task {task_name!r} with "
+                f"singleton_json_encoder_class {encoder.__qualname__}: {exc}"
+            ) from exc
+        text = "[" + ",".join(pairs) + "]"
+        digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+        return task_lock_name(task_name, None, (), {}, key_func=lambda: digest)
 
 
 class Singleton(LockedTask):
@@ -113,7 +159,6 @@ class Singleton(LockedTask):
             {
                 "singleton_lock_redis_url": config.backend_url,
                 "singleton_lock_redis_options": config.backend_kwargs,
-                "singleton_lock_prefix": app.conf.get("singleton_key_prefix"),
             },
         )
         super().on_bound(app)
