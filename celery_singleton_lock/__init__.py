@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from ._celery import LockedTask, install
 from ._errors import (
     AlreadyQueuedError,
+    ChordDuplicateError,
     LockBackendError,
     LockError,
     LockLostError,
@@ -29,6 +30,7 @@ except PackageNotFoundError:  # pragma: no cover - imported from a checkout, not
 
 __all__ = [
     "AlreadyQueuedError",
+    "ChordDuplicateError",
     "LockBackendError",
     "LockError",
     "LockLostError",

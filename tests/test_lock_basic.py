@@ -159,6 +159,26 @@ def test_distinct_explicit_owners_exclude_each_other(redis_client: Any) -> None:
     b.release()
 
 
+def test_a_reply_is_true_only_when_it_says_yes(redis_client: Any) -> None:
+    """``if lock.try_acquire():`` reads as it should: a refused reply is false (a tuple of
+    fields would be true), an acquired one true; a release reply is true when the owner held
+    the lock."""
+    a = ReentrantLock(redis_client, "replies", ttl=30, owner="a")
+    b = ReentrantLock(redis_client, "replies", ttl=30, owner="b")
+    taken = a.try_acquire()
+    assert taken and taken.acquired
+    refused = b.try_acquire()
+    if refused:
+        pytest.fail(f"a refused reply reads as true: {refused!r}")
+    assert refused.holder == "a"
+    assert not b.release_all()  # b never held it
+    assert a.release_all()
+    if b.try_acquire():
+        b.release()
+    else:
+        pytest.fail("the free lock was not acquired")
+
+
 # -- owner-checked release ----------------------------------------------------------------
 
 

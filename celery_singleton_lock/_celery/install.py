@@ -25,7 +25,7 @@ from .publish import take_for_message
 from .settings import setting
 from .task import LockedTask
 
-__all__ = ["install"]
+__all__ = ["install", "is_installed"]
 
 log = logging.getLogger("celery_singleton_lock.install")
 
@@ -61,6 +61,11 @@ def install(app: Any, tasks: Mapping[str, Mapping[str, Any]] | None = None) -> N
         app.on_after_finalize.connect(_on_after_finalize, weak=False)
     if app.finalized:
         _lock_tasks(app)
+
+
+def is_installed(app: Any) -> bool:
+    """Whether :func:`install` was called for ``app`` in this process."""
+    return app in _configs
 
 
 def _on_after_finalize(sender: Any = None, **kwargs: Any) -> None:

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._errors import LockBackendError, MisconfiguredError
+from .._lock import LockSpace
+from .client import lock_space
 from .options import OPTION_NAMES, LockOptions, check_option_names, validate_options
 from .settings import setting
 from .taskkey import task_lock_name
@@ -88,6 +90,17 @@ class TaskLocking:
             unique_on=options.lock_unique_on,
             key_func=options.lock_key,
         )
+
+    def prefix(self, app: Any) -> str:
+        """The prefix of this class's lock keys: ``singleton_lock_prefix``. A class's own
+        (a drop-in keeping its peer's keys) is a fact of the class, so every process that
+        publishes or runs its tasks names the same keys."""
+        prefix: str = setting(app, "singleton_lock_prefix")
+        return prefix
+
+    def space(self, app: Any) -> LockSpace:
+        """The locks of this class's tasks: the app's client, under :meth:`prefix`."""
+        return lock_space(app, self.prefix(app))
 
     def ttl(self, app: Any) -> float:
         """The lease of a running lock."""

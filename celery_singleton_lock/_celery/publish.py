@@ -19,7 +19,13 @@ from typing import Any
 
 from .._errors import AlreadyQueuedError, LockBackendError
 from .._lock import MAX_LEASE_SECONDS, get_observer
-from .client import lock_space
+from .canvas import (
+    canvas_member,
+    chord_member_of,
+    fail_member,
+    refuse_chord_member,
+    sent_by_worker,
+)
 from .info import holder_info
 from .locking import HEADER, TaskLocking, proceed_without_lock
 from .revoked import free_revoked_holder
@@ -95,7 +101,7 @@ def publish_once(
     )
     info = holder_info(task.name, task_id, "queued")
     try:
-        space = lock_space(app)
+        space = locking.space(app)
         reply = space.take(name, task_id, lease, info=info)
         if not reply.acquired and free_revoked_holder(task, space, name, reply.holder):
             reply = space.take(name, task_id, lease, info=info)
@@ -119,19 +125,39 @@ def publish_once(
             key,
             ttl,
         )
-        raising = locking.options.lock_on_duplicate == "raise"
         observer = get_observer()
+        # A canvas member's id is already in the group's, chain's or chord's result, and
+        # Celery drops what this returns: it must end (raise or fail), never stay PENDING.
+        in_canvas = canvas_member(options)
+        by_worker = in_canvas and sent_by_worker(app, options)
+        if in_canvas and not by_worker and chord_member_of(options):
+            if observer is not None:
+                observer.duplicate(task.name, "raised")
+            refuse_chord_member(task, options, reply.holder, ttl, key)
+        # Raised inside a worker's chain step, it would fail the task before it instead.
+        raising = locking.options.lock_on_duplicate == "raise" and not by_worker
         if observer is not None:
             observer.duplicate(task.name, "raised" if raising else "returned")
-        if raising:
-            raise AlreadyQueuedError(reply.holder, ttl, key)
-        if has_callbacks:
+        error = AlreadyQueuedError(reply.holder, ttl, key)
+        if in_canvas:
+            fail_member(task, task_id, options, error)
+            log.warning(
+                "%s[%s] was not published (a duplicate of task %s): recorded as failed with "
+                "AlreadyQueuedError, so its group, chain or chord ends with that error (the "
+                "rest of its chain was not sent)",
+                task.name,
+                task_id,
+                reply.holder,
+            )
+        elif has_callbacks and not raising:
             log.warning(
                 "%s was not published (a duplicate of task %s), and with it its callbacks "
                 "(link, chain or chord members after it) were not sent either",
                 task.name,
                 reply.holder,
             )
+        if raising:
+            raise error
         return task.AsyncResult(reply.holder)
     try:
         return send(task_id, _with_header(options, name))
@@ -160,7 +186,7 @@ def take_for_message(
     try:
         name = locking.lock_name(task.name, args, kwargs)
         lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
-        space = lock_space(app)
+        space = locking.space(app)
         reply = space.take(name, task_id, lease, info=holder_info(task.name, task_id, "queued"))
     except (LockBackendError, TypeError, ValueError) as exc:
         log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)

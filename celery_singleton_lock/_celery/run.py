@@ -19,15 +19,15 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any, NoReturn
 
-from celery.exceptions import Ignore, MaxRetriesExceededError, Retry
+from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from .._errors import LockBackendError, TaskLockedError
 from .._lock import AcquireReply, ReentrantLock, get_observer, new_run_token
-from .client import lock_space
 from .info import holder_info
 from .locking import HEADER, TaskLocking, proceed_without_lock
 from .publish import seconds_until
 from .revoked import free_revoked_holder
+from .settings import DEFAULTS
 
 __all__ = [
     "SKIPPED",
@@ -72,15 +72,20 @@ _runs: weakref.WeakKeyDictionary[Any, TaskRun] = weakref.WeakKeyDictionary()
 
 
 class TaskRun:
-    """One run's hold on its job's lock."""
+    """One run of a locked task, from its lock's check to its end; ``lock`` is its hold on its
+    job's lock (``None`` when the run holds none: released on start, or going on without
+    Redis)."""
 
-    __slots__ = ("finished", "lock", "parked", "task")
+    __slots__ = ("body_started", "finished", "lock", "parked", "task")
 
-    def __init__(self, lock: ReentrantLock, task: Any) -> None:
+    def __init__(self, lock: ReentrantLock | None, task: Any) -> None:
         self.lock = lock
         self.task = task
         self.finished = False
         self.parked = False
+        #: the task class's __call__ chain has reached the body: a call of the task from now
+        #: on is a nested call inside its own run (see ``LockedTask.__call__``)
+        self.body_started = False
 
     @property
     def held_lock(self) -> ReentrantLock | None:
@@ -89,14 +94,15 @@ class TaskRun:
 
     def finish(self, why: str) -> None:
         """Release every hold of the task id (its run's and its publish's). Idempotent."""
-        if self.finished or self.parked:
+        if self.finished or self.parked or self.lock is None:
             return
         self.finished = True
         try:
             reply = self.lock.release_all()
         except LockBackendError as exc:
             log_release.error(
-                "could not release %s after %s (%s); it frees itself when its lease ends",
+                "could not release %s after %s (%s); the release is sent again in the "
+                "background, and the lock frees itself when its lease ends at the latest",
                 self.lock.key,
                 why,
                 exc,
@@ -111,6 +117,8 @@ class TaskRun:
 
     def park(self, delay: float) -> None:
         """Keep the hold, unrenewed, for a retry due in ``delay`` seconds."""
+        if self.lock is None:
+            return
         task = self.task
         # read here, not at every run's start: most runs never park
         lease = max(delay, 0.0) + task.locking.queue_ttl(task.app)
@@ -129,7 +137,7 @@ class TaskRun:
 
     def unpark(self) -> None:
         """The retry was not sent after all: take the hold back for the rest of the run."""
-        if not self.parked:
+        if not self.parked or self.lock is None:
             return
         self.parked = False
         try:
@@ -139,20 +147,35 @@ class TaskRun:
 
 
 def current_run(request: Any) -> TaskRun | None:
-    """The run whose request Context this is, if it holds (or held) its lock."""
+    """The run whose request Context this is, once its lock was checked."""
     return _runs.get(request)
 
 
-def run_locked(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """Run the body of ``task`` under its job's lock (``LockedTask.__call__``)."""
-    run = _enter(task, request, args, kwargs)
-    # The worker has pushed this run's request already; Task.__call__ would push a copy
-    # (Celery's stack protection skips it the same way), and task.request must stay the
-    # Context that the run's state is kept for.
-    if run is None:
-        return task.run(*args, **kwargs)
+#: what a run raises before its body on purpose: a refused duplicate, a redelivery of a run
+#: still alive (whose holds are that run's), a retry; anything else is a run that failed
+_NOT_A_FAILURE = (Ignore, Retry, Reject, TaskLockedError)
+
+
+def run_locked(
+    task: Any,
+    request: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    body: Callable[..., Any],
+) -> Any:
+    """Call ``body(*args, **kwargs)`` (the rest of the task class's ``__call__`` chain, which
+    ends in ``task.run``) under the job's lock: ``LockedTask.__call__``."""
     try:
-        result = task.run(*args, **kwargs)
+        run = _enter(task, request, args, kwargs)
+    except _NOT_A_FAILURE:
+        raise
+    except BaseException as exc:
+        _free_message_hold(task, request, args, kwargs, exc)
+        raise
+    if run.lock is None:
+        return body(*args, **kwargs)
+    try:
+        result = body(*args, **kwargs)
     except Retry:
         if not run.parked:  # a Retry raised by hand, without self.retry()
             run.park(0.0)
@@ -165,22 +188,58 @@ def run_locked(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str
     return result
 
 
-def _enter(
-    task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> TaskRun | None:
+def _run_lock_name(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """The lock this run takes: the one its message names (its publish took it), else the
+    one its arguments make."""
+    header = request.get(HEADER) if hasattr(request, "get") else None
+    if isinstance(header, str) and header:
+        return header
+    name: str = task.locking.lock_name(task.name, args, kwargs)
+    return name
+
+
+def _free_message_hold(
+    task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any], exc: BaseException
+) -> None:
+    """A run that failed before its body (a setting Redis or the lock cannot use, Redis
+    failing) ends its job: free the hold its publish took, or a new publish of the job would
+    get this failed one back for the rest of the queue lease."""
+    if request.is_eager or task.locking.options.lock_at != "publish":
+        return
+    try:
+        name = _run_lock_name(task, request, args, kwargs)
+        space = task.locking.space(task.app)
+        try:
+            lease = task.locking.queue_ttl(task.app)
+        except (TypeError, ValueError):  # that setting may be what failed
+            lease = DEFAULTS["singleton_lock_queue_ttl"]
+        # Redis may be what failed: keep trying in the background for as long as the hold
+        # could live.
+        space.release(name, request.id, retry_for=lease)
+    except Exception as release_exc:
+        log_release.error(
+            "%s[%s] failed before its body (%s: %s) and its publish lock could not be freed "
+            "(%s); a new publish of this job returns this task until the lock's lease ends",
+            task.name,
+            request.id,
+            type(exc).__name__,
+            exc,
+            release_exc,
+        )
+
+
+def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskRun:
     locking: TaskLocking = task.locking
     options = locking.options
     app = task.app
-    header = request.get(HEADER) if hasattr(request, "get") else None
-    name = (
-        header if isinstance(header, str) and header else locking.lock_name(task.name, args, kwargs)
-    )
+    name = _run_lock_name(task, request, args, kwargs)
     task_id = request.id
     try:
-        space = lock_space(app)
+        space = locking.space(app)
         if options.lock_at == "publish" and options.lock_release_on_start:
             space.release(name, task_id)
-            return None
+            run = _runs[request] = TaskRun(None, task)
+            return run
         lock = space.lock(
             name,
             ttl=locking.ttl(app),
@@ -200,7 +259,8 @@ def _enter(
             reply = lock.try_acquire(options.lock_wait_timeout)
     except LockBackendError as exc:
         if proceed_without_lock(app, task.name, "run", exc):
-            return None
+            run = _runs[request] = TaskRun(None, task)
+            return run
         raise
     if reply.acquired:
         run = _runs[request] = TaskRun(lock, task)
@@ -218,7 +278,8 @@ def _enter(
 
 
 def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoReturn:
-    """A run-time duplicate: raise, retry or skip, as ``lock_on_locked`` says."""
+    """A run-time duplicate: raise, retry or skip, as ``lock_on_locked`` says; a chord
+    header member that would be skipped fails instead (a skip never reaches its chord)."""
     options = task.locking.options
     observer = get_observer()
     if options.lock_on_locked == "raise":
@@ -237,6 +298,21 @@ def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoR
             log_run.info(
                 "%s[%s] ran out of retries waiting for lock %s", task.name, request.id, key
             )
+    if getattr(request, "chord", None) is not None:
+        # A chord header member: its chord's counter waits for it to end, and a skip (Ignore)
+        # never reports to it, so the chord would hang. A failure does: the callback's result
+        # ends with ChordError naming this task.
+        log_run.warning(
+            "%s[%s] is a chord header member and lock %s is held by task %s: failing it "
+            "(TaskLockedError), so its chord ends with ChordError instead of waiting",
+            task.name,
+            request.id,
+            key,
+            refusal.holder,
+        )
+        if observer is not None:
+            observer.duplicate(task.name, "raised")
+        raise TaskLockedError(refusal.holder, key)
     log_run.info(
         "skipped %s[%s]: lock %s is held by task %s", task.name, request.id, key, refusal.holder
     )
@@ -266,7 +342,7 @@ def retry_keeping_lock(
     run = _runs.get(request)
     limit = task.max_retries if max_retries is None else max_retries
     exhausted = limit is not None and request.retries + 1 > limit
-    if run is None or run.finished or run.parked or exhausted:
+    if run is None or run.lock is None or run.finished or run.parked or exhausted:
         return send_retry()
     if eta is not None:
         delay = seconds_until(eta) or 0.0

@@ -3,7 +3,8 @@ their one definition, and how they are read and validated.
 
 Each setting is one :class:`Setting`: name, default, the README's description and a check.
 :func:`setting` reads one and checks it the first time it sees that value, so a wrong value
-fails at its first use with an error that names the setting and says what it must be.
+fails at its first use with an error that names the setting as the user wrote it and says what
+it must be (:mod:`.checks` checks them all at once, and finds misspelt names).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "scheme_of",
     "setting",
     "settings_table",
+    "user_names",
 ]
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -176,6 +178,15 @@ SETTINGS: dict[str, Setting] = {
             _policy,
         ),
         Setting(
+            "singleton_lock_backend_timeout",
+            5.0,
+            "`5` s (the socket timeout the package gives its clients)",
+            "how long a publish's lock, a run's start and a run's release may wait for Redis "
+            'in all, resends included; then `LockBackendError` (or `"proceed"`), and what is '
+            "left to undo goes on in the background",
+            check_seconds,
+        ),
+        Setting(
             "singleton_lock_beat_scheduler",
             "celery.beat:PersistentScheduler",
             '`"celery.beat:PersistentScheduler"`',
@@ -187,7 +198,9 @@ SETTINGS: dict[str, Setting] = {
             "singleton_lock_tasks",
             {},
             "`{}`",
-            "`{task name: options}`, as `install(app, tasks=...)`",
+            "`{task name: options}`, as `install(app, tasks=...)`: read by `install(app)`, and "
+            "by a worker or beat started with the `celery` command even without that call "
+            "(publish-time dedup needs `install(app)` in the processes that publish)",
             _mapping,
         ),
         Setting(
@@ -287,9 +300,39 @@ def setting(app: Any, name: str) -> Any:
     seen = checked.get(name)
     if seen is not None and seen[0] is value:
         return seen[1]
-    result = SETTINGS[name].check(name, value)
+    result = SETTINGS[name].check(_spelling(conf, name), value)
     checked[name] = (value, result)
     return result
+
+
+#: what every setting's name starts with, under each of its spellings (lower-cased)
+_PREFIXES = ("singleton_lock_", "celery_singleton_lock_")
+
+
+def user_names(conf: Any) -> dict[str, str]:
+    """{setting name: the name the user wrote} for every configured name under this package's
+    prefix (``singleton_lock_*``, ``SINGLETON_LOCK_*``, Django's ``CELERY_SINGLETON_LOCK_*``),
+    known or not; the canonical name of ``CELERY_SINGLETON_LOCK_TTL`` is
+    ``singleton_lock_ttl``."""
+    names: dict[str, str] = {}
+    try:
+        keys = list(conf.keys())
+    except Exception:  # pragma: no cover - a conf object that cannot list its keys
+        return names
+    for key in keys:
+        if not isinstance(key, str):
+            continue
+        lowered = key.lower()
+        if lowered.startswith(_PREFIXES[1]):
+            lowered = lowered[len("celery_") :]
+        if lowered.startswith(_PREFIXES[0]) and conf.get(key) is not None:
+            names.setdefault(lowered, key)
+    return names
+
+
+def _spelling(conf: Any, name: str) -> str:
+    """``name`` as the user wrote it (``CELERY_SINGLETON_LOCK_TTL`` in Django's settings)."""
+    return user_names(conf).get(name, name)
 
 
 def is_set(app: Any, name: str) -> bool:

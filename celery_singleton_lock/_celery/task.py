@@ -6,7 +6,12 @@ the task's life to the module that owns it.
 * publish (:mod:`.publish`): ``apply_async``. Signal receivers cannot veto a publish (their
   exceptions are swallowed), so the dedup that must *not send* lives here.
 * run and retry (:mod:`.run`): ``__call__`` takes the lock before the body and releases it as
-  the body returns, before the result is stored; ``retry`` parks it for the retry.
+  the body returns, before the result is stored; ``retry`` parks it for the retry. Whatever
+  the class's ``__call__`` chain (a base class that pushes an app context or a DB session and
+  calls ``self.run``, before or after ``LockedTask`` in the MRO), the lock is taken before the
+  first ``__call__`` of the chain and the rest of the chain runs inside it.
+* the worker's request (:mod:`.worker`): a task class's own ``Request`` is composed with
+  ``LockedRequest``, never replaced by it.
 * pool child killed, hard time limit, revoke: the worker's main process releases
   (:mod:`.worker`, :mod:`.revoked`), without waiting for the lease.
 * ``after_return``: an idempotent safety net.
@@ -14,20 +19,20 @@ the task's life to the module that owns it.
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, ClassVar
 
 from celery import Task
 
 from .._lock import LockKeys
-from .client import lock_space
 from .locking import TaskLocking
 from .options import LockOptions
 from .publish import publish_once
 from .run import current_run, retry_keeping_lock, run_locked
-from .settings import setting
+from .worker import LOCKED_REQUEST, with_locked_request
 
 __all__ = ["LockedTask"]
 
@@ -45,10 +50,14 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     Inside a run, ``self.lock`` is the held :class:`ReentrantLock` (``None`` when none).
     """
 
-    Request = "celery_singleton_lock._celery.worker:LockedRequest"
+    #: the worker's request class (a task class's own ``Request`` is composed with it)
+    Request: ClassVar[Any] = LOCKED_REQUEST
 
     #: the class's options as validated, and how it makes lock names
     locking: ClassVar[TaskLocking] = TaskLocking(LockOptions(), None)
+
+    #: the ``__call__`` after ``LockedTask``'s in the class's MRO, ``None`` for Celery's own
+    next_call: ClassVar[Callable[..., Any] | None] = None
 
     #: names starting with ``lock_`` that a subclass defines for itself and that are not lock
     #: options (a compat shim's ``lock_expiry``): kept out of the misspelt-option check, for
@@ -62,6 +71,10 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             # A plain function as a class attribute would be bound to the task: keep it plain.
             cls.lock_key = staticmethod(key_func)
         cls.locking = TaskLocking.of_class(cls, LockedTask)
+        _lock_the_call_chain(cls)
+        own_request = _own_request(cls)
+        if own_request is not None:
+            cls.Request = with_locked_request(own_request, cls.__qualname__)
 
     # -- the job's lock, from outside a run ----------------------------------------------------
 
@@ -70,21 +83,21 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     def lock_key_for(self, *args: Any, **kwargs: Any) -> str:
         """The Redis key of the lock these arguments take (``prefix:{task:digest}``)."""
-        prefix = setting(self._get_app(), "singleton_lock_prefix")  # no client needed
+        prefix = self.locking.prefix(self._get_app())  # no client needed
         return LockKeys.for_name(prefix, self._lock_name(args, kwargs)).lock
 
     def is_locked(self, *args: Any, **kwargs: Any) -> bool:
         """Whether a run (or a queued publish) of this job holds its lock now."""
-        return lock_space(self._get_app()).is_held(self._lock_name(args, kwargs))
+        return self.locking.space(self._get_app()).is_held(self._lock_name(args, kwargs))
 
     def lock_holder(self, *args: Any, **kwargs: Any) -> str | None:
         """The task id that holds this job's lock, or ``None``."""
-        return lock_space(self._get_app()).inspect(self._lock_name(args, kwargs)).holder
+        return self.locking.space(self._get_app()).inspect(self._lock_name(args, kwargs)).holder
 
     def release_lock(self, *args: Any, **kwargs: Any) -> bool:
         """Operator's force release of this job's lock, whoever holds it; wakes waiters.
         Returns whether a lock was released."""
-        return lock_space(self._get_app()).force_release(self._lock_name(args, kwargs))
+        return self.locking.space(self._get_app()).force_release(self._lock_name(args, kwargs))
 
     @property
     def lock(self) -> Any:
@@ -123,10 +136,30 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
-        if request.called_directly or current_run(request) is not None:
-            # A plain function call (or a nested call of the task inside its own run).
-            return super().__call__(*args, **kwargs)
-        return run_locked(self, request, args, kwargs)
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)  # a plain function call
+        run = current_run(request)
+        if run is None:
+            return run_locked(self, request, args, kwargs, self._call_past_locked_task)
+        if not run.body_started:
+            # the run's own __call__ chain, on its way to the body (a base class's __call__
+            # before this one in the MRO was wrapped and took the lock)
+            return self._call_past_locked_task(*args, **kwargs)
+        return super().__call__(*args, **kwargs)  # the task called inside its own body
+
+    def _call_past_locked_task(self, *args: Any, **kwargs: Any) -> Any:
+        """The ``__call__`` after this class's in the MRO (a base class's that wraps the body
+        in a context), or the body itself where that is Celery's ``Task.__call__``: the worker
+        has pushed this run's request already, ``Task.__call__`` would push a bare copy (the
+        worker's stack protection skips it the same way), and ``self.request`` must stay the
+        Context the run's state is kept for."""
+        call = type(self).next_call
+        if call is None:
+            run = current_run(self.request)
+            if run is not None:
+                run.body_started = True
+            return self.run(*args, **kwargs)
+        return call(self, *args, **kwargs)
 
     def retry(
         self,
@@ -154,6 +187,53 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if run is not None:
             run.finish(f"after_return {status}")
         super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+
+#: a ``__call__`` that takes the lock before the one it wraps runs
+_LOCKING_CALL = "_singleton_lock_wraps_call"
+
+
+def _lock_the_call_chain(cls: type[LockedTask]) -> None:
+    """Make the lock hold around the whole ``__call__`` chain of ``cls``.
+
+    ``LockedTask.__call__`` takes the lock and calls the next ``__call__`` of the MRO. A class
+    before ``LockedTask`` in the MRO whose ``__call__`` calls ``self.run`` itself (Flask's
+    documented base class) would never reach it: that ``__call__`` is wrapped to take the lock
+    first. The next ``__call__`` after ``LockedTask`` is found once, here."""
+    call = cls.__call__
+    if call is not LockedTask.__call__ and not getattr(call, _LOCKING_CALL, False):
+        cls.__call__ = _locking_call(call)  # type: ignore[method-assign]
+    mro = cls.__mro__
+    cls.next_call = None
+    for klass in mro[mro.index(LockedTask) + 1 :]:
+        if "__call__" in vars(klass):
+            if klass is not Task:
+                cls.next_call = vars(klass)["__call__"]
+            break
+
+
+def _locking_call(call: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(call)
+    def __call__(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly or current_run(request) is not None:
+            return call(self, *args, **kwargs)
+        return run_locked(self, request, args, kwargs, lambda *a, **kw: call(self, *a, **kw))
+
+    setattr(__call__, _LOCKING_CALL, True)
+    return __call__
+
+
+def _own_request(cls: type[LockedTask]) -> Any:
+    """The ``Request`` a class of ``cls``'s MRO other than ``LockedTask`` and Celery's
+    ``Task`` defines (whatever their order), unless it is already composed with ours."""
+    for klass in cls.__mro__:
+        if klass in (LockedTask, Task):
+            continue
+        own = vars(klass).get("Request")
+        if own is not None:
+            return None if getattr(own, "composes_locked_request", False) else own
+    return None
 
 
 # The options' class attributes, from their one definition: a subclass (or a decorator

@@ -13,12 +13,12 @@ from typing import Any
 
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
+from kombu.utils.imports import symbol_by_name
 
-from .client import lock_space
 from .info import holder_info
 from .locking import HEADER, TaskLocking
 
-__all__ = ["LockedRequest", "release_for_request"]
+__all__ = ["LOCKED_REQUEST", "LockedRequest", "release_for_request", "with_locked_request"]
 
 log = logging.getLogger("celery_singleton_lock.release")
 
@@ -47,7 +47,7 @@ def release_for_request(
         name = header if isinstance(header, str) and header else None
         name = name or locking.lock_name(task.name, args, kwargs)
         app = task.app
-        space = lock_space(app)
+        space = locking.space(app)
         key = space.keys(name).lock
         if requeued:
             info = holder_info(task.name, task_id, "queued")
@@ -109,3 +109,56 @@ class LockedRequest(Request):  # type: ignore[misc]  # celery ships no type info
         return super().on_failure(
             exc_info, send_failed_event=send_failed_event, return_ok=return_ok
         )
+
+
+#: ``LockedTask.Request``: the path Celery's worker resolves
+LOCKED_REQUEST = f"{__name__}:LockedRequest"
+
+
+def _composed(own: Any, task: str) -> type[Request]:
+    request_cls = symbol_by_name(own) if isinstance(own, str) else own  # type: ignore[no-untyped-call]  # kombu: unannotated
+    if not (isinstance(request_cls, type) and issubclass(request_cls, Request)):
+        raise TypeError(
+            f"{task}.Request must be a subclass of celery.worker.request.Request (or its "
+            f"'module:Class' path), got {own!r}"
+        )
+    if issubclass(request_cls, LockedRequest):
+        return request_cls
+    # LockedRequest's hooks call super(): the task's own Request runs after them, unchanged.
+    composed: type[Request] = type(
+        request_cls.__name__,
+        (LockedRequest, request_cls),
+        {"__module__": request_cls.__module__, "__qualname__": request_cls.__qualname__},
+    )
+    return composed
+
+
+class _LockedRequestOf:
+    """``Request`` of a locked task class that brings its own: that class with
+    :class:`LockedRequest` put in front, made the first time the worker asks (a
+    ``'module:Class'`` path may name a module that is not importable yet when the task class
+    is made)."""
+
+    composes_locked_request = True
+
+    def __init__(self, own: Any, task: str) -> None:
+        self.own = own
+        self.task = task
+        self.composed: type[Request] | None = None
+
+    def __get__(self, instance: Any, owner: Any = None) -> type[Request]:
+        if self.composed is None:
+            self.composed = _composed(self.own, self.task)
+        return self.composed
+
+
+def with_locked_request(own: Any, task: str) -> Any:
+    """The ``Request`` of a locked task class (named ``task`` in errors) whose MRO defines
+    ``own``: a class is composed now (a wrong one fails when the task class is made), a path
+    when the worker first resolves it."""
+    if isinstance(own, str):
+        return _LockedRequestOf(own, task)
+    composed = _composed(own, task)
+    if composed is not own:
+        composed.composes_locked_request = True
+    return composed

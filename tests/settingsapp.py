@@ -1,0 +1,43 @@
+"""An app module that locks its tasks with the ``singleton_lock_tasks`` setting alone: it never
+imports celery_singleton_lock and never calls ``install()``. The ``celery`` command that runs it
+brings the package in (its ``locks`` command's entry point). ``CSL_SETTINGS_REDIS`` says where
+Redis is (``redis://host:port``); database 3 holds what the tasks record."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+from celery import Celery
+
+_redis = os.environ.get("CSL_SETTINGS_REDIS", "redis://127.0.0.1:1")
+
+app = Celery("settingsapp", set_as_current=False)
+app.conf.update(
+    broker_url=f"{_redis}/0",
+    result_backend=f"{_redis}/1",
+    singleton_lock_redis_url=f"{_redis}/2",
+    broker_connection_retry_on_startup=True,
+    singleton_lock_tasks={
+        "settingsapp.slow": {},
+        "settingsapp.report": {"lock_at": "publish"},
+    },
+)
+
+
+def _record(key: str) -> None:
+    redis.Redis.from_url(f"{_redis}/3").rpush(f"runs:{key}", str(time.time()))
+
+
+@app.task(name="settingsapp.slow")  # type: ignore[untyped-decorator]  # celery: unannotated
+def slow(key: str, seconds: float) -> str:
+    _record(key)
+    time.sleep(seconds)
+    return key
+
+
+@app.task(name="settingsapp.report")  # type: ignore[untyped-decorator]  # celery: unannotated
+def report(key: str) -> str:
+    _record(key)
+    return key

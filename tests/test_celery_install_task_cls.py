@@ -1,0 +1,41 @@
+"""``install()`` on an app whose ``task_cls`` is Flask's documented base class: the installed
+task keeps its class's ``__call__`` (the body sees the app context) and holds the lock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+from celery_fixtures import CeleryEnv, app_task, celery_env
+from test_celery_task_classes import (
+    FlaskTask,
+    flask_app,
+    gates,
+    in_flask_context,
+    runs_once_in_context,
+)
+
+from celery_singleton_lock import LockedTask, install
+
+app = Celery("csl_task_cls", set_as_current=False, task_cls=FlaskTask)
+
+
+@app_task(app, name="task_cls.installed")
+def installed(key: str) -> str:
+    return in_flask_context(key)
+
+
+install(app, tasks={"task_cls.installed": {}})
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[CeleryEnv]:
+    with celery_env(app, gates) as env:
+        yield env
+
+
+def test_install_on_an_app_whose_task_cls_is_flask_s(env: CeleryEnv) -> None:
+    task = app.tasks["task_cls.installed"]
+    assert isinstance(task, LockedTask) and isinstance(task, FlaskTask)
+    runs_once_in_context(env, task, flask_app.name)
