@@ -42,34 +42,20 @@ from celery.beat import Scheduler
 from kombu.utils.imports import symbol_by_name
 from redis.exceptions import RedisError
 
-from ._celery.client import get_client
+from ._celery.client import lock_space
 from ._celery.settings import setting
 from ._errors import LockError, LockLostError
-from ._lock import LockSpace, ReentrantLock
+from ._lock import ReentrantLock
 
 __all__ = ["LeaderScheduler"]
 
 log = logging.getLogger("celery_singleton_lock.beat")
 
-#: how long the last-run records outlive the last leader's last send
-RECORDS_TTL_MS = 7 * 24 * 3600 * 1000
+#: how long the last-run records outlive the last leader's last send (seconds)
+RECORDS_TTL = 7 * 24 * 3600.0
 
-#: KEYS[1] the leader lock, KEYS[2] the last-run records; ARGV: the leader's owner token, the
-#: entry's name, the time of its send (ISO 8601), the least lease (ms) that may be left on the
-#: lock for a send, the records' lifetime (ms). Returns {1, pttl} when recorded, {0, 0} when the
-#: owner no longer holds the lock, {-1, pttl} when the lease left is too short to send on.
-_RECORD_IF_LEADING = """
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
-    return {0, 0}
-end
-local pttl = redis.call('pttl', KEYS[1])
-if pttl >= 0 and pttl < tonumber(ARGV[4]) then
-    return {-1, pttl}
-end
-redis.call('hset', KEYS[2], ARGV[2], ARGV[3])
-redis.call('pexpire', KEYS[2], ARGV[5])
-return {1, pttl}
-"""
+#: the kind of records kept beside the leader lock: entry name -> ISO time of its last send
+RECORDS = "last_run"
 
 
 class _NotNow(Exception):
@@ -103,14 +89,11 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self._leader: ReentrantLock | None = None
         name = f"beat:{app.main or 'celery'}"
-        prefix: str = setting(app, "singleton_lock_prefix")
-        self._space = LockSpace(get_client(app), prefix)
+        # the app's lock space: its client, prefix and backend deadline
+        self._space = lock_space(app)
         self._lock_name = name
         self._lock_key = self._space.keys(name).lock
-        #: entry name -> ISO time of its last send, as the leaders recorded it
-        self._records_key = self._lock_key + ":last_run"
         self._ttl: float = setting(app, "singleton_lock_ttl")
-        self._record = self._space.client.register_script(_RECORD_IF_LEADING)
         self._me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         #: a new owner token for every term as leader: a term never re-enters a hold of an
         #: earlier one that Redis still keeps (a release that could not be sent)
@@ -160,13 +143,8 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             log.debug("beat %s could not give the lost leader lock back: %s", self._me, exc)
 
     def _try_to_lead(self) -> bool:
-        lock = ReentrantLock(
-            self._space.client,
-            self._lock_name,
-            ttl=self._ttl,
-            owner=self._owner,
-            prefix=self._space.prefix,
-            info=f"celery beat {self._me}",
+        lock = self._space.lock(
+            self._lock_name, ttl=self._ttl, owner=self._owner, info=f"celery beat {self._me}"
         )
         try:
             reply = lock.try_acquire(0)
@@ -255,9 +233,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
 
     def _read_records(self) -> dict[str, datetime]:
         records: dict[str, datetime] = {}
-        for raw_name, raw_when in self._space.client.hgetall(self._records_key).items():
-            name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
-            when = raw_when.decode() if isinstance(raw_when, bytes) else str(raw_when)
+        for name, when in self._space.records(self._lock_name, RECORDS).items():
             try:
                 recorded = datetime.fromisoformat(when)
             except ValueError:
@@ -337,21 +313,20 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         leader = self._leader
         if leader is None:
             raise LockLostError(f"beat {self._me} does not lead")
-        code, pttl = self._record(
-            keys=[self._lock_key, self._records_key],
-            args=[
-                leader.owner,
-                entry.name,
-                datetime.now(UTC).isoformat(),
-                round(self._ttl * 1000 / 4),
-                RECORDS_TTL_MS,
-            ],
+        reply = self._space.record_if_held(
+            self._lock_name,
+            leader.owner,
+            RECORDS,
+            entry.name,
+            datetime.now(UTC).isoformat(),
+            min_lease=self._ttl / 4,
+            keep=RECORDS_TTL,
         )
-        if int(code) == 0:
+        if not reply.held:
             raise LockLostError(f"the leader lock {self._lock_key!r} is no longer held by it")
-        if int(code) < 0:
+        if not reply.recorded:
             raise _NotNow(
-                f"{entry.name}: only {int(pttl)} ms left on the lease; sending once it is renewed"
+                f"{entry.name}: only {reply.pttl} ms left on the lease; sending once it is renewed"
             )
         return super().reserve(entry)
 

@@ -29,6 +29,7 @@ __all__ = [
     "META_RETENTION_MS",
     "AcquireReply",
     "LockState",
+    "RecordReply",
     "ReleaseReply",
     "acquire",
     "backend_errors",
@@ -37,6 +38,8 @@ __all__ = [
     "is_held",
     "is_owned",
     "park",
+    "record_if_held",
+    "records",
     "release",
     "text",
 ]
@@ -223,6 +226,48 @@ def park(client: Any, keys: LockKeys, owner: str, lease_ms: int, info: str = "")
         return bool(
             int(scripts.PARK(client, keys.pair, (owner, lease_ms, META_RETENTION_MS, info)))
         )
+
+
+class RecordReply(NamedTuple):
+    """What :func:`record_if_held` did (lua/record_if_held.lua's reply, typed)."""
+
+    #: the record was written: the owner held the lock with enough lease left
+    recorded: bool
+    #: the owner still held the lock (``False``: its lease was lost, or someone else holds it)
+    held: bool
+    #: milliseconds left on the lock's lease when held (-1: no lease)
+    pttl: int = 0
+
+    def __bool__(self) -> bool:
+        return self.recorded
+
+
+def record_if_held(
+    client: Any,
+    keys: LockKeys,
+    kind: str,
+    owner: str,
+    field: str,
+    value: str,
+    min_lease_ms: int,
+    keep_ms: int,
+) -> RecordReply:
+    """Write ``field = value`` into the lock's ``kind`` records (``<lock key>:<kind>``, kept
+    ``keep_ms`` after this write), only while ``owner`` holds the lock with at least
+    ``min_lease_ms`` of its lease left."""
+    with backend_errors("record", keys.name):
+        code, pttl = scripts.RECORD_IF_HELD(
+            client, (keys.lock, keys.records(kind)), (owner, field, value, min_lease_ms, keep_ms)
+        )
+    code = int(code)
+    return RecordReply(code == 1, code != 0, int(pttl))
+
+
+def records(client: Any, keys: LockKeys, kind: str) -> dict[str, str]:
+    """The lock's ``kind`` records (see :func:`record_if_held`)."""
+    with backend_errors("read the records of", keys.name):
+        raw = client.hgetall(keys.records(kind))
+    return {text(field): text(value) for field, value in raw.items()}
 
 
 def release(

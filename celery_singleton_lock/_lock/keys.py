@@ -62,6 +62,11 @@ class LockKeys:
             raise ValueError(f"{lock_key!r} is not a lock key of the form 'prefix:{{name}}'")
         return cls.for_name(prefix, unescape_name(rest[:-1]))
 
+    def records(self, kind: str) -> str:
+        """A hash of records kept beside the lock (``<lock key>:<kind>``, in its hash tag):
+        the beat leader's last sends are ``records("last_run")``."""
+        return f"{self.lock}:{kind}"
+
     @property
     def pair(self) -> tuple[str, str]:
         return (self.lock, self.meta)

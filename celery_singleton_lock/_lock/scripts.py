@@ -24,6 +24,7 @@ __all__ = [
     "INSPECT",
     "META_RETENTION_MS",
     "PARK",
+    "RECORD_IF_HELD",
     "RELEASE",
     "RENEW",
     "Script",
@@ -95,3 +96,4 @@ INSPECT = Script("inspect.lua", idempotent=True)  # reads only
 FORCE_RELEASE = Script("force_release.lua", idempotent=False)
 PARK = Script("park.lua", idempotent=True)
 CANCEL = Script("cancel.lua", idempotent=True)  # clears the request id it matched
+RECORD_IF_HELD = Script("record_if_held.lua", idempotent=True)  # writes the same record again

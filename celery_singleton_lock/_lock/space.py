@@ -112,6 +112,38 @@ class LockSpace:
         with bounded(self.backend_timeout):
             return commands.park(self.client, self.keys(name), owner, lease_ms, info)
 
+    def record_if_held(
+        self,
+        name: str,
+        owner: str,
+        kind: str,
+        field: str,
+        value: str,
+        *,
+        min_lease: float,
+        keep: float,
+    ) -> commands.RecordReply:
+        """Write ``field = value`` into the ``kind`` records kept beside lock ``name``, only
+        while ``owner`` holds it with at least ``min_lease`` seconds of its lease left (one
+        script: the check and the write are one step). The records live ``keep`` seconds after
+        this write."""
+        with bounded(self.backend_timeout):
+            return commands.record_if_held(
+                self.client,
+                self.keys(name),
+                kind,
+                owner,
+                field,
+                value,
+                round(max(min_lease, 0.0) * 1000),
+                check_lease_ms(keep),
+            )
+
+    def records(self, name: str, kind: str) -> dict[str, str]:
+        """The ``kind`` records kept beside lock ``name`` (see :meth:`record_if_held`)."""
+        with bounded(self.backend_timeout):
+            return commands.records(self.client, self.keys(name), kind)
+
     def force_release(
         self, name: str, *, holder: str | None = None, unentered: bool = False
     ) -> bool:
