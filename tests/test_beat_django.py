@@ -33,9 +33,8 @@ from beatproj.harness import (
     records,
     report,
     sends_since,
-    wait_for,
 )
-from celery_procs import redis_base
+from celery_procs import redis_base, wait_for
 
 from celery_singleton_lock.testing import RedisServer
 

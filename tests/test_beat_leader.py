@@ -27,9 +27,8 @@ from beatproj.harness import (
     leader,
     report,
     sends_since,
-    wait_for,
 )
-from celery_procs import redis_base
+from celery_procs import redis_base, wait_for
 from faultapp import BEAT_ENV, LOCK_DB, TTL_ENV, URL_ENV
 
 from celery_singleton_lock.testing import RedisServer

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import redis
-from beatproj.harness import Beat, close_pairs, leader, report, wait_for
-from celery_procs import redis_base
+from beatproj.harness import Beat, close_pairs, leader, report
+from celery_procs import redis_base, wait_for
 from faultapp import BEAT_ENV, LOCK_DB, TTL_ENV, URL_ENV
 
 from celery_singleton_lock.testing import RedisServer

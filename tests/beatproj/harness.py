@@ -16,11 +16,9 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 from celery_singleton_lock._lock import LockSpace
 
@@ -32,25 +30,6 @@ SEND_LINE = re.compile(
     r"Scheduler: Sending due task (?P<entry>\S+) ",
     re.MULTILINE,
 )
-
-T = TypeVar("T")
-
-
-def wait_for(
-    predicate: Callable[[], T | Literal[False] | None],
-    timeout: float,
-    what: str,
-    interval: float = 0.02,
-) -> T:
-    """Poll ``predicate`` until it returns something truthy (returned), at most ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def log_time(stamp: str) -> float:
