@@ -23,6 +23,7 @@ from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from .._errors import LockBackendError, TaskLockedError
 from .._lock import AcquireReply, ReentrantLock, get_observer, new_run_token
+from .canvas import chord_member_of
 from .info import holder_info
 from .locking import HEADER, TaskLocking, proceed_without_lock
 from .publish import seconds_until
@@ -298,7 +299,7 @@ def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoR
             log_run.info(
                 "%s[%s] ran out of retries waiting for lock %s", task.name, request.id, key
             )
-    if getattr(request, "chord", None) is not None:
+    if chord_member_of(request):
         # A chord header member: its chord's counter waits for it to end, and a skip (Ignore)
         # never reports to it, so the chord would hang. A failure does: the callback's result
         # ends with ChordError naming this task.

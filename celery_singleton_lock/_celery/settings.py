@@ -300,7 +300,16 @@ def setting(app: Any, name: str) -> Any:
     seen = checked.get(name)
     if seen is not None and seen[0] is value:
         return seen[1]
-    result = SETTINGS[name].check(_spelling(conf, name), value)
+    check = SETTINGS[name].check
+    try:
+        result = check(name, value)
+    except (TypeError, ValueError):
+        # Only now look up how the user wrote it (a scan of the configuration's keys): the
+        # same check raises again, naming CELERY_SINGLETON_LOCK_TTL rather than our name.
+        spelling = _spelling(conf, name)
+        if spelling != name:
+            check(spelling, value)
+        raise
     checked[name] = (value, result)
     return result
 
