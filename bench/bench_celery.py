@@ -7,7 +7,7 @@ modes, and the two well-known peers, in one run, against a Redis on loopback.
     .venv/bin/python bench/bench_celery.py --json     # the results as JSON on stdout
     .venv/bin/python bench/bench_celery.py -n 5000 --rounds 7 --pools solo
 
-What it measures (issue 3, "Benchmark"):
+What it measures:
 
 * The bench starts its own throw-away ``redis-server`` on a free loopback port
   (:class:`celery_singleton_lock.testing.RedisServer`): the broker is db 0, every lock of every
@@ -40,9 +40,12 @@ What it measures (issue 3, "Benchmark"):
   ``--body-incr`` adds a Redis ``INCR`` to the body (one round trip of real work) for all.
 * Reported per contender and pool: the median over the rounds of tasks/s and its ratio to
   ``plain``; the publish and drain rates; CPU microseconds per task of the publisher (this
-  process, publish phase), of the worker (its process tree) and of redis-server (INFO cpu).
+  process, publish phase), of the worker (its process tree) and of redis-server (INFO cpu);
+  and the server time per task from INFO commandstats: the usec of the commands the clients
+  send (broker and locks alike), a script's time including the commands it runs, which are
+  not added again (which calls ran inside scripts is read by MONITOR during the warm-up).
 
-Targets (issue 3): ``locked-run`` >= 0.90x plain; ``locked-publish`` ahead of both peers.
+Targets: ``locked-run`` >= 0.90x plain; ``locked-publish`` ahead of both peers.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -326,12 +330,77 @@ def server_cpu(client: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def commandstats(client: Any) -> dict[str, tuple[int, int]]:
+    """{command: (calls, usec)} from INFO commandstats."""
+    return {
+        key[len("cmdstat_") :]: (int(value["calls"]), int(value["usec"]))
+        for key, value in client.info("commandstats").items()
+    }
+
+
+#: commands whose usec include the commands they run (counted in full)
+SCRIPT_COMMANDS = frozenset(("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"))
+#: a transaction's EXEC times the commands it runs, which are counted on their own: left out
+TRANSACTION_COMMANDS = frozenset(("exec", "multi"))
+_MONITOR_MARK = "bench-celery-monitor-end"
+
+
+def lua_shares(client: Any, run: Any) -> dict[str, float]:
+    """Run ``run()`` under MONITOR: for each command, the share of its calls that a Lua
+    script made (MONITOR tags them ``[db lua]``)."""
+    seen: dict[str, int] = {}
+    in_lua: dict[str, int] = {}
+    watcher = client.monitor()
+    monitor = watcher.__enter__()  # MONITOR sent, its OK read
+
+    def read() -> None:
+        while True:
+            raw = monitor.connection.read_response()
+            line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            # '1732500000.123456 [1 lua] "hset" "key" ...' or '... [1 127.0.0.1:5555] "get" ...'
+            where_end = line.find("]")
+            if where_end < 0:
+                continue
+            where = line[line.find("[") + 1 : where_end]
+            name = line[where_end + 1 :].split('"', 2)[1].lower()
+            if name == "echo" and _MONITOR_MARK in line:
+                return
+            seen[name] = seen.get(name, 0) + 1
+            if where.endswith(" lua"):
+                in_lua[name] = in_lua.get(name, 0) + 1
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        run()
+    finally:
+        client.echo(_MONITOR_MARK)
+        reader.join(60)
+        watcher.__exit__(None, None, None)
+    return {name: in_lua.get(name, 0) / calls for name, calls in seen.items()}
+
+
+def server_us(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], shares: dict[str, float]
+) -> float:
+    """usec the server spent on the commands clients sent, between two INFO commandstats."""
+    total = 0.0
+    for name, (_, usec) in after.items():
+        spent = usec - before.get(name, (0, 0))[1]
+        if not spent or name in TRANSACTION_COMMANDS or name in ("info", "monitor", "echo"):
+            continue
+        total += spent if name in SCRIPT_COMMANDS else spent * (1.0 - shares.get(name, 0.0))
+    return total
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, redis_client: Any = None) -> None:
         self.args = args
         self.redis = redis_client
         self.quiet = args.json
         self.next_arg = 0
+        #: contender -> the share of each command's calls made inside scripts (its warm-up)
+        self.shares: dict[str, dict[str, float]] = {}
 
     def fresh_args(self, n: int) -> range:
         start = self.next_arg
@@ -339,12 +408,19 @@ class Bench:
         return range(start, start + n)
 
     def measure(
-        self, app: Celery, counter: Counter, worker: Worker, task_name: str, n: int
+        self,
+        app: Celery,
+        counter: Counter,
+        worker: Worker,
+        task_name: str,
+        n: int,
+        shares: dict[str, float] | None = None,
     ) -> dict[str, float]:
         """Publish ``n`` tasks while the worker does not consume, then let it drain them."""
         task = app.tasks[task_name]
         counter.reset()
         values = self.fresh_args(n)
+        stats = commandstats(self.redis)
         worker_cpu, redis_cpu = tree_cpu(worker.proc.pid), server_cpu(self.redis)
         c0 = time.process_time()
         t0 = time.perf_counter()
@@ -358,6 +434,7 @@ class Bench:
         worker.consume(app, False)
         worker_cpu = tree_cpu(worker.proc.pid) - worker_cpu
         redis_cpu = server_cpu(self.redis) - redis_cpu
+        server = server_us(stats, commandstats(self.redis), shares or {})
         if counter.count() != n:
             raise RuntimeError(f"{task_name}: {counter.count()} bodies ran for {n} tasks")
         publish, drain = t1 - t0, t_end - t1
@@ -369,6 +446,7 @@ class Bench:
             "publisher_cpu_us": publisher_cpu / n * 1e6,
             "worker_cpu_us": worker_cpu / n * 1e6,
             "redis_cpu_us": redis_cpu / n * 1e6,
+            "server_us": server / n,
         }
 
     def run_pool(
@@ -390,11 +468,20 @@ class Bench:
             worker.consume(app, False)
             for name in contenders:  # warm-up: connections, Lua scripts, every pool child
                 self.measure(app, counter, worker, CONTENDERS[name], self.args.warmup)
+                # then, untimed, which of its calls run inside scripts (for server_us)
+                self.shares[name] = lua_shares(
+                    self.redis,
+                    lambda name=name: self.measure(
+                        app, counter, worker, CONTENDERS[name], self.args.warmup
+                    ),
+                )
             for r in range(self.args.rounds):
                 order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
                 line = []
                 for name in order:
-                    m = self.measure(app, counter, worker, CONTENDERS[name], self.args.n)
+                    m = self.measure(
+                        app, counter, worker, CONTENDERS[name], self.args.n, self.shares[name]
+                    )
                     results[name].append(m)
                     line.append(f"{name} {m['rate']:.0f}/s")
                     time.sleep(self.args.pause)
@@ -498,6 +585,11 @@ def summarize(
             rows[name] = {
                 "tasks_per_s": round(med, 1),
                 "ratio_to_plain": round(med / plain, 3),
+                # INFO commandstats usec per task of the commands the clients sent (scripts
+                # with the commands they run), median of the rounds
+                "server_us_per_task": round(
+                    statistics.median(m["server_us"] for m in per[name]), 2
+                ),
                 "rounds": [round(x, 1) for x in rates],
                 "publish_rate": round(statistics.median(m["publish_rate"] for m in per[name]), 1),
                 "drain_rate": round(statistics.median(m["drain_rate"] for m in per[name]), 1),
@@ -551,22 +643,28 @@ def print_table(report: dict[str, Any]) -> None:
         print()
         print(f"pool {pool}")
         print(
-            f"  {'contender':<17} {'tasks/s':>7} {'x plain':>7} {'x ref':>6} {'publish/s':>9}"
-            f" {'drain/s':>7}"
+            f"  {'contender':<17} {'tasks/s':>7} {'srv us':>6} {'x plain':>7} {'x ref':>6} "
+            f"{'publish/s':>9} {'drain/s':>7}"
             f"   {'CPU us/task: publisher':>22} {'worker':>6} {'redis':>5}   rounds (tasks/s)"
         )
         for name, row in data["contenders"].items():
             rounds = " ".join(f"{x:.0f}" for x in row["rounds"])
             cpu = row["cpu_us_per_task"]
             print(
-                f"  {name:<17} {row['tasks_per_s']:>7.0f} {row['ratio_to_plain']:>6.2f}x "
+                f"  {name:<17} {row['tasks_per_s']:>7.0f} {row['server_us_per_task']:>6.1f} "
+                f"{row['ratio_to_plain']:>6.2f}x "
                 f"{row['ratio_to_reference']:>5.2f}x "
                 f"{row['publish_rate']:>9.0f} {row['drain_rate']:>7.0f}   "
                 f"{cpu['publisher']:>22.0f} {cpu['worker']:>6.0f} {cpu['redis']:>5.0f}   {rounds}"
             )
         for target, ok in data["targets"].items():
             print(f"  target {target}: {'PASS' if ok else 'MISS'}")
-    print(f"\n(wall time {report['wall_seconds']:.0f} s)")
+    print(
+        "\n(srv us = server time per task, INFO commandstats usec of the commands the clients "
+        "sent, broker and locks: a script's include the commands it runs, a transaction's are "
+        "counted as its commands)"
+    )
+    print(f"(wall time {report['wall_seconds']:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,10 @@ def _x(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
     lock, celery = results["lock"], results["celery"]
     env, machine = lock["environment"], celery["machine"]
@@ -79,8 +83,9 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
         "**The lock**: uncontended acquire + release (median of interleaved rounds), and the "
         "hand-off from a release in one process to a blocked acquire returning in another.",
         "",
-        "| contender | cycles/s | x floor | hand-off p50 ms | p99 ms | x push floor (p50) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| contender | cycles/s | x floor | server us/cycle | x floor (server) "
+        "| hand-off p50 ms | p99 ms | x push floor (p50) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     rows = [
         ("floor: SET NX PX + CAD, through redis-py", "floor", None),
@@ -89,6 +94,7 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
         (u["contenders"]["redispy"]["label"] + " (polls)", "redispy", "redispy"),
         ("python-redis-lock", "prl", "prl"),
         ("**ReentrantLock** (renew=True)", "csl", "csl"),
+        ("its two scripts alone, no lock object", "scripts", None),
     ]
     for label, ukind, hkind in rows:
         ur = u["contenders"].get(ukind) if ukind else None
@@ -97,19 +103,32 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
             continue
         cycles = f"{ur['cycles_per_s']:,.0f}" if ur else ""
         ratio = _x(ur["ratio_to_floor"]) if ur else ""
+        server = _us(ur.get("server_us_per_cycle")) if ur else ""
+        server_ratio = _x(ur.get("server_ratio_to_floor")) if ur else ""
         p50 = f"{hr['p50_ms']:.3f}" if hr else ""
         p99 = f"{hr['p99_ms']:.3f}" if hr else ""
         handoff_ratio = _x(hr["p50_ratio_to_floor"]) if hr and "p50_ratio_to_floor" in hr else ""
-        lines.append(f"| {label} | {cycles} | {ratio} | {p50} | {p99} | {handoff_ratio} |")
+        lines.append(
+            f"| {label} | {cycles} | {ratio} | {server} | {server_ratio} | {p50} | {p99} "
+            f"| {handoff_ratio} |"
+        )
     lines += [
         "",
+        "Server us: Redis's own time per cycle (INFO commandstats usec of the commands the "
+        "contender sends itself; a script's include the commands it runs), median of the "
+        "rounds.",
+        "",
         f"**Celery**: a no-op task through a real worker, N = {celery['n']} distinct arguments "
-        f"published then drained, median of {celery['rounds']} interleaved rounds (tasks/s).",
+        f"published then drained, median of {celery['rounds']} interleaved rounds (tasks/s; "
+        "server us: Redis's time per task, broker and locks, INFO commandstats usec of the "
+        "commands the clients send).",
         "",
     ]
     pools = list(celery["pools"])
-    header = "| contender |" + "".join(f" {p} tasks/s | x plain | x reference |" for p in pools)
-    lines += [header, "| --- |" + " ---: | ---: | ---: |" * len(pools)]
+    header = "| contender |" + "".join(
+        f" {p} tasks/s | server us | x plain | x reference |" for p in pools
+    )
+    lines += [header, "| --- |" + " ---: | ---: | ---: | ---: |" * len(pools)]
     names = {
         "plain": "plain `@app.task`",
         "floor-run": "reference: two bare EVALSHAs (SET NX PX, CAD)",
@@ -123,11 +142,11 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
         for p in pools:
             row = celery["pools"][p]["contenders"].get(name)
             if row is None:
-                cells.append(" | | |")
+                cells.append(" | | | |")
                 continue
             cells.append(
-                f" {row['tasks_per_s']:,.0f} | {_x(row['ratio_to_plain'])} | "
-                f"{_x(row.get('ratio_to_reference'))} |"
+                f" {row['tasks_per_s']:,.0f} | {_us(row.get('server_us_per_task'))} | "
+                f"{_x(row['ratio_to_plain'])} | {_x(row.get('ratio_to_reference'))} |"
             )
         lines.append(f"| {label} |" + "".join(cells))
     lines += ["", "**Targets**", "", "| target | measured | met |", "| --- | --- | --- |"]
@@ -162,7 +181,7 @@ def render_chart(results: dict[str, Any], path: Path) -> None:
 
     lock, celery = results["lock"], results["celery"]
     u, h = lock["uncontended"]["contenders"], lock["handoff"]["contenders"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.8))
 
     def bars(ax: Any, labels: list[str], values: list[float], title: str, ours: set[str]) -> None:
         colors = ["#d95f02" if label in ours else "#7570b3" for label in labels]
@@ -187,9 +206,22 @@ def render_chart(results: dict[str, Any], path: Path) -> None:
         "Uncontended cycles/s, x the redis-py floor (higher is better)",
         {"ReentrantLock"},
     )
-    hk = [k for k in ("prl", "csl") if k in h]
+    sk = [
+        k
+        for k in ("redispy", "prl", "csl", "scripts")
+        if k in u and u[k].get("server_ratio_to_floor") is not None
+    ]
+    server_labels = {**labels, "scripts": "its two scripts alone"}
     bars(
         axes[1],
+        [server_labels[k] for k in sk],
+        [u[k]["server_ratio_to_floor"] for k in sk],
+        "Uncontended server time per cycle, x the floor's (lower is better)",
+        {"ReentrantLock", "its two scripts alone"},
+    )
+    hk = [k for k in ("prl", "csl") if k in h]
+    bars(
+        axes[2],
         [labels[k] for k in hk],
         [h[k]["p50_ratio_to_floor"] for k in hk],
         "Hand-off p50, x the push-woken floor (lower is better)",
@@ -203,7 +235,7 @@ def render_chart(results: dict[str, Any], path: Path) -> None:
         "celery-once": "celery-once",
         "celery-singleton": "celery-singleton",
     }
-    ax = axes[2]
+    ax = axes[3]
     pools = list(celery["pools"])
     width = 0.8 / len(pools)
     for i, p in enumerate(pools):

@@ -3,6 +3,11 @@
 A reentrant, hash-based Redis lock (:class:`ReentrantLock`), renewed by one heartbeat thread
 per process, woken by push, with fencing tokens; and on it a Celery ``Task`` base class
 (:class:`LockedTask`) and :func:`install` for tasks that cannot use it.
+
+:class:`LockSpace` acts on locks held elsewhere (a queued message's, an operator's view); every
+type a public method returns (:class:`AcquireReply`, :class:`ReleaseReply`, :class:`LockState`,
+:class:`LockKeys`, :class:`RecordReply`) is importable from here. The settings are read once per
+app at its first use; :func:`reload_settings` reads them again.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from ._celery import LockedTask, install
+from ._celery.settings import reload_settings
 from ._errors import (
     AlreadyQueuedError,
     ChordDuplicateError,
@@ -21,7 +27,15 @@ from ._errors import (
     MisconfiguredError,
     TaskLockedError,
 )
-from ._lock import ReentrantLock
+from ._lock import (
+    AcquireReply,
+    LockKeys,
+    LockSpace,
+    LockState,
+    RecordReply,
+    ReentrantLock,
+    ReleaseReply,
+)
 
 try:
     __version__ = version("celery-singleton-lock")
@@ -29,16 +43,23 @@ except PackageNotFoundError:  # pragma: no cover - imported from a checkout, not
     __version__ = "0+unknown"
 
 __all__ = [
+    "AcquireReply",
     "AlreadyQueuedError",
     "ChordDuplicateError",
     "LockBackendError",
     "LockError",
+    "LockKeys",
     "LockLostError",
     "LockNotOwnedError",
+    "LockSpace",
+    "LockState",
     "LockTimeoutError",
     "LockedTask",
     "MisconfiguredError",
+    "RecordReply",
     "ReentrantLock",
+    "ReleaseReply",
     "TaskLockedError",
     "install",
+    "reload_settings",
 ]

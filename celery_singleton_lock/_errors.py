@@ -1,4 +1,9 @@
-"""The exceptions of celery-singleton-lock: one base class, one subclass per way a lock can fail."""
+"""The exceptions of celery-singleton-lock: one base class, one subclass per way a lock can fail.
+
+Every one is a :class:`LockError`; :class:`LockBackendError` (Redis failed: an outage) and
+:class:`MisconfiguredError` (a setting to fix) are apart, so a handler of outages never hides
+a configuration mistake.
+"""
 
 from __future__ import annotations
 
@@ -42,10 +47,12 @@ class LockBackendError(LockError):
     """Redis was unreachable or failed; the redis-py error is chained as ``__cause__``."""
 
 
-class MisconfiguredError(LockBackendError):
+class MisconfiguredError(LockError):
     """No usable Redis is configured for the locks (e.g. ``singleton_lock_redis_url`` is
-    missing and the broker is not Redis): a setting to fix, never an outage, so
-    ``singleton_lock_on_backend_error="proceed"`` never goes on past it."""
+    missing and the broker is not Redis), or a setting asks for what the package cannot do: a
+    setting to fix, never an outage. It is not a :class:`LockBackendError`, so neither an
+    ``except LockBackendError`` nor ``singleton_lock_on_backend_error="proceed"`` goes on
+    past it."""
 
 
 class AlreadyQueuedError(LockError):

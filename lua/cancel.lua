@@ -7,11 +7,11 @@
 --
 -- KEYS[1]  lock hash
 -- KEYS[2]  meta hash
--- KEYS[3]  the lock's wake-up channel
 -- ARGV[1]  owner token of that acquire
 -- ARGV[2]  request id of that acquire (acquire.lua's ARGV[3])
--- ARGV[3]  "publish", or "spublish" on Redis Cluster: how the lock's key is published on
---          KEYS[3] when the lock is freed
+-- ARGV[3]  "publish", or "spublish" on Redis Cluster: how the lock's key is published on its
+--          wake-up channel (KEYS[1] .. ":wake", not a key: see release.lua) when the lock is
+--          freed
 -- ARGV[4]  how long the meta hash outlives the lock, ms
 -- ARGV[5]  the lease that acquire asked for, ms: the void mark outlives any hold it could make
 --
@@ -39,7 +39,7 @@ if redis.call('hget', meta, 'req') == request then
             redis.call('hdel', lock, owner)
         else
             redis.call('del', lock)
-            redis.call(ARGV[3], KEYS[3], lock)
+            redis.call(ARGV[3], lock .. ':wake', lock)
         end
         done = 1
     end
@@ -55,6 +55,7 @@ end
 -- Past the lock as well as past the cancelled acquire's lease: when the meta hash had been
 -- evicted under a hold with a longer lease than this acquire's, the HSET above recreated it,
 -- and it must not expire before that hold (with it would go the hold's run token and fence).
+-- Only ever extended: acquire.lua's 'x' (a time the meta hash lives until) stays true.
 local keep = math.max(lease, redis.call('pttl', lock)) + retention
 if redis.call('pttl', meta) < keep then
     redis.call('pexpire', meta, string.format('%d', keep))

@@ -2,9 +2,9 @@
 --
 -- KEYS[1]  lock hash
 -- KEYS[2]  meta hash
--- KEYS[3]  the lock's wake-up channel
--- ARGV[1]  "publish", or "spublish" on Redis Cluster: how the lock's key is published on
---          KEYS[3] (the lock's wake-up channel) when the lock was deleted
+-- ARGV[1]  "publish", or "spublish" on Redis Cluster: how the lock's key is published on its
+--          wake-up channel (KEYS[1] .. ":wake", not a key: see release.lua) when the lock was
+--          deleted
 -- ARGV[2]  how long the meta hash (and with it the last fencing token) outlives the lock, ms
 -- ARGV[3]  expected holder: "" for any, else release only when this owner holds it
 -- ARGV[4]  "1": release only while no run has entered the hold (no run token recorded: it
@@ -12,7 +12,8 @@
 --
 -- Returns 1 when a lock was released, 0 when it was free (or held by someone other than
 -- ARGV[3], or entered by a run with ARGV[4] set). The fencing token is kept, so the next
--- holder still gets a larger one.
+-- holder still gets a larger one. 'x' goes too (see acquire.lua): the TTL set here may be
+-- shorter than the one it stood for.
 
 local lock, meta = KEYS[1], KEYS[2]
 if ARGV[1] ~= 'publish' and ARGV[1] ~= 'spublish' then
@@ -31,7 +32,7 @@ if ARGV[4] == '1' then
     end
 end
 redis.call('del', lock)
-redis.call('hdel', meta, 'req', 'info', 'since', 'run')
+redis.call('hdel', meta, 'req', 'info', 'since', 'run', 'x')
 redis.call('pexpire', meta, tonumber(ARGV[2]))
-redis.call(ARGV[1], KEYS[3], lock)
+redis.call(ARGV[1], lock .. ':wake', lock)
 return 1

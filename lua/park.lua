@@ -24,7 +24,7 @@ if redis.call('hexists', lock, ARGV[1]) == 0 then
     return 0
 end
 redis.call('pexpire', lock, string.format('%d', lease))
-redis.call('hdel', meta, 'run')
+redis.call('hdel', meta, 'run', 'x') -- x: the TTL set below may be shorter (see acquire.lua)
 if ARGV[4] ~= '' then
     redis.call('hset', meta, 'info', ARGV[4])
 end

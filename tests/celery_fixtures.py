@@ -13,20 +13,19 @@ from __future__ import annotations
 import gc
 import shutil
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, TypeVar, cast, overload
 
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from kombu.asynchronous import set_event_loop
+from lock_helpers import wait_until
 
-from celery_singleton_lock import LockedTask
-from celery_singleton_lock._celery.client import reset_client
+from celery_singleton_lock import LockedTask, reload_settings
 from celery_singleton_lock.testing import RedisServer
 
 DB_BROKER, DB_RESULTS, DB_LOCKS = 0, 1, 2
@@ -54,25 +53,6 @@ BASE_CONF: dict[str, Any] = {
         },
     },
 }
-
-
-T = TypeVar("T")
-
-
-def wait_until(
-    predicate: Callable[[], T | Literal[False] | None],
-    timeout: float = 10.0,
-    interval: float = 0.02,
-) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {predicate}")
-        time.sleep(interval)
 
 
 TaskT = TypeVar("TaskT", bound=LockedTask)
@@ -113,7 +93,7 @@ def configure(app: Celery, server: RedisServer, **conf: Any) -> None:
     )
     settings.update(conf)
     app.conf.update(settings)
-    reset_client(app)
+    reload_settings(app)
 
 
 class Gates:
@@ -195,7 +175,9 @@ class CeleryEnv:
 
 
 @contextmanager
-def redis_server() -> Iterator[RedisServer]:
+def own_redis_server() -> Iterator[RedisServer]:
+    """A redis-server of the caller's own (not the session's ``redis_server`` fixture): started,
+    then stopped and its directory removed when the block ends."""
     server = RedisServer()
     server.start()
     try:
@@ -239,7 +221,7 @@ def celery_env(
     **conf: Any,
 ) -> Iterator[CeleryEnv]:
     """A Redis server of its own, ``app`` configured on it and a worker running its tasks."""
-    with redis_server() as server:
+    with own_redis_server() as server:
         configure(app, server, **conf)
         with running_worker(app, pool=pool, concurrency=concurrency) as worker:
             try:

@@ -17,34 +17,16 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 import faultapp
 import redis
+from lock_helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-T = TypeVar("T")
-
-
-def wait_for(
-    predicate: Callable[[], T | Literal[False] | None],
-    timeout: float,
-    what: str,
-    interval: float = 0.02,
-) -> T:
-    """Poll ``predicate`` until it returns something truthy (returned), at most ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def redis_base(port: int) -> str:
@@ -105,7 +87,7 @@ class WorkerProcess:
             start_new_session=True,
         )
         try:
-            wait_for(self._ready, timeout, f"worker {self.hostname} to be ready", 0.05)
+            wait_until(self._ready, timeout, f"worker {self.hostname} to be ready", 0.05)
         except BaseException:
             self.stop()
             raise
@@ -140,7 +122,7 @@ class WorkerProcess:
             matches = list(re.finditer(pattern, self.log()))
             return matches if len(matches) >= count else None
 
-        return wait_for(found, timeout, f"{pattern!r} in the log of {self.hostname}", 0.05)
+        return wait_until(found, timeout, f"{pattern!r} in the log of {self.hostname}", 0.05)
 
     def children(self) -> list[int]:
         """Pids of the main process's child processes (pool children, embedded beat)."""
@@ -249,7 +231,7 @@ def hanging_job(
         task = app.tasks[task_name]
         job = new_job(task_name.rsplit(".", 1)[-1])
         first = task.delay(job, 60)
-        wait_for(lambda: data.llen(f"starts:{job}") == 1, 20, f"{task_name} to start")
+        wait_until(lambda: data.llen(f"starts:{job}") == 1, 20, f"{task_name} to start")
         yield task, job, first, worker
     finally:
         worker.stop()

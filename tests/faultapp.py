@@ -318,7 +318,8 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         reply = {
             "pid": os.getpid(),
             "threads": _thread_names(),
-            "heartbeat_pid": heartbeat.pid,
+            # this process renews through lanes of its own (a forked child's, not inherited)
+            "heartbeat_pid": os.getpid() if heartbeat.lanes else None,
             "heartbeat_holds": len(heartbeat.held()),
         }
         _leave(self, job, start)

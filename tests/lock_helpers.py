@@ -9,6 +9,8 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from celery_singleton_lock import ReentrantLock
 
@@ -16,16 +18,21 @@ T = TypeVar("T")
 
 
 def wait_until(
-    predicate: Callable[[], T | Literal[False] | None], timeout: float, interval: float = 0.01
+    predicate: Callable[[], T | Literal[False] | None],
+    timeout: float = 10.0,
+    what: str = "",
+    interval: float = 0.01,
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout``
+    seconds, naming ``what`` was awaited. The one bounded wait of the tests (lock, Celery and
+    subprocess tests alike)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {predicate}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
         time.sleep(interval)
 
 
@@ -62,6 +69,35 @@ def held_fence(lock: ReentrantLock) -> int:
     fence = lock.fence
     assert fence is not None, "the lock is not held"
     return fence
+
+
+def wake_subscribers(client: Any, key: str) -> int:
+    """How many connections are subscribed to the wake-up channel of the lock whose Redis key
+    is ``key`` (``<key>:wake``; sharded pub/sub on a Redis Cluster). A waiter that was refused
+    subscribes there before it blocks, so this is how a test sees that a waiter is waiting."""
+    channel = key + ":wake"
+    if hasattr(client, "get_node_from_key"):  # a RedisCluster: the channel's shard answers
+        node = client.get_node_from_key(channel)
+        reply = client.pubsub_shardnumsub(channel, target_nodes=node)
+    else:
+        reply = client.pubsub_numsub(channel)
+    counts = {(k if isinstance(k, bytes) else str(k).encode()): int(n) for k, n in reply}
+    return counts.get(channel.encode(), 0)
+
+
+def server_stalled(port: int, within: float = 0.05) -> bool:
+    """Whether the server on ``port`` leaves a PING on a new connection unanswered for
+    ``within`` s: it is busy (a ``DEBUG SLEEP`` runs), and a command sent now waits for it."""
+    probe: Any = redis.Redis(
+        port=port, socket_timeout=within, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
+    try:
+        probe.ping()
+    except redis.TimeoutError:
+        return True
+    finally:
+        probe.close()
+    return False
 
 
 def hold_counts(client: Any, key: str) -> dict[str, int]:

@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 from celery_fixtures import app_task, configure
 
-from celery_singleton_lock import LockedTask, ReentrantLock, install
+from celery_singleton_lock import LockedTask, ReentrantLock, install, reload_settings
 from celery_singleton_lock._celery.settings import setting
 from celery_singleton_lock._lock import MAX_LEASE_SECONDS, LockSpace
 from celery_singleton_lock.testing import RedisServer
@@ -63,8 +63,8 @@ def test_waits(client: Any, timeout: Any) -> None:
     _refused(client, lambda: lock.try_acquire(timeout=timeout), "timeout")
     _refused(
         client,
-        lambda: ReentrantLock(client, "t", blocking_timeout=timeout),
-        "blocking_timeout",
+        lambda: ReentrantLock(client, "t", timeout=timeout),
+        "timeout",
     )
 
 
@@ -172,6 +172,7 @@ def test_a_setting_is_checked_before_a_publish_writes(app: Any, client: Any) -> 
 
     _refused(client, task.delay, "singleton_lock_queue_ttl")
     app.conf.singleton_lock_tasks = {"bad.other": {"lock_at": "sometimes"}}
+    reload_settings(app)  # the publish above read the settings
     _refused(client, lambda: install(app), "lock_at")
 
 

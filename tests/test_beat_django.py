@@ -34,7 +34,8 @@ from beatproj.harness import (
     report,
     sends_since,
 )
-from celery_procs import redis_base, wait_for
+from celery_procs import redis_base
+from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
@@ -84,7 +85,7 @@ def _record_matches_last_send(beats: list[Beat], client: Any) -> tuple[float, fl
 
 
 def _last_send_and_record(beats: list[Beat], client: Any) -> tuple[float, float]:
-    return wait_for(
+    return wait_until(
         lambda: _record_matches_last_send(beats, client), 10, "a quiet moment to read the records"
     )
 
@@ -100,9 +101,9 @@ def test_database_scheduler_takeover_sends_no_tick_twice(
     django_world: tuple[list[Beat], Any], fault: str
 ) -> None:
     beats, client = django_world
-    first = wait_for(lambda: leader(beats, client, LOCK), 40, "a beat to lead")
+    first = wait_until(lambda: leader(beats, client, LOCK), 40, "a beat to lead")
     standby = next(b for b in beats if b is not first)
-    wait_for(lambda: len(all_sends(beats, ENTRY)) >= 3, 30, "three sends")
+    wait_until(lambda: len(all_sends(beats, ENTRY)) >= 3, 30, "three sends")
     while_leading = _last_send_and_record(beats, client)
     # Sent several times since it started: the database's value is stale by now.
     time.sleep(PERIOD * 0.6)
@@ -112,9 +113,9 @@ def test_database_scheduler_takeover_sends_no_tick_twice(
         os.killpg(first.pid, signal.SIGKILL)
     else:
         first.signal(signal.SIGTERM)
-    wait_for(lambda: leader(beats, client, LOCK) is standby, LEASE + 5, "the standby to lead")
+    wait_until(lambda: leader(beats, client, LOCK) is standby, LEASE + 5, "the standby to lead")
     took_over = time.time() - started
-    wait_for(
+    wait_until(
         lambda: len(sends_since(beats, ENTRY, started + took_over)) >= 3,
         4 * PERIOD + 10,
         "three sends by the new leader",

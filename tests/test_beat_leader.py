@@ -28,8 +28,9 @@ from beatproj.harness import (
     report,
     sends_since,
 )
-from celery_procs import redis_base, wait_for
+from celery_procs import redis_base
 from faultapp import BEAT_ENV, LOCK_DB, TTL_ENV, URL_ENV
+from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
@@ -60,9 +61,9 @@ def test_one_beat_sends_and_a_beat_leads_again(
     world: tuple[list[Beat], Any, RedisServer], fault: str
 ) -> None:
     beats, client, server = world
-    first = wait_for(lambda: leader(beats, client, LOCK), 30, "a beat to lead")
+    first = wait_until(lambda: leader(beats, client, LOCK), 30, "a beat to lead")
     standby = next(b for b in beats if b is not first)
-    wait_for(lambda: len(all_sends(beats, ENTRY)) >= 3, 20, "three sends")
+    wait_until(lambda: len(all_sends(beats, ENTRY)) >= 3, 20, "three sends")
 
     started = time.time()
     if fault == "sigkill":
@@ -74,19 +75,19 @@ def test_one_beat_sends_and_a_beat_leads_again(
     else:
         server.restart()  # every key gone: the lock, the records, the broker's queue
     if fault == "redis-restart":
-        now = wait_for(lambda: leader(beats, client, LOCK), 2 * LEASE + 5, "a beat to lead")
+        now = wait_until(lambda: leader(beats, client, LOCK), 2 * LEASE + 5, "a beat to lead")
     else:
-        wait_for(lambda: leader(beats, client, LOCK) is standby, LEASE + 5, "the standby to lead")
+        wait_until(lambda: leader(beats, client, LOCK) is standby, LEASE + 5, "the standby to lead")
         now = standby
     took_over = time.time() - started
-    wait_for(
+    wait_until(
         lambda: len(sends_since(beats, ENTRY, started + took_over)) >= 3,
         LEASE + 10,
         "three sends by the leader",
     )
     if fault == "sigstop":
         os.killpg(first.pid, signal.SIGCONT)  # wakes past its lease: must send nothing
-        wait_for(lambda: "is no longer the leader" in first.log(), 10, "the woken to step down")
+        wait_until(lambda: "is no longer the leader" in first.log(), 10, "the woken to step down")
         time.sleep(3 * PERIOD)
     times = all_sends(beats, ENTRY)
     text = report(beats)

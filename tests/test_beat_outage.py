@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import redis
 from beatproj.harness import Beat, close_pairs, leader, report
-from celery_procs import redis_base, wait_for
+from celery_procs import redis_base
 from faultapp import BEAT_ENV, LOCK_DB, TTL_ENV, URL_ENV
+from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
@@ -47,8 +48,8 @@ def test_ticks_resume_within_a_lease_of_redis_answering_again(
     beat, server = one_beat
     client = redis.Redis(port=server.port, db=LOCK_DB, socket_timeout=5)
     try:
-        wait_for(lambda: leader([beat], client, LOCK), 30, "the beat to lead")
-        wait_for(lambda: len(beat.sends(ENTRY)) >= 3, 20, "three sends")
+        wait_until(lambda: leader([beat], client, LOCK), 30, "the beat to lead")
+        wait_until(lambda: len(beat.sends(ENTRY)) >= 3, 20, "three sends")
         assert server.process is not None
         if outage == "restart":
             server.kill()
@@ -59,7 +60,7 @@ def test_ticks_resume_within_a_lease_of_redis_answering_again(
             time.sleep(3 * LEASE)
             server.process.send_signal(signal.SIGCONT)
         back = time.time()
-        wait_for(
+        wait_until(
             lambda: len([t for t in beat.sends(ENTRY) if t > back]) >= 3,
             LEASE + 15,
             "three sends after Redis answers again",

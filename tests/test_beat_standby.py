@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import redis
 from beatproj.harness import Beat, holder, leader, report
-from celery_procs import redis_base, wait_for
+from celery_procs import redis_base
 from faultapp import BEAT_ENV, LOCK_DB, TTL_ENV, URL_ENV
+from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
@@ -49,15 +50,15 @@ def test_standby_names_the_leader_at_info_and_says_when_it_leads(
     two_beats: tuple[list[Beat], Any],
 ) -> None:
     beats, client = two_beats
-    first = wait_for(lambda: leader(beats, client, LOCK), 30, "a beat to lead")
+    first = wait_until(lambda: leader(beats, client, LOCK), 30, "a beat to lead")
     token = holder(client, LOCK)
     standby = next(b for b in beats if b is not first)
 
-    said = wait_for(lambda: STANDBY.search(standby.log()), 10, "the standby to say so")
+    said = wait_until(lambda: STANDBY.search(standby.log()), 10, "the standby to say so")
     assert said["leader"] == token, report(beats)
     assert f":{standby.pid}:" in said["me"], report(beats)
     # Said once, then now and then while it keeps standing by (not at every try).
-    reminders = wait_for(
+    reminders = wait_until(
         lambda: len(STILL.findall(standby.log())) >= 2 and STILL.findall(standby.log()),
         10,
         "two reminders",
@@ -67,4 +68,4 @@ def test_standby_names_the_leader_at_info_and_says_when_it_leads(
     assert LEADS.search(first.log()), report(beats)
 
     first.signal(signal.SIGTERM)
-    wait_for(lambda: LEADS.search(standby.log()), LEASE + 5, "the standby to say it leads")
+    wait_until(lambda: LEADS.search(standby.log()), LEASE + 5, "the standby to say it leads")

@@ -16,7 +16,7 @@ import pytest
 import redis
 from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
 
-from celery_singleton_lock import LockBackendError, LockedTask
+from celery_singleton_lock import LockBackendError, LockedTask, reload_settings
 from celery_singleton_lock.testing import free_port
 
 # the adversarial fault suite (`pytest -m faults`): real workers killed, revoked, stopped
@@ -55,6 +55,7 @@ def env() -> Iterator[CeleryEnv]:
 def policy(env: CeleryEnv) -> Iterator[Any]:
     def set_policy(value: str) -> None:
         env.app.conf.singleton_lock_on_backend_error = value
+        reload_settings(env.app)
 
     yield set_policy
     set_policy("raise")

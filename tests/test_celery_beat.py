@@ -1,4 +1,4 @@
-"""SPEC §5 row 8: beat. A periodic task due every second that runs for 3 s never overlaps
+"""Beat: a periodic task due every second that runs for 3 s never overlaps
 itself, and every skipped run is logged with the id of the run that holds the lock.
 
 A real ``celery worker -B`` subprocess (prefork, ``-c 2``, embedded beat with its schedule file

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from celery import chain, chord, group
 from celery.exceptions import ChordError
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
+from lock_helpers import wait_until
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask, TaskLockedError
 from celery_singleton_lock._celery.canvas import ChordDuplicateError

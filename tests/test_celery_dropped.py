@@ -1,4 +1,4 @@
-"""Messages a worker drops unrun (issue 9): their publish-time locks are freed at once.
+"""Messages a worker drops unrun: their publish-time locks are freed at once.
 
 A message whose task the worker does not know (``task_unknown``) or whose content type it does
 not accept (``task_rejected``) is rejected without requeue; before, its publish lock kept the
@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, configure, new_app, wait_until
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, configure, new_app
 from celery_procs import close_app
+from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask
 

@@ -1,8 +1,9 @@
 """Fault tests against real ``celery worker`` subprocesses (prefork, ``-c 2``) and a real Redis.
 
-SPEC §5 rows 3 (redelivery), 5 (released on every terminal path) and 7 (the heartbeat), with
-real signals sent to real processes: SIGKILL to a pool child or to the whole worker, SIGTERM
-(warm shutdown), revoke with terminate, soft and hard time limits. Every wait is bounded.
+Redelivery (the same id is not the same run), release on every terminal path and the
+heartbeat, with real signals sent to real processes: SIGKILL to a pool child or to the whole
+worker, SIGTERM (warm shutdown), revoke with terminate, soft and hard time limits. Every wait is
+bounded.
 
 Layout: one worker for the module (started once, its pool children replaced by the worker when
 a test kills them) runs the scenarios that leave it standing; a test that shuts a worker down
@@ -31,9 +32,9 @@ from celery_procs import (
     new_job,
     records,
     redis_base,
-    wait_for,
 )
 from faultapp import DATA_DB, HEARTBEAT_THREAD, LOCK_DB, VISIBILITY_ENV, make_app
+from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
@@ -71,7 +72,7 @@ class Env:
         return records(self.data, "intervals", job)
 
     def started(self, job: str, count: int = 1, timeout: float = 20.0) -> list[dict[str, Any]]:
-        return wait_for(
+        return wait_until(
             lambda: (s := self.starts(job)) and len(s) >= count and s,
             timeout,
             f"{count} start(s) of {job}",
@@ -80,7 +81,7 @@ class Env:
     def gone_within(self, key: str, timeout: float) -> float:
         """Seconds until ``key`` is gone (fails after ``timeout``)."""
         t0 = time.monotonic()
-        wait_for(lambda: not self.locks.exists(key), timeout, f"{key} to be released", 0.01)
+        wait_until(lambda: not self.locks.exists(key), timeout, f"{key} to be released", 0.01)
         return time.monotonic() - t0
 
     def close(self) -> None:
@@ -118,7 +119,7 @@ def own_env() -> Iterator[Env]:
         env.close()
 
 
-# -- row 3: the same id is not the same run ------------------------------------------------------
+# -- redelivery: the same id is not the same run -------------------------------------------------
 
 
 @pytest.mark.slow
@@ -180,7 +181,7 @@ def test_redelivery_after_child_killed_takes_over_without_waiting_for_lease(
     assert "for its redelivery after its pool process ended" in w.log()
 
 
-# -- row 5: released on every terminal path --------------------------------------------------
+# -- released on every terminal path -------------------------------------------------------
 
 
 def test_released_on_success(env: Env, w: WorkerProcess) -> None:
@@ -251,7 +252,7 @@ def test_revoked_while_queued_then_published_again_runs(
     """Celery marks a queued task REVOKED the moment the revoke is broadcast, long before a
     worker reaches its message (here: never, it waits in a queue nobody consumes) and releases
     its publish hold. A caller that has seen REVOKED and publishes the same job again must get
-    a new run (SPEC §5 rows 4 and 5), not the revoked task's AsyncResult, and a run-time
+    a new run, not the revoked task's AsyncResult, and a run-time
     duplicate (``send_task`` by name) must not be skipped in favour of a holder that will never
     run."""
     job = new_job("revoke-republish")
@@ -259,7 +260,7 @@ def test_revoked_while_queued_then_published_again_runs(
     revoked = env.task("publish_work").apply_async((job, 0.0), queue="held-back")
     assert env.locks.exists(key)
     env.app.control.revoke(revoked.id, destination=[w.hostname], reply=True, timeout=5)
-    wait_for(lambda: revoked.state == "REVOKED", 5, "the REVOKED state")
+    wait_until(lambda: revoked.state == "REVOKED", 5, "the REVOKED state")
     assert env.locks.exists(key)  # the worker never saw the message: still held
     if path == "apply_async":
         again = env.task("publish_work").delay(job, 0.0)
@@ -284,7 +285,7 @@ def test_revoked_state_does_not_free_a_running_holder(env: Env, w: WorkerProcess
     duplicate = env.task("publish_work").delay(job, 2.0)
     assert duplicate.id == holder.id
     assert env.locks.exists(key)
-    wait_for(lambda: env.intervals(job), 10, "the run to end")
+    wait_until(lambda: env.intervals(job), 10, "the run to end")
     assert [s["id"] for s in env.starts(job)] == [holder.id]
 
 
@@ -310,7 +311,7 @@ def test_released_on_revoke_terminate_of_running_task(
     )
     took = env.gone_within(key, 10)
     assert took < PROMPT
-    wait_for(lambda: result.state == "REVOKED", 10, "REVOKED state")
+    wait_until(lambda: result.state == "REVOKED", 10, "REVOKED state")
     # The body was stopped (SIGTERM ends it with an exception, so its `finally` may record an
     # end): it did not run its 30 s.
     assert all(i["end"] - i["start"] < 5 for i in env.intervals(job))
@@ -411,7 +412,7 @@ def test_whole_worker_sigkilled_lock_frees_within_one_lease(own_env: Env, tmp_pa
         assert not os.path.exists(f"/proc/{started['pid']}")
 
 
-# -- row 7: the heartbeat ------------------------------------------------------------------------
+# -- the heartbeat -------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
@@ -442,7 +443,7 @@ def test_heartbeat_keeps_running_lock_alive(env: Env, w: WorkerProcess) -> None:
     assert len(during) > 100, len(during)
     assert all(0 < pttl <= 1000 for pttl in during), [p for p in during if not 0 < p <= 1000]
     assert duplicate is not None
-    wait_for(lambda: duplicate.state == "SKIPPED", 10, "the duplicate to be skipped")
+    wait_until(lambda: duplicate.state == "SKIPPED", 10, "the duplicate to be skipped")
     assert duplicate.info["holder"] == result.id
     assert [s["id"] for s in env.starts(job)] == [result.id]
     w.wait_log(
@@ -482,7 +483,7 @@ def test_lock_lost_is_set_when_lease_gone(env: Env, w: WorkerProcess) -> None:
     job = new_job("lost-lease")
     key = env.key("lose", job, 8.0)
     result = env.task("lose").delay(job, 8.0)
-    wait_for(lambda: env.data.get(f"ready:{job}"), 20, "the task to be ready")
+    wait_until(lambda: env.data.get(f"ready:{job}"), 20, "the task to be ready")
     time.sleep(0.3)
     assert env.locks.exists(key)
     deleted_at = time.time()

@@ -1,10 +1,11 @@
-"""SPEC §5 rows 2, 4 and 6 against a real worker and a real Redis:
+"""Retries, release before the result, and every path into the worker, against a real worker
+and a real Redis:
 
-* row 2: ``self.retry()`` and ``autoretry_for`` keep the lock and re-enter it (same fence, the
+* ``self.retry()`` and ``autoretry_for`` keep the lock and re-enter it (same fence, the
   retry is never blocked by its own lock, no duplicate slips in during the countdown);
-* row 4: the lock is released before the result is visible (a caller who saw the result and
+* the lock is released before the result is visible (a caller who saw the result and
   publishes again gets a new run, never the finished one);
-* row 6: the run-time check catches duplicates on every path into the worker: ``delay``,
+* the run-time check catches duplicates on every path into the worker: ``delay``,
   ``apply_async``, ``send_task`` by name, canvas members (chain, group) and a raw protocol-2
   message published by another service with kombu.
 """
@@ -18,9 +19,10 @@ from typing import Any
 
 import pytest
 from celery import chain, group
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
+from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask
 
@@ -45,6 +47,35 @@ def retrying_pub(self: Any, key: str) -> str:
     gates.mark(key, (self.request.retries, self.lock.fence, self.lock.owned()))
     if self.request.retries < 1:
         raise self.retry(countdown=1.5)
+    return "done"
+
+
+#: the queue lease of the two tasks below, shorter than their retry's countdown
+SHORT_QUEUE_TTL, LONG_COUNTDOWN = 2.0, 5.0
+
+
+@app_task(
+    app,
+    base=LockedTask,
+    bind=True,
+    name="flow.retrying_long_pub",
+    lock_at="publish",
+    lock_queue_ttl=SHORT_QUEUE_TTL,
+)
+def retrying_long_pub(self: Any, key: str) -> str:
+    gates.mark(key, self.request.retries)
+    if self.request.retries < 1:
+        raise self.retry(countdown=LONG_COUNTDOWN)
+    return "done"
+
+
+@app_task(
+    app, base=LockedTask, bind=True, name="flow.retrying_long", lock_queue_ttl=SHORT_QUEUE_TTL
+)
+def retrying_long(self: Any, key: str) -> str:
+    gates.mark(key, self.request.retries)
+    if self.request.retries < 1:
+        raise self.retry(countdown=LONG_COUNTDOWN)
     return "done"
 
 
@@ -116,7 +147,7 @@ def env() -> Iterator[CeleryEnv]:
         yield env
 
 
-# -- row 2: retries keep and re-enter the lock -----------------------------------------------
+# -- retries keep and re-enter the lock ------------------------------------------------------
 
 
 @pytest.mark.parametrize("task", [retrying, retrying_pub], ids=["run", "publish"])
@@ -138,6 +169,33 @@ def test_self_retry_keeps_the_lock_through_the_countdown(env: CeleryEnv, task: A
     assert [retries for retries, _, _ in runs] == [0, 1]  # the retry ran: not blocked
     assert runs[0][1] == runs[1][1]  # one hold across the retry: the same fencing token
     assert all(owned for _, _, owned in runs)
+    wait_until(lambda: not task.is_locked(k), 3)
+
+
+@pytest.mark.parametrize("task", [retrying_long_pub, retrying_long], ids=["publish", "run"])
+def test_a_parked_retry_keeps_the_lock_for_a_countdown_longer_than_the_queue_lease(
+    env: CeleryEnv, task: Any
+) -> None:
+    """The parked hold's lease covers the retry's countdown plus ``lock_queue_ttl``, not the
+    queue lease alone: past the queue lease (2 s), well inside the countdown (5 s), the lock
+    is still the retrying task's and a duplicate is refused (deduplicated onto it at publish,
+    skipped at run time)."""
+    k = _key()
+    r = task.delay(k)
+    wait_until(lambda: env.state(r.id) == "RETRY", 10, "the retry to be sent")
+    retried_at = time.monotonic()
+    # a real duration: the queue lease alone would have run out by then
+    time.sleep(max(0.0, retried_at + SHORT_QUEUE_TTL + 1.0 - time.monotonic()))
+    assert env.state(r.id) == "RETRY"  # still in its countdown
+    assert task.lock_holder(k) == r.id
+    dup = task.delay(k)
+    if task is retrying_long_pub:
+        assert dup.id == r.id  # deduplicated onto the retrying task
+    else:
+        env.wait_state(dup.id, "SKIPPED")
+        assert env.meta(dup.id)["holder"] == r.id
+    assert r.get(timeout=LONG_COUNTDOWN + 10) == "done"
+    assert gates.data[k] == [0, 1]  # the first try and its retry; the duplicate never ran
     wait_until(lambda: not task.is_locked(k), 3)
 
 
@@ -166,7 +224,7 @@ def test_autoretry_that_runs_out_of_retries_frees_the_lock(env: CeleryEnv) -> No
     wait_until(lambda: not env.locks.exists(autoretry_fail.lock_key_for(k)), 3)
 
 
-# -- row 4: released before the result is visible --------------------------------------------
+# -- released before the result is visible ---------------------------------------------------
 
 
 def test_a_caller_who_saw_the_result_gets_a_new_run(env: CeleryEnv) -> None:
@@ -180,7 +238,7 @@ def test_a_caller_who_saw_the_result_gets_a_new_run(env: CeleryEnv) -> None:
     assert gates.runs[k] == 60  # every publish ran
 
 
-# -- row 6: every path into the worker -------------------------------------------------------
+# -- every path into the worker --------------------------------------------------------------
 
 
 def _raw_message(env: CeleryEnv, name: str, args: list[Any]) -> str:

@@ -1,4 +1,4 @@
-"""``install(app, tasks=...)`` and the ``singleton_lock_tasks`` setting (SPEC §2, §3): plain
+"""``install(app, tasks=...)`` and the ``singleton_lock_tasks`` setting: plain
 tasks (no base class) get the same locking, run-time skip and publish-time dedup, including
 ``send_task`` by name; ``install`` is idempotent."""
 
@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from celery import Celery, signals
-from celery_fixtures import BASE_CONF, CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from celery_fixtures import BASE_CONF, CeleryEnv, Gates, app_task, celery_env, new_app
+from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask, install
 

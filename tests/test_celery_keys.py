@@ -1,4 +1,4 @@
-"""SPEC §5 row 1: the lock key is the task name + the arguments bound to the task's signature,
+"""The lock key is the task name + the arguments bound to the task's signature,
 stable across the message serializer's round trip, with clear errors and a bounded length."""
 
 from __future__ import annotations

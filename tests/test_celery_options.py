@@ -1,4 +1,4 @@
-"""Every per-task option of SPEC §4, the task API (``self.lock``, ``lock_key_for``,
+"""Every per-task lock option (``lock_*``), the task API (``self.lock``, ``lock_key_for``,
 ``is_locked``, ``lock_holder``, ``release_lock``) and the terminal paths that run in-process
 (success, failure, ``Ignore``, ``Reject``), against a real worker and a real Redis."""
 
@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from celery import signals
 from celery.exceptions import Ignore, Reject
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
+from lock_helpers import wait_until, wake_subscribers
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask, ReentrantLock, TaskLockedError
 
@@ -548,7 +549,8 @@ def test_lock_on_locked_wait_gets_the_lock_when_the_holder_finishes(env: CeleryE
     gates.wait_started(k)
     dup = wait_task.delay(k)
     wait_until(lambda: len(attempts[dup.id]) >= 1, 5)
-    time.sleep(0.5)
+    key = wait_task.lock_key_for(k)
+    wait_until(lambda: wake_subscribers(env.locks, key) >= 1, 5, "the duplicate to wait")
     assert gates.runs[k] == 1  # still waiting
     opened = time.monotonic()
     gates.open(k)

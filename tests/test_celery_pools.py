@@ -45,9 +45,9 @@ from celery_procs import (
     no_overlap,
     records,
     redis_base,
-    wait_for,
 )
 from faultapp import DATA_DB, LOCK_DB, URL_ENV, data, make_app
+from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask, LockLostError
 from celery_singleton_lock.testing import RedisServer
@@ -248,10 +248,10 @@ def test_duplicate_skipped_and_lock_released(
             for _ in range(workers)
         ]
         first = work.delay(job, 2.5)
-        wait_for(lambda: records(data, "starts", job), 15, "the first run to start")
+        wait_until(lambda: records(data, "starts", job), 15, "the first run to start")
         assert locks.exists(key)
         duplicate = work.delay(job, 2.5)
-        wait_for(lambda: duplicate.state == "SKIPPED", 10, "the duplicate to be skipped")
+        wait_until(lambda: duplicate.state == "SKIPPED", 10, "the duplicate to be skipped")
         assert duplicate.info["holder"] == first.id
         assert first.get(timeout=15)["held"] is True
         assert not locks.exists(key)  # released before the result was stored
@@ -296,10 +296,10 @@ def test_a_cooperative_sleep_longer_than_the_lease_keeps_the_lock(
     key = nap.lock_key_for(job, 6.0)
     with PoolWorker(redis_base(server.port), tmp_path, pool=pool, concurrency=4) as worker:
         first = nap.delay(job, 6.0)
-        [start] = wait_for(lambda: records(data_db, "starts", job), 15, "the run to start")
-        wait_for(lambda: time.time() >= start["t"] + 4.0, 10, "4 s into the run")
+        [start] = wait_until(lambda: records(data_db, "starts", job), 15, "the run to start")
+        wait_until(lambda: time.time() >= start["t"] + 4.0, 10, "4 s into the run")
         duplicate = nap.delay(job, 6.0)
-        wait_for(lambda: duplicate.state == "SKIPPED", 5, "the duplicate to be skipped")
+        wait_until(lambda: duplicate.state == "SKIPPED", 5, "the duplicate to be skipped")
         assert duplicate.info["holder"] == first.id
         assert time.time() < start["t"] + 5.5  # checked while the body still sleeps
         assert nap.lock_holder(job, 6.0) == first.id
@@ -356,8 +356,8 @@ def test_a_body_that_blocks_the_hub_past_the_lease_loses_the_lock_and_says_so(
         PoolWorker(base, tmp_path, pool="threads", concurrency=2, queue="other") as other,
     ):
         first = block.delay(job, 6.0)
-        [start] = wait_for(lambda: records(data_db, "starts", job), 15, "the run to start")
-        gone = wait_for(lambda: not locks.exists(key) and time.time(), 5, "the lease to end")
+        [start] = wait_until(lambda: records(data_db, "starts", job), 15, "the run to start")
+        gone = wait_until(lambda: not locks.exists(key) and time.time(), 5, "the lease to end")
         assert gone - start["t"] < 2 + 1.0  # one lease after the last renewal, at the start
         intruder = block.apply_async((job, 0.0), queue="other")
         assert intruder.get(timeout=10)["after_block"]["ensure_held"] == "held"

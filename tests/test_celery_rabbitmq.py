@@ -1,6 +1,6 @@
-"""The same locking with RabbitMQ as the broker (SPEC §8: locks stay in Redis whatever the
-broker): run-time skip and publish-time dedup through a real worker consuming from RabbitMQ
-on 127.0.0.1:5672. When no RabbitMQ answers there, the tests say so and are skipped."""
+"""The same locking with RabbitMQ as the broker (locks stay in Redis whatever the broker):
+run-time skip and publish-time dedup through a real worker consuming from RabbitMQ on
+127.0.0.1:5672. When no RabbitMQ answers there, the tests say so and are skipped."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
 from kombu.connection import Connection
+from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask
 

@@ -1,26 +1,38 @@
-"""SPEC §3 settings and the validation of §4 options at decoration time.
+"""The settings, and the validation of the per-task options when a task class is made.
 
 Every app here is made by the test (tasks are defined with ``shared=False``, so a task with
 bad options never reaches another app's finalization)."""
 
 from __future__ import annotations
 
+import gc
 import uuid
+import weakref
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
-from celery_fixtures import BASE_CONF, DB_BROKER, app_task, redis_server, running_worker
+from celery_fixtures import BASE_CONF, DB_BROKER, app_task, own_redis_server, running_worker
 
-from celery_singleton_lock import LockBackendError, LockedTask, install
-from celery_singleton_lock._celery.client import reset_client
+from celery_singleton_lock import (
+    LockBackendError,
+    LockedTask,
+    MisconfiguredError,
+    install,
+    reload_settings,
+)
+from celery_singleton_lock._celery import settings as settings_module
+from celery_singleton_lock._celery.client import get_client
+from celery_singleton_lock._celery.settings import setting
+from celery_singleton_lock._celery.startup import _on_worker_init
 from celery_singleton_lock.testing import RedisServer, free_port
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
-    with redis_server() as server:
+    with own_redis_server() as server:
         yield server
 
 
@@ -77,11 +89,12 @@ def test_a_non_redis_broker_needs_the_url_and_says_so_at_first_use() -> None:
     task = _queued_lock_task(app)  # defining the task does not fail
     app.finalize()
     assert task.lock_key_for(1)  # nor does computing a key
-    with pytest.raises(LockBackendError) as info:
+    with pytest.raises(MisconfiguredError) as info:
         task.is_locked(1)
     assert "singleton_lock_redis_url" in str(info.value)
     assert "amqp" in str(info.value)
-    with pytest.raises(LockBackendError, match="singleton_lock_redis_url"):
+    assert not isinstance(info.value, LockBackendError)  # a setting to fix, not an outage
+    with pytest.raises(MisconfiguredError, match="singleton_lock_redis_url"):
         task.delay(1)
 
 
@@ -95,7 +108,7 @@ def test_a_wrong_url_names_the_setting() -> None:
     with pytest.raises(ValueError, match="singleton_lock_redis_url"):
         task.is_locked(1)
     app.conf.singleton_lock_redis_url = "redis://127.0.0.1:notaport/0"
-    reset_client(app)
+    reload_settings(app)
     with pytest.raises(ValueError, match="singleton_lock_redis_url"):
         task.is_locked(1)
 
@@ -158,6 +171,8 @@ def test_singleton_lock_prefix(server: RedisServer) -> None:
     assert key in found
     assert all(k.startswith("myapp-locks:") for k in found)
     app.conf.singleton_lock_prefix = "bad{prefix}"
+    assert task.lock_key_for(x) == key  # read once: unseen until reload_settings
+    reload_settings(app)
     with pytest.raises(ValueError, match="singleton_lock_prefix"):
         task.lock_key_for(x)
 
@@ -192,6 +207,120 @@ def test_django_style_celery_namespace_settings(server: RedisServer) -> None:
     assert seen["key"].startswith("dj:{settings.dj_run:")
     assert 3_000 < seen["pttl"] <= 5_000  # CELERY_SINGLETON_LOCK_TTL
     assert not locks.exists(seen["key"])
+
+
+# -- read once per app, read again by reload_settings -----------------------------------------
+
+
+def test_settings_are_read_once_and_again_after_reload_settings(server: RedisServer) -> None:
+    app = _app("s_reload", broker_url=f"redis://127.0.0.1:{server.port}/3")
+    assert setting(app, "singleton_lock_ttl") == 30.0
+    app.conf.singleton_lock_ttl = 12
+    app.conf.update(SINGLETON_LOCK_PREFIX="changed")
+    # the first use read them: a change made afterwards is not seen ...
+    assert setting(app, "singleton_lock_ttl") == 30.0
+    assert setting(app, "singleton_lock_prefix") == "lock"
+    reload_settings(app)
+    # ... until the one call that reads them again
+    assert setting(app, "singleton_lock_ttl") == 12.0
+    assert setting(app, "singleton_lock_prefix") == "changed"
+
+
+def test_reload_settings_makes_a_new_lock_client_from_the_new_settings(
+    server: RedisServer,
+) -> None:
+    app = _app(
+        "s_reload_client",
+        broker_url=f"redis://127.0.0.1:{server.port}/3",
+        singleton_lock_redis_url=f"redis://127.0.0.1:{server.port}/4",
+    )
+    task = _queued_lock_task(app)
+    first = uuid.uuid4().hex
+    task.apply_async((first,), queue="csl-nowhere")
+    assert server.client(db=4).exists(task.lock_key_for(first))
+    client = get_client(app)
+    app.conf.singleton_lock_redis_url = f"redis://127.0.0.1:{server.port}/5"
+    assert get_client(app) is client  # unseen so far
+    reload_settings(app)
+    assert get_client(app) is not client
+    second = uuid.uuid4().hex
+    task.apply_async((second,), queue="csl-nowhere")
+    assert server.client(db=5).exists(task.lock_key_for(second))
+    assert not server.client(db=4).exists(task.lock_key_for(second))
+
+
+def test_reload_settings_keeps_the_lock_client_when_its_settings_did_not_change(
+    server: RedisServer,
+) -> None:
+    app = _app(
+        "s_reload_keep",
+        broker_url=f"redis://127.0.0.1:{server.port}/3",
+        singleton_lock_redis_options={"socket_timeout": 4},
+    )
+    client = get_client(app)
+    app.conf.singleton_lock_ttl = 12
+    app.conf.singleton_lock_redis_options = {"socket_timeout": 4}  # equal: the same client
+    reload_settings(app)
+    assert get_client(app) is client
+    assert setting(app, "singleton_lock_ttl") == 12.0
+    app.conf.broker_url = f"redis://127.0.0.1:{server.port}/6"  # the locks follow the broker
+    reload_settings(app)
+    assert get_client(app) is not client
+    assert get_client(app).connection_pool.connection_kwargs["db"] == 6
+
+
+def test_reload_settings_checks_again_at_the_next_use() -> None:
+    app = _app("s_reload_wrong", broker_url="redis://127.0.0.1:1/0")
+    assert setting(app, "singleton_lock_queue_ttl") == 3600.0
+    app.conf.singleton_lock_queue_ttl = "1h"
+    reload_settings(app)  # reading again raises nothing itself ...
+    with pytest.raises(TypeError, match="singleton_lock_queue_ttl must be a number of seconds"):
+        setting(app, "singleton_lock_queue_ttl")  # ... the use of the wrong value does
+    app.conf.singleton_lock_queue_ttl = 60
+    reload_settings(app)
+    assert setting(app, "singleton_lock_queue_ttl") == 60.0
+
+
+def test_a_worker_start_reads_the_settings_again() -> None:
+    app = _app("s_worker_start", broker_url="redis://127.0.0.1:1/0")
+    assert setting(app, "singleton_lock_ttl") == 30.0
+    app.conf.singleton_lock_ttl = 7
+    _on_worker_init(sender=SimpleNamespace(app=app))  # what worker_init does
+    assert setting(app, "singleton_lock_ttl") == 7.0
+    app.conf.singleton_lock_ttl = "7s"
+    with pytest.raises(SystemExit, match="singleton_lock_ttl must be a number of seconds"):
+        _on_worker_init(sender=SimpleNamespace(app=app))
+
+
+def test_install_before_the_app_is_configured_does_not_freeze_the_settings() -> None:
+    app = _app("s_install_early", broker_url="redis://127.0.0.1:1/0")
+    install(app)  # where the app module calls it, before the rest of its configuration
+    app.conf.singleton_lock_ttl = 9
+    assert setting(app, "singleton_lock_ttl") == 9.0
+
+
+def test_settings_are_kept_per_app_and_go_with_it() -> None:
+    one = _app("s_one", broker_url="redis://127.0.0.1:1/0", singleton_lock_ttl=1)
+    two = _app("s_two", broker_url="redis://127.0.0.1:1/0", singleton_lock_ttl=2)
+    assert (setting(one, "singleton_lock_ttl"), setting(two, "singleton_lock_ttl")) == (1.0, 2.0)
+    read = settings_module._read
+    assert one in read and two in read
+    assert "_singleton_lock" not in " ".join(map(str, vars(one.conf)))  # nothing of ours there
+    gone = weakref.ref(one)
+    del one
+    gc.collect()
+    assert gone() is None  # the cache does not keep an app alive
+    assert two in read
+
+
+def test_a_misspelt_setting_is_found_in_the_conf_mapping() -> None:
+    app = Celery("s_misspelt", set_as_current=False)
+    app.config_from_object({"CELERY_SINGLETON_LOCK_TIMOUT": 5}, namespace="CELERY")
+    from celery_singleton_lock._celery.checks import settings_problems
+
+    problems = settings_problems(app)
+    assert len(problems) == 1
+    assert "CELERY_SINGLETON_LOCK_TIMOUT is not a celery-singleton-lock setting" in problems[0]
 
 
 # -- bad options at decoration time ----------------------------------------------------------

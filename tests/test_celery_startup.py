@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery_fixtures import Gates, app_task, configure, redis_server, running_worker
-from celery_procs import WorkerProcess, redis_base, wait_for
+from celery_fixtures import Gates, app_task, configure, own_redis_server, running_worker
+from celery_procs import WorkerProcess, redis_base
+from lock_helpers import wait_until
 
 from celery_singleton_lock import LockBackendError, LockedTask
 from celery_singleton_lock.testing import RedisServer
@@ -36,7 +37,7 @@ MISSPELT = {"CELERY_SINGLETON_LOCK_TIMEOUT": 5}
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
-    with redis_server() as server:
+    with own_redis_server() as server:
         yield server
 
 
@@ -167,9 +168,9 @@ def test_the_setting_s_tasks_are_locked_without_install(
     with SettingsAppWorker(base, tmp_path, concurrency=2, env=env) as worker:
         worker.wait_log(r"locking settingsapp\.report, settingsapp\.slow in this worker", 5)
         first = publisher.send_task("settingsapp.slow", (key, 3.0))
-        wait_for(lambda: data.llen(f"runs:{key}") == 1, 15, "the first run to start")
+        wait_until(lambda: data.llen(f"runs:{key}") == 1, 15, "the first run to start")
         duplicate = publisher.send_task("settingsapp.slow", (key, 3.0))
-        wait_for(
+        wait_until(
             lambda: publisher.AsyncResult(duplicate.id).state == "SKIPPED",
             15,
             "the duplicate to be skipped",
@@ -196,7 +197,7 @@ def test_a_run_that_fails_before_its_body_frees_its_publish_lock() -> None:
     LockBackendError; once Redis answers again its publish lock is gone (released from the
     background), so publishing the job again sends a new one instead of returning the failed
     one for the rest of the queue lease."""
-    with redis_server() as broker, redis_server() as lock_server:
+    with own_redis_server() as broker, own_redis_server() as lock_server:
         configure(
             app,
             broker,
@@ -216,7 +217,7 @@ def test_a_run_that_fails_before_its_body_frees_its_publish_lock() -> None:
             finally:
                 os.kill(lock_server.process.pid, signal.SIGCONT)
             assert gates.runs[key] == 0
-            wait_for(lambda: not pub.is_locked(key), 15, "the failed job's publish lock to go")
+            wait_until(lambda: not pub.is_locked(key), 15, "the failed job's publish lock to go")
             again = pub.delay(key)
             assert again.id != first.id
             assert again.get(timeout=15) == key

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from celery import Task
 from celery.worker.request import Request
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app, wait_until
+from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
 from flask import Flask, current_app
+from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock._celery.worker import LockedRequest

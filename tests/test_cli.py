@@ -1,4 +1,4 @@
-"""The operator CLI (SPEC §7), run as real subprocesses against a real server: what it shows of
+"""The operator CLI, run as real subprocesses against a real server: what it shows of
 held locks, and that release and purge free them (and only them)."""
 
 from __future__ import annotations

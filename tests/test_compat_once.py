@@ -1,4 +1,4 @@
-"""The celery-once drop-in (issue 10), against a real worker and a real Redis.
+"""The celery-once drop-in, against a real worker and a real Redis.
 
 Written from celery-once 3.0.1's documented behaviour, with only the import changed: a
 duplicate ``.delay()`` raises ``AlreadyQueued`` (``countdown``, ``message``) or, ``graceful``,
@@ -28,9 +28,9 @@ from celery_fixtures import (
     bare_app,
     celery_env,
     new_app,
-    wait_until,
 )
 from celery_procs import close_app, hanging_job
+from lock_helpers import wait_until
 
 from celery_singleton_lock import AlreadyQueuedError, MisconfiguredError
 from celery_singleton_lock.compat.once import AlreadyQueued, QueueOnce
@@ -182,7 +182,8 @@ def test_a_retry_keeps_its_lock_and_runs(env: CeleryEnv) -> None:
     key = _key()
     first = retrying.delay(key)
     wait_until(lambda: gates.data[key] == [0], 10)
-    time.sleep(0.2)  # the retry sent, its countdown running
+    # the retry sent, its countdown running
+    wait_until(lambda: env.state(first.id) == "RETRY", 10, "the retry to be sent")
     with pytest.raises(AlreadyQueued):
         retrying.delay(key)
     assert first.get(timeout=15) == 1

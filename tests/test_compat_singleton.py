@@ -30,9 +30,9 @@ from celery_fixtures import (
     bare_app,
     celery_env,
     new_app,
-    wait_until,
 )
 from celery_procs import close_app, hanging_job
+from lock_helpers import wait_until
 
 from celery_singleton_lock import AlreadyQueuedError, MisconfiguredError
 from celery_singleton_lock._lock import LockSpace

@@ -1,4 +1,4 @@
-"""install() on a lazy app, run as a user runs it (issue 7, hole 1).
+"""install() on a lazy app, run as a user runs it (a hole found from outside).
 
 The app module is written as the README says: a plain ``@app.task``, the task named in
 ``singleton_lock_tasks``, ``install(app)`` at the end of the module. A prefork worker with

@@ -1,4 +1,4 @@
-"""No leaks (issue 7): after 10,000 mixed tasks (success, failure, retry, skipped duplicates,
+"""No leaks: after 10,000 mixed tasks (success, failure, retry, skipped duplicates,
 revoked while queued, publish-time locks) through a real prefork worker, the lock keyspace holds
 only expiring records and no held lock, and the worker's processes have the threads they had
 before the load."""

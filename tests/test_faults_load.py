@@ -1,4 +1,4 @@
-"""Mutual exclusion under load with faults, and a warm shutdown under load (issue 7).
+"""Mutual exclusion under load with faults, and a warm shutdown under load.
 
 Two prefork workers with two children each run 1,000 tasks over 20 keys (``lock_at="run"``,
 lease 2 s, ``acks_late`` with ``reject_on_worker_lost`` so a killed run is delivered again),

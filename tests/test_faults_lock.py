@@ -1,4 +1,4 @@
-"""The lock under injected faults, with real processes and a real server (issue 7's suite).
+"""The lock under injected faults, with real processes and a real server.
 
 Each test states its expectation in its docstring. Run the whole fault suite alone with
 ``pytest -m faults``.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import redis
-from lock_helpers import fenced_write, paused_holder_worker, wait_until
+from lock_helpers import fenced_write, paused_holder_worker, server_stalled, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -278,7 +278,7 @@ def test_a_release_whose_reply_is_lost_still_frees_the_lock(debug_server: RedisS
     assert lock.acquire()
     sleeper = threading.Thread(target=_pause, args=(debug_server, "DEBUG SLEEP", 1.5))
     sleeper.start()
-    time.sleep(0.1)
+    wait_until(lambda: server_stalled(debug_server.port), 5, "the DEBUG SLEEP to start")
     with pytest.raises(LockBackendError):
         lock.release()
     sleeper.join(10)

@@ -1,4 +1,4 @@
-"""Sentinel failover with a held lock and a contender (issue 7, hole 4).
+"""Sentinel failover with a held lock and a contender.
 
 Before the fix the holder's open connections stayed on the old master, which takes writes for
 several seconds after Sentinel promotes a replica: the holder renewed there, the new master's

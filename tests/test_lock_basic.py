@@ -277,7 +277,8 @@ def test_keys_left_behind_are_bounded_and_all_expire(redis_client: Any) -> None:
     assert lock.acquire()
     keys = LockKeys.for_name("lock", "user:0")
     assert 0 < redis_client.pttl(keys.lock) <= 10_000
-    assert 0 < redis_client.pttl(keys.meta) <= 10_000 + commands.META_RETENTION_MS
+    # (an acquire that writes the meta hash's TTL adds half a retention: see lua/acquire.lua)
+    assert 0 < redis_client.pttl(keys.meta) <= 10_000 + commands.META_RETENTION_MS * 3 // 2
     lock.release()
 
     for i in range(2000):
@@ -292,7 +293,9 @@ def test_keys_left_behind_are_bounded_and_all_expire(redis_client: Any) -> None:
     for name in names:
         pipe.pttl(name)
     ttls = pipe.execute()
-    assert all(0 < ttl <= 60_000 for ttl in ttls), sorted(set(ttls))[:5]
+    # the meta hash outlives the lease the last acquire set (10 s) by the retention, plus at
+    # most half a retention
+    assert all(0 < ttl <= 10_000 + 90_000 for ttl in ttls), sorted(set(ttls))[:5]
 
 
 def test_a_lock_whose_holder_vanished_leaves_only_an_expiring_meta(redis_client: Any) -> None:
@@ -301,7 +304,7 @@ def test_a_lock_whose_holder_vanished_leaves_only_an_expiring_meta(redis_client:
     wait_until(lambda: redis_client.exists(lock.key) == 0, 5)
     remaining = list(redis_client.scan_iter())
     assert remaining == [lock.key.encode() + b":meta"]
-    assert 0 < redis_client.pttl(remaining[0]) <= 200 + commands.META_RETENTION_MS
+    assert 0 < redis_client.pttl(remaining[0]) <= 200 + commands.META_RETENTION_MS * 3 // 2
 
 
 def test_a_meta_hash_lost_while_held_is_rebuilt_with_a_ttl(redis_client: Any) -> None:
@@ -321,7 +324,8 @@ def test_a_meta_hash_lost_while_held_is_rebuilt_with_a_ttl(redis_client: Any) ->
     assert all(redis_client.pttl(key) > 0 for key in redis_client.scan_iter())  # none immortal
     assert commands.release(redis_client, keys, "task").freed
     assert list(redis_client.scan_iter()) == [keys.meta.encode()]
-    assert 0 < redis_client.pttl(keys.meta) <= commands.META_RETENTION_MS
+    # (past the lease the release that rebuilt it saw, by the retention)
+    assert 0 < redis_client.pttl(keys.meta) <= 30_000 + commands.META_RETENTION_MS
 
 
 # -- idempotent acquire --------------------------------------------------------------------
@@ -451,8 +455,8 @@ def test_redis_py_resends_a_timed_out_command_so_acquire_must_be_idempotent(
         ({"prefix": "lo{c}k"}, ValueError, "prefix"),
         ({"prefix": "lock}"}, ValueError, "prefix"),
         ({"prefix": ""}, TypeError, "prefix"),
-        ({"blocking_timeout": -1}, ValueError, "blocking_timeout"),
-        ({"blocking_timeout": "1"}, TypeError, "blocking_timeout"),
+        ({"timeout": -1}, ValueError, "timeout"),
+        ({"timeout": "1"}, TypeError, "timeout"),
         ({"info": 3}, TypeError, "info"),
     ],
 )

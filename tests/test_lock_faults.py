@@ -27,7 +27,7 @@ from celery_singleton_lock import (
     ReentrantLock,
 )
 from celery_singleton_lock._lock.heartbeat import get_heartbeat
-from celery_singleton_lock._lock.wakeup import get_hub
+from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock.testing import free_port
 
 # an assertion that fails in a helper thread fails the test
@@ -106,7 +106,7 @@ def test_a_hung_redis_times_out_instead_of_hanging(make_redis_server: Any) -> No
 def test_with_lock_times_out_and_never_enters_unlocked(redis_client: Any) -> None:
     holder = ReentrantLock(redis_client, "busy", ttl=30, owner="holder")
     assert holder.acquire()
-    waiter = ReentrantLock(redis_client, "busy", ttl=30, blocking_timeout=0.3)
+    waiter = ReentrantLock(redis_client, "busy", ttl=30, timeout=0.3)
     entered = False
     started = time.monotonic()
     with pytest.raises(LockTimeoutError) as info, waiter:
@@ -150,7 +150,7 @@ def test_a_waiter_gets_an_error_not_a_hang_when_redis_dies(make_redis_server: An
     assert outcome["at"] - killed < 2.0  # at most the holder's lease, plus the failing call
     assert holder.lost.wait(3)
     # The waiter left: the process keeps no subscription to the dead server.
-    assert get_hub(client)._subscriptions == {}
+    assert LockRuntime.of(client).hub._subscriptions == {}
 
 
 def test_the_heartbeat_survives_an_outage_and_sets_lost(

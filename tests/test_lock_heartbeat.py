@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 import redis
-from lock_helpers import counting_client, hold_counts, hold_forever_worker
+from lock_helpers import (
+    counting_client,
+    hold_counts,
+    hold_forever_worker,
+    wait_until,
+    wake_subscribers,
+)
 
 from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock
 from celery_singleton_lock._lock.heartbeat import get_heartbeat
@@ -222,7 +228,9 @@ def test_a_holder_killed_with_sigkill_frees_the_lock_within_a_lease(
 
         thread = threading.Thread(target=wait)
         thread.start()
-        time.sleep(0.1)
+        wait_until(
+            lambda: wake_subscribers(redis_client, "lock:{killed}") >= 1, 5, "the waiter to block"
+        )
         assert "at" not in got
         killed = time.monotonic()
     finally:

@@ -1,4 +1,4 @@
-"""The holes found in the lock from outside (issue 7), each reproduced as it was reported.
+"""The holes found in the lock from outside, each reproduced as it was reported.
 
 Every test here failed before its fix: an acquire whose reply was lost left a hold nobody owns
 (and, through Celery, a job dropped for the whole queue lease); a lease too large for the script
@@ -20,7 +20,7 @@ import redis.asyncio
 from celery import Celery
 from celery_fixtures import app_task, configure
 from kombu.exceptions import OperationalError
-from lock_helpers import wait_until
+from lock_helpers import server_stalled, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -62,7 +62,7 @@ def _stall(port: int, seconds: float) -> threading.Thread:
     thread = threading.Thread(target=sleep, daemon=True)
     thread.start()
     started.wait(5)
-    time.sleep(0.1)  # DEBUG SLEEP on its way before the command under test
+    wait_until(lambda: server_stalled(port), 5, "the DEBUG SLEEP to start")
     return thread
 
 
@@ -107,7 +107,7 @@ def test_a_cancelled_acquire_that_runs_later_is_refused(server: RedisServer) -> 
     client = redis.Redis(port=server.port)
     keys = LockKeys.for_name("lock", "voided")
     args = ("owner-1", "request-1", "publish", commands.META_RETENTION_MS, 30_000)
-    assert scripts.CANCEL(client, keys.triple, args) == 0
+    assert scripts.CANCEL(client, keys.pair, args) == 0
     reply = commands.acquire(client, keys, "owner-1", 30_000, "request-1")
     assert not reply.acquired
     assert client.exists(keys.lock) == 0
@@ -124,8 +124,8 @@ def test_a_cancel_only_drops_the_hold_its_acquire_added(server: RedisServer) -> 
     assert commands.acquire(client, keys, "task-1", 30_000, "publish").acquired
     assert commands.acquire(client, keys, "task-1", 30_000, "run").hold_count == 2
     args = ("task-1", "run", "publish", commands.META_RETENTION_MS, 30_000)
-    assert scripts.CANCEL(client, keys.triple, args) == 1
-    assert scripts.CANCEL(client, keys.triple, args) == 0
+    assert scripts.CANCEL(client, keys.pair, args) == 1
+    assert scripts.CANCEL(client, keys.pair, args) == 0
     assert client.hgetall(keys.lock) == {b"task-1": b"1"}
 
 
@@ -140,7 +140,7 @@ def test_a_cancel_after_the_meta_hash_was_lost_keeps_it_past_the_lock(
     assert commands.acquire(client, keys, "holder", 600_000, "long").acquired
     client.delete(keys.meta)
     args = ("other", "short", "publish", commands.META_RETENTION_MS, 1_000)
-    assert scripts.CANCEL(client, keys.triple, args) == 0
+    assert scripts.CANCEL(client, keys.pair, args) == 0
     assert client.pttl(keys.meta) > client.pttl(keys.lock) > 500_000
 
 

@@ -1,15 +1,19 @@
 """Model-based test: the Lua scripts against an in-memory model of what the lock must do.
 
 Hypothesis drives acquire (new holder, re-entry, refusal, another run refused), a resent
-acquire, cancel, release (one hold, all), expiry, the meta hash deleted under a holder, force
-release (any, by holder, unentered only), park and renew, over several owners and names, against
-a real Redis. After every step Redis (read atomically by inspect.lua) must agree with the model:
-the same owners and counts, a lease on every held lock, fences that only grow for new holders.
-A final check proves that every branch listed in ``BRANCHES`` was reached.
+acquire, cancel, release (one hold, all), a resent release (at once, and after the owner took
+the lock again), expiry, the meta hash deleted under a holder, force release (any, by holder,
+unentered only), park and renew, over several owners and names, against a real Redis. After
+every step Redis (read atomically by inspect.lua) must agree with the model: the same owners and
+counts, a lease on every held lock, fences that only grow for new holders; and a release that
+frees a lock publishes its wake-up exactly when an acquire was refused meanwhile (or the meta
+hash that would say so was lost). A final check proves that every branch listed in
+``BRANCHES`` was reached.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +43,8 @@ RUNS = ["", "r1", "r2"]
 #: with another lease than its own must keep its meta hash past the lock
 LEASES = [60_000, 600_000]
 
+MARKER = "model:marker"
+
 #: every script branch the machine must reach (checked after the run)
 BRANCHES = {
     "acquire:new",
@@ -55,6 +61,10 @@ BRANCHES = {
     "release:partial",
     "release:freed",
     "release:not_owner",
+    "release:woke",
+    "release:quiet",
+    "release:resent",
+    "release:resent_after_reacquire",
     "force:released",
     "force:refused",
     "park:parked",
@@ -75,6 +85,9 @@ class LockModel:
     #: latest
     last_request: tuple[str, str, int] | None = None
     meta_gone: bool = False
+    #: an acquire was refused (and may wait): the release that frees the lock must publish
+    #: (the mark lasts the holder's lease when refused, longer than the machine runs)
+    waiter: bool = False
 
     @property
     def holder(self) -> str | None:
@@ -92,6 +105,29 @@ class LockMachine(RuleBasedStateMachine):
         self.client.flushdb()
         self.model = {name: LockModel() for name in NAMES}
         self.keys = {name: LockKeys.for_name("lock", name) for name in NAMES}
+        # every wake-up channel, and a marker channel that ends each read of them
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(MARKER, *(keys.channel for keys in self.keys.values()))
+
+    def teardown(self) -> None:
+        self.pubsub.close()
+
+    def wake_ups(self, name: str) -> int:
+        """The wake-ups published on ``name``'s channel since the last read."""
+        self.client.publish(MARKER, "end")
+        seen = 0
+        deadline = time.monotonic() + 5
+        while True:
+            assert time.monotonic() < deadline, "the marker never came"
+            # None also for a subscription's confirmation, which is skipped
+            message = self.pubsub.get_message(timeout=1)
+            if message is None:
+                continue
+            channel = commands.text(message["channel"])
+            if channel == MARKER:
+                return seen
+            if channel == self.keys[name].channel:
+                seen += 1
 
     @initialize()
     def start(self) -> None:
@@ -117,9 +153,11 @@ class LockMachine(RuleBasedStateMachine):
             reached["acquire:new"] += 1
         elif model.holder != owner:
             assert not reply.acquired and reply.holder == model.holder and not reply.other_run
+            model.waiter = True
             reached["acquire:refused"] += 1
         elif run and model.run and model.run != run:
             assert not reply.acquired and reply.other_run
+            model.waiter = True
             reached["acquire:other_run"] += 1
         else:
             assert reply.acquired and reply.hold_count == model.owners[owner] + 1
@@ -167,12 +205,14 @@ class LockMachine(RuleBasedStateMachine):
             return
         request, owner, lease = model.last_request
         args = (owner, request, "publish", META_RETENTION_MS, lease)
-        done = int(scripts.CANCEL(self.client, self.keys[name].triple, args))
+        done = int(scripts.CANCEL(self.client, self.keys[name].pair, args))
         if model.holder == owner:
             assert done == 1
             model.owners[owner] -= 1
-            if model.owners[owner] == 0:
+            freed = model.owners[owner] == 0
+            if freed:
                 model.free()
+            assert self.wake_ups(name) == int(freed)  # a cancel that frees always publishes
             reached["cancel:dropped"] += 1
         else:
             assert done == 0
@@ -188,7 +228,7 @@ class LockMachine(RuleBasedStateMachine):
         way out): nothing is dropped, and the acquire, when it arrives, takes nothing."""
         model, request = self.model[name], new_request_id()
         args = (owner, request, "publish", META_RETENTION_MS, lease)
-        assert int(scripts.CANCEL(self.client, self.keys[name].triple, args)) == 0
+        assert int(scripts.CANCEL(self.client, self.keys[name].pair, args)) == 0
         late = commands.acquire(self.client, self.keys[name], owner, lease, request, "", "")
         assert not late.acquired
         if model.holder is None:
@@ -215,6 +255,43 @@ class LockMachine(RuleBasedStateMachine):
         else:
             model.free()
             reached["release:freed"] += 1
+            self.check_wake_up(name)
+
+    def check_wake_up(self, name: str) -> None:
+        """A release just freed ``name``: it published iff a waiter may be there."""
+        model = self.model[name]
+        woke = self.wake_ups(name)
+        expected = model.waiter or model.meta_gone
+        assert woke == (1 if expected else 0), (woke, model)
+        reached["release:woke" if woke else "release:quiet"] += 1
+
+    @rule(name=st.sampled_from(NAMES), all_holds=st.booleans(), reacquire=st.booleans())
+    def release_resent(self, name: str, all_holds: bool, reacquire: bool) -> None:
+        """The holder's release sent twice with one request id (redis-py's resend, the
+        background retry): the second answers as the first did and drops nothing more, also
+        after the owner took the lock again in between."""
+        model = self.model[name]
+        owner = model.holder
+        if owner is None:
+            return
+        keys, request = self.keys[name], new_request_id()
+        args = (owner, ALL_HOLDS if all_holds else 1, request, META_RETENTION_MS)
+        first = int(scripts.RELEASE(self.client, keys.pair, args))
+        left = 0 if all_holds else model.owners[owner] - 1
+        assert first == left
+        if left:
+            model.owners[owner] = left
+        else:
+            model.free()
+            self.check_wake_up(name)
+        if reacquire and not left:
+            self.acquire(name, owner, "", LEASES[0])
+            second = int(scripts.RELEASE(self.client, keys.pair, args))
+            assert second == model.owners[owner] == 1  # what is left: the new hold, kept
+            reached["release:resent_after_reacquire"] += 1
+        else:
+            assert int(scripts.RELEASE(self.client, keys.pair, args)) == left
+            reached["release:resent"] += 1
 
     @rule(name=st.sampled_from(NAMES), all_holds=st.booleans())
     def release_by_holder(self, name: str, all_holds: bool) -> None:
@@ -234,8 +311,10 @@ class LockMachine(RuleBasedStateMachine):
         self.client.delete(self.keys[name].meta)
         model = self.model[name]
         # The run token lives in the meta hash: it goes with it (a redelivery check lost to an
-        # evicted meta hash, not a lock: the owners and the lease are in the lock hash).
+        # evicted meta hash, not a lock: the owners and the lease are in the lock hash), and so
+        # does the mark of a waiter.
         model.meta_gone, model.last_request, model.run = True, None, ""
+        model.waiter = False
 
     @rule(
         name=st.sampled_from(NAMES),
@@ -251,6 +330,7 @@ class LockMachine(RuleBasedStateMachine):
             and not (unentered and model.run)
         )
         assert done == expected
+        assert self.wake_ups(name) == int(done)  # a forced release always publishes
         if done:
             model.free()
             model.run, model.last_request = "", None

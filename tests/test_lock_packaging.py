@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
@@ -235,14 +235,16 @@ def _worker(
 
 def _wait_ready(worker: subprocess.Popen[bytes], logs: tuple[Path, Path], timeout: float) -> bool:
     """Until the worker logs ``ready.``; False when it exits first or the time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def settled() -> str | None:
         if any(" ready." in path.read_text(errors="replace") for path in logs):
-            return True
-        if worker.poll() is not None:
-            return False
-        time.sleep(0.1)
-    return False
+            return "ready"
+        return "exited" if worker.poll() is not None else None
+
+    try:
+        return wait_until(settled, timeout, "the worker to be ready", 0.1) == "ready"
+    except AssertionError:  # the time ran out: the caller reports the worker's logs
+        return False
 
 
 @pytest.mark.slow  # about 10 s more than the fixture: a worker's start and shutdown

@@ -13,7 +13,8 @@ from typing import Any
 import faultapp
 import pytest
 import redis
-from celery_procs import WorkerProcess, close_app, new_job, redis_base, wait_for
+from celery_procs import WorkerProcess, close_app, new_job, redis_base
+from lock_helpers import wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -121,9 +122,9 @@ def test_a_worker_serves_the_metrics(
             job = new_job("metered")
             task = app.tasks["fault.short_lease"]
             first = task.delay(job, 1.5)  # lock_ttl=1: renewed while it runs
-            wait_for(lambda: data.llen(f"starts:{job}") == 1, 20, "the first run to start")
+            wait_until(lambda: data.llen(f"starts:{job}") == 1, 20, "the first run to start")
             dup = task.delay(job)
-            wait_for(lambda: app.AsyncResult(dup.id).state == "SKIPPED", 20, "the skip")
+            wait_until(lambda: app.AsyncResult(dup.id).state == "SKIPPED", 20, "the skip")
             first.get(timeout=20)
 
             def scraped() -> list[dict[Any, float]] | None:
@@ -133,7 +134,7 @@ def test_a_worker_serves_the_metrics(
                     return None  # a child still starting its server
 
             try:
-                scrapes = wait_for(scraped, 20, "every process's metrics")
+                scrapes = wait_until(scraped, 20, "every process's metrics")
             except AssertionError as exc:
                 raise AssertionError(
                     f"{exc}; the worker's log:\n{worker.log_path.read_text()}"

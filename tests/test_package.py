@@ -4,24 +4,27 @@ names.
 - The lock layer (``celery_singleton_lock._lock``) never imports Celery, checked twice: in its
   source, and by importing it in a process where Celery cannot be imported.
 - Outside the lock layer, nothing imports its modules: only what ``_lock/__init__.py`` exports
-  (the scripts, the commands, the kept connection stay inside).
+  (the scripts, the commands, the client's runtime stay inside).
 - The README's options and settings tables are made from their one definition.
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
+import re
 import subprocess
 import sys
 import textwrap
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
 
 import celery_singleton_lock
-from celery_singleton_lock import LockedTask, MisconfiguredError
+from celery_singleton_lock import LockBackendError, LockedTask, LockError, MisconfiguredError
 from celery_singleton_lock._celery.options import OPTION_NAMES, options_table
 from celery_singleton_lock._celery.settings import setting, settings_table
 
@@ -158,7 +161,7 @@ def test_a_misspelt_option_gets_one_check_with_a_suggestion_on_both_paths() -> N
     [
         ("singleton_lock_ttl", "30s", TypeError, "number of seconds"),
         ("singleton_lock_ttl", -1, ValueError, "> 0"),
-        ("singleton_lock_queue_ttl", float("nan"), TypeError, "number of seconds"),
+        ("singleton_lock_queue_ttl", float("nan"), ValueError, "got nan"),
         ("singleton_lock_prefix", "a{b", ValueError, "must not contain"),
         ("singleton_lock_on_backend_error", "ignore", ValueError, "'raise' or 'proceed'"),
         ("singleton_lock_redis_options", ["x"], TypeError, "must be a dict"),
@@ -188,10 +191,90 @@ def test_a_wrong_setting_fails_the_first_publish_that_reads_it_and_sends_nothing
         task.delay(1)  # before any connection: nothing answers on port 1
 
 
-def test_misconfigured_error_is_public_and_a_backend_error() -> None:
+def test_misconfigured_error_is_public_and_not_a_backend_error() -> None:
     assert celery_singleton_lock.MisconfiguredError is MisconfiguredError
     assert "MisconfiguredError" in celery_singleton_lock.__all__
     assert MisconfiguredError.__module__ == "celery_singleton_lock._errors"
+    # a setting to fix is no outage: an `except LockBackendError` must not swallow it
+    assert issubclass(MisconfiguredError, LockError)
+    assert not issubclass(MisconfiguredError, LockBackendError)
+    assert not issubclass(LockBackendError, MisconfiguredError)
+
+
+def test_every_error_is_a_lock_error_and_exported() -> None:
+    from celery_singleton_lock import _errors
+
+    for name in _errors.__all__:
+        error = getattr(_errors, name)
+        assert issubclass(error, LockError), name
+        assert getattr(celery_singleton_lock, name) is error, name
+        assert name in celery_singleton_lock.__all__, name
+
+
+def test_all_is_sorted_and_importable() -> None:
+    names = celery_singleton_lock.__all__
+    assert names == sorted(names)
+    assert len(set(names)) == len(names)
+    for name in names:
+        assert hasattr(celery_singleton_lock, name), name
+
+
+def _package_classes_in(annotation: str, module: str) -> list[type]:
+    """The classes of this package that a (string) annotation names, resolved in ``module``."""
+    found = []
+    for dotted in re.findall(r"[A-Za-z_][\w.]*", annotation):
+        first, *rest = dotted.split(".")
+        target: Any = vars(sys.modules[module]).get(first)
+        for part in rest:
+            target = getattr(target, part, None)
+        if inspect.isclass(target) and target.__module__.startswith("celery_singleton_lock."):
+            found.append(target)
+    return found
+
+
+def _types_returned_by(cls: type) -> list[type]:
+    """The package's classes that a public method or property of ``cls`` returns, and those of
+    a reply's fields (a NamedTuple's)."""
+    found: list[type] = []
+    # getmembers_static: no descriptor runs (a Celery task class's `app` would bind the class)
+    for name, member in inspect.getmembers_static(cls):
+        if name.startswith("_"):
+            continue
+        function = member.fget if isinstance(member, property) else member
+        function = getattr(function, "__func__", function)
+        if not inspect.isfunction(function) or not function.__module__.startswith(
+            "celery_singleton_lock."
+        ):
+            continue
+        returns = function.__annotations__.get("return")
+        if isinstance(returns, str):
+            found += _package_classes_in(returns, function.__module__)
+    if hasattr(cls, "_fields"):
+        for annotation in cls.__annotations__.values():
+            if isinstance(annotation, str):
+                found += _package_classes_in(annotation, cls.__module__)
+    return found
+
+
+def test_every_type_a_public_method_returns_is_exported() -> None:
+    public = [getattr(celery_singleton_lock, name) for name in celery_singleton_lock.__all__]
+    todo = [obj for obj in public if inspect.isclass(obj)]
+    seen: set[type] = set()
+    while todo:
+        cls = todo.pop()
+        if cls not in seen:
+            seen.add(cls)
+            todo += _types_returned_by(cls)
+    missing = sorted(
+        cls.__name__
+        for cls in seen
+        if getattr(celery_singleton_lock, cls.__name__, None) is not cls
+        or cls.__name__ not in celery_singleton_lock.__all__
+    )
+    assert missing == []
+    # the lock layer's replies and its space are among them
+    for name in ("AcquireReply", "ReleaseReply", "LockState", "LockSpace", "LockKeys"):
+        assert name in celery_singleton_lock.__all__, name
 
 
 def test_the_version_comes_from_the_package_metadata() -> None:

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery_fixtures import BASE_CONF, Gates, app_task, running_worker, wait_until
+from celery_fixtures import BASE_CONF, Gates, app_task, running_worker
+from lock_helpers import wait_until, wake_subscribers
 from tls_helpers import TlsRedis, tls_redis
 
 from celery_singleton_lock import LockBackendError, LockedTask, ReentrantLock
@@ -51,7 +52,8 @@ def test_the_lock_over_tls_renews_and_wakes_a_waiter(tls: TlsRedis) -> None:
 
     thread = threading.Thread(target=wait)
     thread.start()
-    time.sleep(0.5)  # the waiter is subscribed (its wake-up channel is on TLS too)
+    # the waiter is subscribed (its wake-up channel is on TLS too)
+    wait_until(lambda: wake_subscribers(client, holder.key) >= 1, 5, "the waiter to subscribe")
     released = time.monotonic()
     holder.release()
     thread.join(10)

@@ -1,8 +1,8 @@
 """All the settings of an app checked at once, for the places a mistake is cheap to fix: a
 worker's and beat's start (:mod:`.startup`), a process's first lock client (:mod:`.client`) and
-Django's system checks. A wrong value is named as the user wrote it; a name under this
-package's prefix that is no setting (a misspelling) is reported with the closest setting, as a
-misspelt task option is.
+Django's system checks, each on the settings as :mod:`.settings` read them. A wrong value is
+named as the user wrote it; a name under this package's prefix that is no setting (a
+misspelling) is reported with the closest setting, as a misspelt task option is.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from .settings import SETTINGS, setting, user_names
+from .settings import SETTINGS, settings_of
 
 __all__ = ["check_settings", "settings_problems"]
 
@@ -27,13 +27,9 @@ def settings_problems(app: Any) -> list[str]:
 
 
 def _problems(app: Any) -> list[TypeError | ValueError]:
-    problems: list[TypeError | ValueError] = []
-    for name in SETTINGS:
-        try:
-            setting(app, name)
-        except (TypeError, ValueError) as exc:
-            problems.append(exc)
-    written_names = user_names(app.conf)
+    settings = settings_of(app)
+    problems = settings.problems()
+    written_names = settings.written
     for name in sorted(set(written_names) - set(SETTINGS) - _OTHER_PACKAGES_NAMES):
         written = written_names[name]
         # suggest in the user's own spelling (CELERY_SINGLETON_LOCK_TTL, not singleton_lock_ttl)

@@ -50,8 +50,18 @@ def _broker_ssl(app: Any, url: str) -> dict[str, Any]:
 
 
 #: seconds: the socket and connect timeouts of the clients made here (unless set in
-#: ``singleton_lock_redis_options``), and the default of ``singleton_lock_backend_timeout``
+#: ``singleton_lock_redis_options``, or ``singleton_lock_backend_timeout`` is shorter), and the
+#: default of ``singleton_lock_backend_timeout``
 SOCKET_TIMEOUT = 5
+
+
+def _socket_timeout(app: Any) -> float:
+    """The socket and connect timeouts of the clients made here: :data:`SOCKET_TIMEOUT`, or
+    the backend timeout when that is shorter. One wait for a reply is bounded by the socket
+    timeout only (redis-py offers no public bound on it below that), so a backend timeout
+    shorter than the socket timeout would otherwise not bound a call to a Redis that hangs."""
+    backend: float | None = setting(app, "singleton_lock_backend_timeout")
+    return SOCKET_TIMEOUT if backend is None else min(SOCKET_TIMEOUT, backend)
 
 
 def _retry() -> DeadlineRetry:
@@ -88,8 +98,8 @@ def _sentinel_client(url: str, options: dict[str, Any], app: Any) -> Any:
             "app.conf.singleton_lock_redis_options = {'master_name': 'mymaster'}"
         )
     sentinel_kwargs = opts.pop("sentinel_kwargs", None) or transport.get("sentinel_kwargs")
-    opts.setdefault("socket_timeout", SOCKET_TIMEOUT)
-    opts.setdefault("socket_connect_timeout", SOCKET_TIMEOUT)
+    opts.setdefault("socket_timeout", _socket_timeout(app))
+    opts.setdefault("socket_connect_timeout", _socket_timeout(app))
     opts.setdefault("retry", _retry())
     if password and "password" not in opts:
         opts["password"] = password
@@ -113,9 +123,10 @@ def make_client(app: Any) -> Any:
     if url.startswith("sentinel"):
         return _sentinel_client(url, options, app)
     cluster = options.pop("cluster", False)
-    # Bounded waits: a lock call must fail with LockBackendError, never hang on a dead server.
-    options.setdefault("socket_timeout", SOCKET_TIMEOUT)
-    options.setdefault("socket_connect_timeout", SOCKET_TIMEOUT)
+    # Bounded waits: a lock call must fail with LockBackendError, never hang on a dead server,
+    # and within the backend timeout.
+    options.setdefault("socket_timeout", _socket_timeout(app))
+    options.setdefault("socket_connect_timeout", _socket_timeout(app))
     options.setdefault("retry", _retry())
     try:
         if cluster:
@@ -141,9 +152,11 @@ def make_client(app: Any) -> Any:
         ) from exc
 
 
-#: app -> (pid, its lock client): made once per process (a forked child makes its own), and
-#: gone with the app (a new app that happens to get a dead app's id must not get its client)
-_clients: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
+#: app -> (pid, the socket timeout it was made with, its lock client): made once per process
+#: (a forked child makes its own) and again when a new backend timeout changes its socket
+#: timeout (see _socket_timeout), and gone with the app (a new app that happens to get a dead
+#: app's id must not get its client)
+_clients: weakref.WeakKeyDictionary[Any, tuple[int, float, Any]] = weakref.WeakKeyDictionary()
 _clients_lock = threading.Lock()
 
 
@@ -151,17 +164,19 @@ def get_client(app: Any) -> Any:
     """The app's lock client, made once per process (a forked child makes its own)."""
     pid = os.getpid()
     entry = _clients.get(app)
-    if entry is not None and entry[0] == pid:
-        return entry[1]
+    if entry is not None and entry[0] == pid and entry[1] == _socket_timeout(app):
+        return entry[2]
     with _clients_lock:
         entry = _clients.get(app)
         if entry is None or entry[0] != pid:
             # The first lock client of a process checks every setting: a publisher finds a
             # wrong or misspelt one at its first publish, before a worker fails on it.
             check_settings(app)
-            entry = (pid, make_client(app))
+        timeout = _socket_timeout(app)
+        if entry is None or entry[0] != pid or entry[1] != timeout:
+            entry = (pid, timeout, make_client(app))
             _clients[app] = entry
-        return entry[1]
+        return entry[2]
 
 
 def reset_client(app: Any) -> None:

@@ -22,7 +22,7 @@ from celery import signals
 from .locking import HEADER
 from .options import validate_options
 from .publish import take_for_message
-from .settings import setting
+from .settings import peek_setting
 from .task import LockedTask
 
 __all__ = ["install", "is_installed"]
@@ -40,7 +40,7 @@ def install(app: Any, tasks: Mapping[str, Mapping[str, Any]] | None = None) -> N
     """Connect the signal hooks for ``app`` (idempotent) and lock the tasks named in
     ``tasks`` (merged with the ``singleton_lock_tasks`` setting): ``{task name: options}``,
     the options being those of :class:`LockedTask`. Call it once where the app is defined."""
-    configured = setting(app, "singleton_lock_tasks")
+    configured = peek_setting(app, "singleton_lock_tasks")
     merged: dict[str, dict[str, Any]] = {}
     for source, where in ((configured, "singleton_lock_tasks"), (tasks or {}, "tasks")):
         if not isinstance(source, Mapping):

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._errors import LockBackendError, MisconfiguredError
+from .._errors import LockBackendError
 from .._lock import LockSpace
 from .client import lock_space
 from .options import OPTION_NAMES, LockOptions, check_option_names, validate_options
@@ -120,8 +120,6 @@ class TaskLocking:
 def proceed_without_lock(app: Any, task_name: str, what: str, exc: LockBackendError) -> bool:
     """Whether to go on without the lock after ``exc``
     (``singleton_lock_on_backend_error="proceed"``); logs at ERROR when so."""
-    if isinstance(exc, MisconfiguredError):
-        return False  # a missing setting is not an outage: "proceed" must not hide it
     if setting(app, "singleton_lock_on_backend_error") != "proceed":
         return False
     logging.getLogger(f"celery_singleton_lock.{what}").error(

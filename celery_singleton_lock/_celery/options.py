@@ -1,4 +1,4 @@
-"""Per-task lock options (SPEC §4): their one definition, and their validation.
+"""Per-task lock options: their one definition, and their validation.
 
 Each option is one field of :class:`LockOptions`: its name, its default, the README's
 description and its check. :class:`~._celery.task.LockedTask` gets its class attributes from
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
-from .._lock import MAX_LEASE_SECONDS
+from .._lock import check_duration
 
 __all__ = [
     "OPTION_NAMES",
@@ -47,18 +46,13 @@ def _flag(task: str, name: str, value: object) -> bool:
 
 
 def _seconds(task: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"task {task!r}: {name} must be a number of seconds, got {value!r}")
-    if not 0 < value <= MAX_LEASE_SECONDS:
-        raise ValueError(
-            f"task {task!r}: {name} must be > 0 and at most {MAX_LEASE_SECONDS} seconds (ten "
-            f"years), got {value!r}"
-        )
-    return float(value)
+    return check_duration(value, f"task {task!r}: {name}")
 
 
 def _seconds_or_none(task: str, name: str, value: object) -> float | None:
-    return None if value is None else _seconds(task, name, value)
+    return check_duration(
+        value, f"task {task!r}: {name}", allow_none=True, none_means="the default"
+    )
 
 
 def _names(task: str, name: str, value: object) -> tuple[str, ...] | None:

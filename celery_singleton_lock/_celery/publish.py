@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .._errors import AlreadyQueuedError, LockBackendError
+from .._errors import AlreadyQueuedError, LockBackendError, MisconfiguredError
 from .._lock import MAX_LEASE_SECONDS, get_observer
 from .canvas import (
     canvas_member,
@@ -188,7 +188,7 @@ def take_for_message(
         lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
         space = locking.space(app)
         reply = space.take(name, task_id, lease, info=holder_info(task.name, task_id, "queued"))
-    except (LockBackendError, TypeError, ValueError) as exc:
+    except (LockBackendError, MisconfiguredError, TypeError, ValueError) as exc:
         log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)
         return
     # The lock's name goes with the message either way: the worker checks that same lock, even

@@ -28,12 +28,11 @@ def free_revoked_holder(task: Any, space: LockSpace, name: str, holder: str) -> 
     message waited; returns whether it was freed.
 
     Until then a caller who has seen REVOKED and publishes the job again would be handed the
-    revoked task's result, and a run-time duplicate would be skipped for a holder that will
-    not run (SPEC §5 rows 4 and 5). Only a hold that no run has entered (no run token, info
-    "queued"), only when the holder's state is REVOKED, and atomically (the force release
-    checks the holder and the run token again in Redis), so a run that starts meanwhile keeps
-    its lock. One extra read on a refused acquire; on any error the duplicate is handled as if
-    the holder were alive."""
+    revoked task's result, and a run-time duplicate would be skipped for a holder that will not
+    run. Only a hold that no run has entered (no run token, info "queued"), only when the
+    holder's state is REVOKED, and atomically (the force release checks the holder and the run
+    token again in Redis), so a run that starts meanwhile keeps its lock. One extra read on a
+    refused acquire; on any error the duplicate is handled as if the holder were alive."""
     if not holder:
         return False
     try:

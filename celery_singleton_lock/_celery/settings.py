@@ -2,31 +2,38 @@
 their one definition, and how they are read and validated.
 
 Each setting is one :class:`Setting`: name, default, the README's description and a check.
-:func:`setting` reads one and checks it the first time it sees that value, so a wrong value
-fails at its first use with an error that names the setting as the user wrote it and says what
-it must be (:mod:`.checks` checks them all at once, and finds misspelt names).
+An app's settings are read from ``app.conf`` once per process, through its public mapping
+interface (``conf.get``, ``conf.keys()``), at the app's first use (a worker's or beat's start,
+a publisher's first lock), checked, and kept per app (:class:`Settings`, in a
+``WeakKeyDictionary``) until :func:`reload_settings`. A wrong value fails at its use with an
+error that names the setting as the user wrote it and says what it must be (:mod:`.checks`
+reports them all at once, and finds misspelt names).
 """
 
 from __future__ import annotations
 
-import math
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery.utils.collections import ConfigurationView, DictAttribute
-
-from .._lock import MAX_LEASE_SECONDS, check_prefix
+from .._lock import check_duration, check_prefix
 
 __all__ = [
     "DEFAULTS",
     "REDIS_SCHEMES",
     "SETTINGS",
     "Setting",
+    "Settings",
     "check_seconds",
     "is_set",
+    "peek_setting",
+    "read_settings",
+    "reload_settings",
     "scheme_of",
     "setting",
+    "settings_of",
     "settings_table",
     "user_names",
 ]
@@ -86,14 +93,10 @@ def _class_path(name: str, value: Any) -> Any:
 
 
 def check_seconds(name: str, value: Any) -> float:
-    """``value`` as seconds of a lease, or an error naming ``name`` and saying what it takes."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a number of seconds such as 30, got {value!r}")
-    if not 0 < value <= MAX_LEASE_SECONDS:
-        raise ValueError(
-            f"{name} must be > 0 and at most {MAX_LEASE_SECONDS} seconds (ten years), got {value!r}"
-        )
-    return float(value)
+    """``value`` as seconds of a lease (> 0, at most ten years), or an error naming ``name``
+    and saying what it takes: :func:`check_duration` in a setting's ``check(name, value)``
+    form."""
+    return check_duration(value, name)
 
 
 def _port(name: str, value: Any) -> int | None:
@@ -224,60 +227,14 @@ SETTINGS: dict[str, Setting] = {
 DEFAULTS: dict[str, Any] = {name: s.default for name, s in SETTINGS.items()}
 
 
-#: dict, and DictAttribute (a config object or module, Django's settings): `key in m` and
-#: `m[key]` are what conf.get() asks of them, minus the exception on a miss
-_PLAIN_MAPS = (dict, DictAttribute)
-
-
-def _conf_cache(conf: Any, name: str) -> dict[str, Any]:
-    """A dict of ours in the conf object's own ``__dict__`` (its ``__setattr__`` would write a
-    setting): it lives and dies with the app's configuration."""
-    cache: dict[str, Any] | None = conf.__dict__.get(name)
-    if cache is None:
-        cache = conf.__dict__[name] = {}
-    return cache
-
-
-def _lookup_plan(conf: Any, name: str) -> tuple[tuple[Any, ...], ...] | None:
-    """For each spelling of ``name``, the keys ``conf.get(spelling)`` tries, in its order; or
-    ``None`` when ``conf`` is not a plain Celery ``ConfigurationView`` over dicts."""
-    if type(conf).__getitem__ is not ConfigurationView.__getitem__:
-        return None
-    plans = _conf_cache(conf, "_singleton_lock_plans")
-    plan = plans.get(name)
-    if plan is None:
-        spellings = (name, name.upper(), "CELERY_" + name.upper())
-        # Celery's own key mapping (what conf.get() does), without the KeyErrors it raises
-        key, to_keys = conf._key, conf._to_keys  # noqa: SLF001  # no public API for it
-        plan = plans[name] = tuple(tuple(key(k) for k in to_keys(s)) for s in spellings)
-    return plan
-
-
-def _first(maps: Any, keys: tuple[Any, ...]) -> Any:
-    """The value of the first of ``keys`` found, in the first map that has one."""
-    for mapping in maps:
-        for key in keys:
-            if key in mapping:
-                return mapping[key]
-    return None
+#: what every setting's name starts with, under each of its spellings (lower-cased)
+_PREFIXES = ("singleton_lock_", "celery_singleton_lock_")
 
 
 def _raw(conf: Any, name: str) -> Any:
-    # The hot path (every publish and run reads a few settings): the same lookup as
-    # conf.get(spelling) below, without the KeyError that conf.get raises and catches for every
-    # key it tries in every map (about 12 us per setting that is not set, against 1 us here).
-    plan = _lookup_plan(conf, name)
-    maps = conf.__dict__.get("maps") if plan is not None else None
-    for mapping in maps or ():
-        if type(mapping) not in _PLAIN_MAPS:
-            maps = None
-            break
-    if plan is not None and maps is not None:
-        for keys in plan:
-            value = _first(maps, keys)
-            if value is not None:
-                return value
-        return None
+    """The value the user set for ``name`` under any of its spellings (``singleton_lock_ttl``,
+    ``SINGLETON_LOCK_TTL``, Django's ``CELERY_SINGLETON_LOCK_TTL``), or ``None``: Celery's own
+    ``conf.get``, which applies the app's namespace."""
     for candidate in (name, name.upper(), "CELERY_" + name.upper()):
         try:
             value = conf.get(candidate)
@@ -288,41 +245,11 @@ def _raw(conf: Any, name: str) -> Any:
     return None
 
 
-def setting(app: Any, name: str) -> Any:
-    """A setting from ``app.conf``, under its own name or Django's ``CELERY_`` namespace, its
-    default when unset. A value is checked the first time it is read (``TypeError`` /
-    ``ValueError`` naming the setting)."""
-    conf = app.conf
-    value = _raw(conf, name)
-    if value is None:
-        return DEFAULTS[name]
-    checked = _conf_cache(conf, "_singleton_lock_checked")
-    seen = checked.get(name)
-    if seen is not None and seen[0] is value:
-        return seen[1]
-    check = SETTINGS[name].check
-    try:
-        result = check(name, value)
-    except (TypeError, ValueError):
-        # Only now look up how the user wrote it (a scan of the configuration's keys): the
-        # same check raises again, naming CELERY_SINGLETON_LOCK_TTL rather than our name.
-        spelling = _spelling(conf, name)
-        if spelling != name:
-            check(spelling, value)
-        raise
-    checked[name] = (value, result)
-    return result
-
-
-#: what every setting's name starts with, under each of its spellings (lower-cased)
-_PREFIXES = ("singleton_lock_", "celery_singleton_lock_")
-
-
 def user_names(conf: Any) -> dict[str, str]:
     """{setting name: the name the user wrote} for every configured name under this package's
     prefix (``singleton_lock_*``, ``SINGLETON_LOCK_*``, Django's ``CELERY_SINGLETON_LOCK_*``),
     known or not; the canonical name of ``CELERY_SINGLETON_LOCK_TTL`` is
-    ``singleton_lock_ttl``."""
+    ``singleton_lock_ttl``. ``conf`` is read as the mapping it is (its keys, ``get``)."""
     names: dict[str, str] = {}
     try:
         keys = list(conf.keys())
@@ -339,13 +266,164 @@ def user_names(conf: Any) -> dict[str, str]:
     return names
 
 
-def _spelling(conf: Any, name: str) -> str:
-    """``name`` as the user wrote it (``CELERY_SINGLETON_LOCK_TTL`` in Django's settings)."""
-    return user_names(conf).get(name, name)
+@dataclass(frozen=True)
+class Settings:
+    """One app's settings as read from ``app.conf`` at one time: its first use in the process
+    (a worker's or beat's start, a publisher's first lock), or the first use after
+    :func:`reload_settings`."""
+
+    #: {setting: its checked value, or its default when unset} (a wrong value is left out)
+    values: Mapping[str, Any]
+    #: {setting: the value the user gave it}, for the settings the user set
+    given: Mapping[str, Any]
+    #: the settings whose value fails its check
+    wrong: frozenset[str]
+    #: {name: the name the user wrote} for every name under this package's prefix
+    written: Mapping[str, str]
+    #: what the app's lock client is made from (ours and the broker's settings): the client
+    #: is made again when they change
+    client_from: tuple[Any, ...] = ()
+
+    def spelling(self, name: str) -> str:
+        """``name`` as the user wrote it (``CELERY_SINGLETON_LOCK_TTL`` in Django's settings)."""
+        return self.written.get(name, name)
+
+    def get(self, name: str) -> Any:
+        """The value of ``name``; a wrong value raises its check's error (``TypeError`` /
+        ``ValueError``), naming the setting as the user wrote it."""
+        if name in self.wrong:
+            SETTINGS[name].check(self.spelling(name), self.given[name])  # raises
+        return self.values[name]
+
+    def problems(self) -> list[TypeError | ValueError]:
+        """The error of every wrong value, in the order of the definition."""
+        problems: list[TypeError | ValueError] = []
+        for name in SETTINGS:
+            try:
+                self.get(name)
+            except (TypeError, ValueError) as exc:
+                problems.append(exc)
+        return problems
+
+
+def _check(name: str, value: Any, conf: Any, written: Mapping[str, str] | None) -> Any:
+    check = SETTINGS[name].check
+    if written is not None:
+        return check(written.get(name, name), value)
+    try:
+        return check(name, value)
+    except (TypeError, ValueError):
+        # Only now look up how the user wrote it (a scan of the configuration's keys): the
+        # same check raises again, naming CELERY_SINGLETON_LOCK_TTL rather than our name.
+        spelling = user_names(conf).get(name, name)
+        if spelling != name:
+            check(spelling, value)
+        raise
+
+
+def read_settings(conf: Any) -> Settings:
+    """Every setting of ``conf`` (an ``app.conf``), read and checked now."""
+    written = user_names(conf)
+    values: dict[str, Any] = {}
+    given: dict[str, Any] = {}
+    wrong: set[str] = set()
+    for name, definition in SETTINGS.items():
+        value = _raw(conf, name)
+        if value is None:
+            values[name] = definition.default
+            continue
+        given[name] = value
+        try:
+            values[name] = _check(name, value, conf, written)
+        except (TypeError, ValueError):
+            wrong.add(name)
+    return Settings(values, given, frozenset(wrong), written, _client_from(conf))
+
+
+#: the settings, ours and Celery's, that the app's lock client is made from (:mod:`.client`)
+_CLIENT_SETTINGS = (
+    "singleton_lock_client",
+    "singleton_lock_redis_url",
+    "singleton_lock_redis_options",
+)
+_BROKER_SETTINGS = ("broker_url", "broker_use_ssl", "broker_transport_options")
+
+
+def _client_from(conf: Any) -> tuple[Any, ...]:
+    """What the app's lock client is made from, as ``conf`` has it now."""
+    ours = (_raw(conf, name) for name in _CLIENT_SETTINGS)
+    broker = (conf.get(name) for name in _BROKER_SETTINGS)
+    return (*ours, *broker)
+
+
+#: app -> its settings, read at its first use in this process; gone with the app
+_read: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
+#: app -> what its lock client is made from, as its settings were last read (kept across
+#: reload_settings, which compares it with the configuration's)
+_client_inputs: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+_read_lock = threading.Lock()
+
+
+def settings_of(app: Any) -> Settings:
+    """The app's settings: read from ``app.conf`` the first time they are needed in this
+    process, then kept until :func:`reload_settings`."""
+    try:
+        found = _read.get(app)
+    except TypeError:  # pragma: no cover - an app object that cannot be weakly referenced
+        return read_settings(app.conf)
+    if found is None:
+        # Read outside the lock: reading may load the configuration (Django's settings), which
+        # may run code of the user's that reads a setting too.
+        fresh = read_settings(app.conf)
+        with _read_lock:
+            found = _read.setdefault(app, fresh)
+            _client_inputs[app] = found.client_from
+    return found
+
+
+def reload_settings(app: Any) -> None:
+    """Read the app's ``celery-singleton-lock`` settings from ``app.conf`` again.
+
+    The settings are read once per app and process, when a worker or beat starts or at the
+    first publish or lock; a change made to ``app.conf`` after that is seen once this is
+    called. The next use reads and checks every setting again, as the first one did (a wrong
+    value raises then, naming it; a misspelt name is reported by the next check). The lock
+    client is made again when what it is made from changed (the lock URL, its options, an
+    injected client, the broker's URL and TLS options); otherwise it is kept, with its
+    connections."""
+    with _read_lock:
+        _read.pop(app, None)
+        inputs = _client_inputs.get(app)
+    if inputs is None or inputs != _client_from(app.conf):
+        from .client import reset_client  # the client module reads the settings: imported late
+
+        reset_client(app)
+
+
+def setting(app: Any, name: str) -> Any:
+    """A setting from ``app.conf``, under its own name or Django's ``CELERY_`` namespace, its
+    default when unset, as read at the app's first use (see :func:`reload_settings`). A wrong
+    value raises ``TypeError`` / ``ValueError`` naming the setting as the user wrote it."""
+    return settings_of(app).get(name)
+
+
+def peek_setting(app: Any, name: str) -> Any:
+    """:func:`setting`, without reading all the settings for good when the app has not been
+    used yet: for :func:`~celery_singleton_lock.install`, called while the app module is still
+    being configured."""
+    found = _read.get(app)
+    if found is not None:
+        return found.get(name)
+    value = _raw(app.conf, name)
+    return DEFAULTS[name] if value is None else _check(name, value, app.conf, None)
 
 
 def is_set(app: Any, name: str) -> bool:
-    """Whether the user set ``name`` (under any of its spellings), as opposed to its default."""
+    """Whether the user set ``name`` (under any of its spellings), as opposed to its default
+    (like :func:`peek_setting`, it does not read all the settings for good)."""
+    found = _read.get(app)
+    if found is not None:
+        return name in found.given
     return _raw(app.conf, name) is not None
 
 

@@ -1,8 +1,8 @@
-"""What a worker, beat and a Django project check when they start: the settings (a wrong value
-or a misspelt name stops the process with the reason, before any job depends on it), and the
-``singleton_lock_tasks`` setting's tasks, locked in a worker or beat started by the ``celery``
-command even where the app module never calls :func:`install` (the ``celery`` command imports
-this package through its ``locks`` command's entry point).
+"""What a worker, beat and a Django project check when they start: the settings, read then
+(a wrong value or a misspelt name stops the process with the reason, before any job depends
+on it), and the ``singleton_lock_tasks`` setting's tasks, locked in a worker or beat started
+by the ``celery`` command even where the app module never calls :func:`install` (the
+``celery`` command imports this package through its ``locks`` command's entry point).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from celery.app import app_or_default
 
 from .checks import check_settings, settings_problems
 from .install import install, is_installed
-from .settings import setting
+from .settings import reload_settings, setting
 
 __all__ = ["connect_startup_receivers", "django_check"]
 
@@ -24,6 +24,9 @@ log = logging.getLogger("celery_singleton_lock.startup")
 
 
 def _start(app: Any, what: str) -> None:
+    # The settings the process runs with are those of its start: read again now (whatever
+    # read them while the app module was imported), and checked.
+    reload_settings(app)
     try:
         check_settings(app)
     except (TypeError, ValueError) as exc:

@@ -56,11 +56,13 @@ def release_for_request(
                     "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
                 )
             return
-        reply = space.release(name, task_id)
+        # Resent from the background when Redis fails (a transient Cluster state, a dropped
+        # connection), for as long as the run's lease could keep the hold.
+        reply = space.release(name, task_id, retry_for=locking.ttl(app))
     except Exception as exc:
         log.error(
             "could not release the lock of %s[%s] after %s: %s; it frees itself when its "
-            "lease ends",
+            "lease ends (a release that Redis failed is sent again in the background meanwhile)",
             getattr(task, "name", task),
             task_id,
             why,

@@ -6,18 +6,20 @@ this process keeps and renews, :class:`LockSpace` for operations on a hold that 
 
 Modules, bottom up: ``keys`` (key names), ``owner`` (owner, request and run tokens), ``checks``
 (argument checks), ``client`` (what a client must be), ``deadline`` (one deadline per operation,
-resends included), ``connection`` (a kept connection per thread), ``scripts`` (the Lua files),
-``commands`` (one script call each, typed replies, Redis errors mapped), ``hold`` (a process's hold
-and their registry), ``heartbeat`` (renewal), ``wakeup`` (push wake-ups), ``reentrant``
+resends included), ``scripts`` (the Lua files, run by redis-py's EVALSHA), ``hold`` (a process's
+hold and a client's registry of them), ``renewal`` (a client's renewal lane), ``wakeup`` and ``hub``
+(push wake-ups), ``sentinel`` (following a Sentinel master), ``runtime`` (all of those for one
+client: one runtime per client and process), ``commands`` (one script call each, typed replies,
+Redis errors mapped), ``heartbeat`` (the process's renewal, added up), ``reentrant``
 (:class:`ReentrantLock`), ``space`` (:class:`LockSpace`), ``observe`` (what it reports, for
 metrics).
 """
 
 from __future__ import annotations
 
-from .checks import MAX_LEASE_SECONDS
+from .checks import MAX_LEASE_SECONDS, check_duration
 from .client import RedisClient
-from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply, text
+from .commands import ALL_HOLDS, AcquireReply, LockState, RecordReply, ReleaseReply, text
 from .deadline import DeadlineRetry
 from .keys import LockKeys, check_prefix
 from .observe import LockObserver, get_observer, set_observer
@@ -34,9 +36,11 @@ __all__ = [
     "LockObserver",
     "LockSpace",
     "LockState",
+    "RecordReply",
     "RedisClient",
     "ReentrantLock",
     "ReleaseReply",
+    "check_duration",
     "check_prefix",
     "get_observer",
     "new_run_token",

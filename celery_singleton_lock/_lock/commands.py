@@ -17,12 +17,11 @@ from redis.exceptions import RedisError
 from .._errors import LockBackendError
 from . import observe, scripts
 from .deadline import budget
-from .heartbeat import get_heartbeat
 from .keys import LockKeys
 from .owner import new_request_id
+from .runtime import LockRuntime, publish_command
 from .scripts import META_RETENTION_MS
-from .sentinel import ACQUIRE_CHECK_INTERVAL, follow_master
-from .wakeup import publish_command
+from .sentinel import ACQUIRE_CHECK_INTERVAL
 
 __all__ = [
     "ALL_HOLDS",
@@ -159,17 +158,24 @@ def acquire(
     run_token: str = "",
 ) -> AcquireReply:
     """Take or re-enter the lock in Redis (``request``: the id that makes a resend harmless)."""
-    follow_master(client, ACQUIRE_CHECK_INTERVAL)  # a Sentinel client: where the master is
+    LockRuntime.of(client).follow_master(ACQUIRE_CHECK_INTERVAL)  # Sentinel: where is the master
     # try/except rather than backend_errors(): this is the hot path, and a generator-based
     # context manager costs about a microsecond per call.
     try:
-        reply = scripts.ACQUIRE(
-            client, keys.pair, (owner, lease_ms, request, info, META_RETENTION_MS, run_token)
-        )
+        # The meta hash's TTL is computed here, not in the script (a second number to parse
+        # there); info and run token are sent only when there are any (fewer arguments).
+        args: tuple[Any, ...] = (owner, lease_ms, request, lease_ms + META_RETENTION_MS)
+        if info or run_token:
+            args += (info, run_token)
+        reply = scripts.ACQUIRE(client, keys.pair, args)
     except RedisError as exc:
         # The reply is lost, not necessarily the acquire: it may have run, or run later.
         _cancel(client, keys, owner, request, lease_ms)
         _raise_backend_error("acquire", keys.name, exc)
+    if isinstance(reply, int):
+        # a new holder: the reply is its fencing token alone
+        _log_acquire.debug("acquired %s as %s (hold 1, fence %s)", keys.lock, owner, reply)
+        return AcquireReply(True, 1, reply)
     if int(reply[0]) == 1:
         _log_acquire.debug(
             "acquired %s as %s (hold %s, fence %s)", keys.lock, owner, reply[1], reply[2]
@@ -191,7 +197,7 @@ def _cancel(client: Any, keys: LockKeys, owner: str, request: str, lease_ms: int
     args = (owner, request, publish_command(client), META_RETENTION_MS, lease_ms)
 
     def cancel() -> None:
-        if int(scripts.CANCEL(client, keys.triple, args)):
+        if int(scripts.CANCEL(client, keys.pair, args)):
             _log_acquire.warning(
                 "the acquire of %s by %s whose reply was lost had taken the lock: undone",
                 keys.lock,
@@ -209,8 +215,7 @@ def _cancel(client: Any, keys: LockKeys, owner: str, request: str, lease_ms: int
             type(exc).__name__,
             exc,
         )
-        get_heartbeat().retry(
-            client,
+        LockRuntime.of(client).retry(
             cancel,
             f"cancel acquire of {keys.lock}",
             (lease_ms + META_RETENTION_MS) / 1000,
@@ -287,15 +292,17 @@ def release(
     (the same call: it cannot drop a hold twice) until it goes through, for up to
     ``retry_for`` seconds (a hold cannot outlive its lease), or until ``retry_unless()`` says
     the hold is someone's again (the owner took it anew: its own release settles it)."""
-    args = (owner, drop, publish_command(client), META_RETENTION_MS, new_request_id())
+    args: tuple[Any, ...] = (owner, drop, new_request_id(), META_RETENTION_MS)
+    if publish_command(client) == "spublish":
+        args += ("spublish",)
     try:  # not backend_errors(): the hot path (see acquire)
-        left = int(scripts.RELEASE(client, keys.triple, args))
+        left = int(scripts.RELEASE(client, keys.pair, args))
     except RedisError as exc:
         if retry_for > 0:
 
             def again() -> None:
                 if retry_unless is None or not retry_unless():
-                    scripts.RELEASE(client, keys.triple, args)
+                    scripts.RELEASE(client, keys.pair, args)
 
             _log_release.warning(
                 "could not release %s held by %s (%s: %s); sending the release again in the "
@@ -306,8 +313,8 @@ def release(
                 exc,
                 retry_for,
             )
-            get_heartbeat().retry(
-                client, again, f"release {keys.lock} held by {owner}", retry_for, budget=budget()
+            LockRuntime.of(client).retry(
+                again, f"release {keys.lock} held by {owner}", retry_for, budget=budget()
             )
         _raise_backend_error("release", keys.name, exc)
     _log_release.debug("release %s by %s: %s", keys.lock, owner, left)
@@ -323,7 +330,7 @@ def force_release(
     ``unentered`` only while no run has entered it); wakes waiters."""
     args = (publish_command(client), META_RETENTION_MS, holder, "1" if unentered else "")
     with backend_errors("force-release", keys.name):
-        done = int(scripts.FORCE_RELEASE(client, keys.triple, args))
+        done = int(scripts.FORCE_RELEASE(client, keys.pair, args))
     if done:
         _log_release.info("force-released %s%s", keys.lock, f" held by {holder}" if holder else "")
     return bool(done)

@@ -6,17 +6,19 @@ connections and never answers) an acquire waited the socket timeout once per att
 cancel of that lost acquire as long again, about 40 s with the Celery layer's client. A lock
 operation run under :class:`deadline` (seconds from now) instead:
 
-* starts no resend, and no pause before one, that would end past the deadline
-  (:class:`DeadlineRetry`, the retry policy of the clients the Celery layer builds, and
-  :func:`call_with_retry` for any other policy, on the lock's own connections);
-* on the lock's own connection (:mod:`.connection`) waits for a reply no longer than the
-  deadline, whatever the socket timeout (a new connection's handshake still waits up to the
-  socket timeout: redis-py offers no bound on it);
+* sends no script once the deadline has passed (:mod:`.scripts`);
+* starts no resend, and no pause before one, that would end past the deadline, with a client
+  whose retry policy is a :class:`DeadlineRetry` (the clients the Celery layer builds, whose
+  socket timeouts are also no longer than the deadline, so one wait for a reply cannot pass
+  it either);
 * hands what it must still settle (the cancel of an acquire whose reply was lost, a release) to
   the client's background lane rather than waiting for it (:mod:`.commands`).
 
+One wait for a reply is bounded by the client's ``socket_timeout`` only: redis-py offers no
+public way to wait for less on a connection its pool owns.
+
 The deadline is a context variable, so it follows the calling thread (or greenlet) from the lock
-down into redis-py's retry loop and never leaks into another thread: the heartbeat's lane runs
+down into redis-py's retry loop and never leaks into another thread: the client's lane runs
 each background attempt under a deadline of its own (:func:`budget`: as long as the operation
 that handed it over had).
 """
@@ -41,7 +43,6 @@ __all__ = [
     "DeadlineRetry",
     "bounded",
     "budget",
-    "call_with_retry",
     "deadline",
     "expired",
     "time_left",
@@ -178,32 +179,3 @@ class DeadlineRetry(Retry):
 
         result: T = super().call_with_retry(do, fail_then_pause, *args, **kwargs)
         return result
-
-
-def call_with_retry(retry: Any, do: Callable[[], T], fail: Callable[[Exception], Any]) -> T:
-    """``retry.call_with_retry(do, fail)`` under the current deadline, whatever the policy
-    (a client the user built has redis-py's own, or one of theirs): no resend starts once the
-    deadline has passed (a backoff pause may still end up to its length past it; a
-    :class:`DeadlineRetry` avoids even that)."""
-    current = _current.get()
-    if current is None or isinstance(retry, DeadlineRetry):
-        result: T = retry.call_with_retry(do, fail)
-        return result
-    at = current[0]
-    if time.monotonic() >= at:
-        raise expired()
-    last: list[Exception] = []
-
-    def do_in_time() -> T:
-        if last and time.monotonic() >= at:
-            raise last[0]  # the backoff pause ran into the deadline: give up with the real error
-        return do()
-
-    def fail_in_time(error: Exception) -> None:
-        fail(error)
-        if time.monotonic() >= at:
-            raise error
-        last[:] = [error]
-
-    result = retry.call_with_retry(do_in_time, fail_in_time)
-    return result

@@ -1,14 +1,13 @@
-"""One process's hold on one lock, and the registry of the holds this process has.
+"""One process's hold on one lock, and the registry of the holds taken through one client.
 
 A hold is shared by every lock object with the same client, name and owner, so nested re-entry
-in a process is counted here and never reaches Redis. The registry keeps a hold only while it
-is held (or being taken), and starts empty in a forked child: a child owns nothing its parent
-held, and must not renew it.
+in a process is counted here and never reaches Redis. A registry belongs to its client's
+:class:`~.runtime.LockRuntime` and keeps a hold only while it is held (or being taken); a forked
+child gets new runtimes, so it owns nothing its parent held, and never renews it.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -17,7 +16,7 @@ from typing import Any
 from . import observe
 from .keys import LockKeys
 
-__all__ = ["Hold", "LeaseLost", "find_hold", "forget_hold", "hold_for"]
+__all__ = ["Hold", "HoldRegistry", "LeaseLost", "after_fork_in_child"]
 
 
 class LeaseLost(threading.Event):
@@ -77,6 +76,8 @@ class LeaseLost(threading.Event):
 
 
 class Hold:
+    """The hold of one owner on one lock through one client, in this process."""
+
     __slots__ = (
         "__weakref__",
         "_lost",
@@ -89,7 +90,6 @@ class Hold:
         "mutex",
         "next_renew",
         "owner",
-        "pid",
         "renew",
         "taken_at",
         "thread",
@@ -110,7 +110,6 @@ class Hold:
         # made at its first use: most holds end without anyone asking (a Celery run's does)
         self._lost: LeaseLost | None = None
         self.mutex = threading.Lock()
-        self.pid = os.getpid()
         #: set when the hold left the registry; a thread that finds it dead looks again
         self.dead = False
         #: the thread that took it, when the owner is that thread's default token: renewal stops
@@ -134,6 +133,13 @@ class Hold:
                     lost = self._lost = LeaseLost(self)
         return lost
 
+    def set_lease(self, ttl: float, renew: bool) -> None:
+        """Take the lease and renewal of the lock object about to take this hold (only while
+        nobody holds it: a live hold keeps those it was taken with)."""
+        self.ttl = ttl
+        self.lease_ms = max(1, round(ttl * 1000))
+        self.renew = renew
+
     def lease_left(self) -> float:
         return self.valid_until - time.monotonic()
 
@@ -141,46 +147,47 @@ class Hold:
         return f"<Hold {self.keys.lock} owner={self.owner} count={self.count} fence={self.fence}>"
 
 
-#: (id(client), lock key, owner) -> the process's hold. An entry exists only while held, and it
-#: keeps its client alive, so an id is never reused for another client meanwhile.
-_holds: dict[tuple[int, str, str], Hold] = {}
-_holds_lock = threading.Lock()
 #: makes a hold's ``lost`` Event once, whichever thread asks first
 _lost_made = threading.Lock()
 
 
-def _after_fork_in_child() -> None:
-    global _holds_lock, _lost_made
-    _holds.clear()
-    _holds_lock = threading.Lock()
+def after_fork_in_child() -> None:
+    """In a forked child (called by :mod:`.runtime`'s one fork hook): a lock that a thread
+    of the parent held at the fork would never be released here."""
+    global _lost_made
     _lost_made = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+class HoldRegistry:
+    """The holds taken through one client in this process, by (lock key, owner)."""
 
+    __slots__ = ("_holds", "_mutex")
 
-def find_hold(client: Any, lock_key: str, owner: str) -> Hold | None:
-    """This process's live hold of ``owner`` on the lock, or ``None``."""
-    hold = _holds.get((id(client), lock_key, owner))
-    if hold is None or hold.pid != os.getpid() or hold.count <= 0:
-        return None
-    return hold
+    def __init__(self) -> None:
+        self._holds: dict[tuple[str, str], Hold] = {}
+        self._mutex = threading.Lock()
 
-
-def hold_for(client: Any, keys: LockKeys, owner: str, ttl: float, renew: bool) -> Hold:
-    """The registered hold of ``owner`` on the lock, registered now (not yet held) if none."""
-    slot = (id(client), keys.lock, owner)
-    with _holds_lock:
-        hold = _holds.get(slot)
-        if hold is None or hold.pid != os.getpid():
-            hold = _holds[slot] = Hold(client, keys, owner, ttl, renew)
+    def find(self, lock_key: str, owner: str) -> Hold | None:
+        """The live hold of ``owner`` on the lock, or ``None``."""
+        hold = self._holds.get((lock_key, owner))
+        if hold is None or hold.count <= 0:
+            return None
         return hold
 
+    def hold_for(self, client: Any, keys: LockKeys, owner: str, ttl: float, renew: bool) -> Hold:
+        """The registered hold of ``owner`` on the lock, registered now (not yet held) if
+        none."""
+        slot = (keys.lock, owner)
+        with self._mutex:
+            hold = self._holds.get(slot)
+            if hold is None:
+                hold = self._holds[slot] = Hold(client, keys, owner, ttl, renew)
+            return hold
 
-def forget_hold(hold: Hold) -> None:
-    """Take the hold out of the registry; a thread that finds it ``dead`` looks again."""
-    slot = (id(hold.client), hold.keys.lock, hold.owner)
-    with _holds_lock:
-        hold.dead = True
-        if _holds.get(slot) is hold:
-            del _holds[slot]
+    def forget(self, hold: Hold) -> None:
+        """Take the hold out of the registry; a thread that finds it ``dead`` looks again."""
+        slot = (hold.keys.lock, hold.owner)
+        with self._mutex:
+            hold.dead = True
+            if self._holds.get(slot) is hold:
+                del self._holds[slot]

@@ -36,8 +36,13 @@ def unescape_name(escaped: str) -> str:
 @dataclass(frozen=True)
 class LockKeys:
     """``lock`` is the hash (field = owner, value = hold count); ``meta`` keeps the fencing
-    token and operator info; ``channel`` is the lock's wake-up channel, published on by the
-    release that frees it and subscribed to only while a process waits for this lock."""
+    token, request ids, operator info and a mirror of the lock hash (see lua/acquire.lua);
+    ``channel`` is the lock's wake-up channel, published on by the release that frees it and
+    subscribed to only while a process waits for this lock.
+
+    Only ``lock`` and ``meta`` are keys of the scripts (:attr:`pair`): the channel is not a
+    key (the scripts build its name from ``lock``), since Redis Cluster refuses a script with
+    a missing key in a migrating slot (TRYAGAIN) and a channel never exists as a key."""
 
     prefix: str
     name: str
@@ -69,9 +74,5 @@ class LockKeys:
 
     @property
     def pair(self) -> tuple[str, str]:
+        """The keys of every lock script: the lock hash and its meta hash."""
         return (self.lock, self.meta)
-
-    @property
-    def triple(self) -> tuple[str, str, str]:
-        """The keys of the scripts that free a lock (and publish on its channel)."""
-        return (self.lock, self.meta, self.channel)

@@ -8,7 +8,7 @@ import socket
 import threading
 import uuid
 
-__all__ = ["default_owner", "new_request_id", "new_run_token"]
+__all__ = ["after_fork_in_child", "default_owner", "new_request_id", "new_run_token"]
 
 _local = threading.local()
 _process_token = uuid.uuid4().hex[:12]
@@ -18,13 +18,11 @@ _request_ids = itertools.count(1)
 _thread_numbers = itertools.count(1)
 
 
-def _after_fork_in_child() -> None:
+def after_fork_in_child() -> None:
+    """A new process token in a forked child (called by :mod:`.runtime`'s one fork hook)."""
     global _process_token, _request_ids
     _process_token = uuid.uuid4().hex[:12]
     _request_ids = itertools.count(1)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_owner() -> str:

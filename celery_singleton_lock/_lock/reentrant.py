@@ -14,11 +14,10 @@ from .checks import check_backend_timeout, check_lease_ms, check_wait
 from .client import RedisClient, check_client
 from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
 from .deadline import bounded
-from .heartbeat import get_heartbeat
-from .hold import Hold, find_hold, forget_hold, hold_for
+from .hold import Hold
 from .keys import LockKeys, check_prefix
 from .owner import default_owner, new_request_id
-from .wakeup import get_hub, note_refused, recently_refused
+from .runtime import LockRuntime
 
 __all__ = ["ReentrantLock"]
 
@@ -30,15 +29,22 @@ class ReentrantLock:
     renews it about every ``ttl/3`` for as long as it is held; a holder that crashes or stops
     renewing loses it when the lease ends. ``owner`` defaults to a token unique to the calling
     process and thread (new after fork); lock objects with the same client, name and owner share
-    one hold, so nesting in one process costs no round trip. The same owner in another process
-    (a Celery publisher and the worker running the task) re-enters through Redis.
+    one hold, so nesting in one process costs no round trip (they must agree on ``ttl`` and
+    ``renew``: re-entering a held hold with others raises ``ValueError``). The same owner in
+    another process (a Celery publisher and the worker running the task) re-enters through
+    Redis. What the lock keeps about its client (holds, renewal lane, wake-up subscriptions) is
+    the client's :class:`~.runtime.LockRuntime`, shared by all its locks.
 
-    ``blocking_timeout`` bounds ``with lock:`` (``None`` waits as long as it takes);
+    ``timeout`` is how long :meth:`acquire` and ``with lock:`` wait when not told otherwise
+    (``None``, the default: as long as it takes). Every option comes after the name, by keyword.
     ``prefix`` is the first part of the Redis keys (``prefix:{name}``); ``info`` is a string
-    stored beside the lock for operators. ``run_token`` marks one run of the owner: while a run
-    holds the lock, the same owner with another run token is refused (the Celery layer passes
-    one per delivery of a task, so a message redelivered while its first run lives never runs
-    beside it); the same owner without a run token may always re-enter.
+    stored beside the lock for operators.
+
+    ``run_token`` names one session of an owner that several processes act as: while a holder
+    with a run token holds the lock, the same owner with another run token is refused, and the
+    same owner without one may always re-enter. (A job whose owner token is its id can be
+    delivered twice; the Celery layer passes one run token per delivery, so a redelivered
+    message never runs beside its first run.)
 
     ``backend_timeout`` (seconds, ``None``: no bound beyond the client's own) bounds each of
     the lock's operations on Redis as a whole, the client's resends included: one acquire
@@ -55,11 +61,11 @@ class ReentrantLock:
         self,
         client: RedisClient,
         name: str,
+        *,
         ttl: float = 30.0,
         owner: str | None = None,
         renew: bool = True,
-        *,
-        blocking_timeout: float | None = None,
+        timeout: float | None = None,
         prefix: str = "lock",
         info: str = "",
         run_token: str = "",
@@ -73,7 +79,7 @@ class ReentrantLock:
             raise TypeError(f"owner must be a non-empty str or None, got {owner!r}")
         if not isinstance(renew, bool):
             raise TypeError(f"renew must be True or False, got {renew!r}")
-        self._blocking_timeout = check_wait(blocking_timeout, "blocking_timeout")
+        self._timeout = check_wait(timeout, "timeout")
         if not isinstance(info, str):
             raise TypeError(f"info must be a str, got {info!r}")
         if not isinstance(run_token, str):
@@ -113,25 +119,27 @@ class ReentrantLock:
         return self._owner if self._owner is not None else default_owner()
 
     def _hold(self) -> Hold | None:
-        return find_hold(self._client, self._keys.lock, self.owner)
+        return LockRuntime.of(self._client).holds.find(self._keys.lock, self.owner)
 
     # -- acquire -------------------------------------------------------------------------------
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Acquire or re-enter the lock; return whether it is held.
 
-        ``blocking=False`` tries once. Otherwise wait up to ``timeout`` seconds (``None``: as
-        long as it takes), woken by the holder's release, or at the latest when its lease ends.
+        ``blocking=False`` tries once. Otherwise wait up to ``timeout`` seconds (``None``: the
+        lock's own ``timeout``, which by default waits as long as it takes), woken by the
+        holder's release, or at the latest when its lease ends.
         Raises :class:`LockBackendError` when Redis fails, and :class:`LockLostError` when
         re-entering a hold whose lease was already lost.
         """
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be True or False, got {blocking!r}")
-        wait = None if timeout is None else check_wait(timeout)
         if not blocking:
-            if wait is not None:
+            if timeout is not None:
                 raise ValueError("timeout cannot be given with blocking=False")
-            wait = 0.0
+            wait: float | None = 0.0
+        else:
+            wait = self._timeout if timeout is None else check_wait(timeout)
         taken = self._take(wait)
         return type(taken) is Hold or taken.acquired  # type: ignore[union-attr]  # Hold checked
 
@@ -153,12 +161,22 @@ class ReentrantLock:
         re-entry is the hot path of a reentrant lock: it allocates nothing)."""
         deadline = None if wait is None else time.monotonic() + wait
         owner = self.owner
+        runtime = LockRuntime.of(self._client)
+        holds = runtime.holds
         while True:
-            hold = hold_for(self._client, self._keys, owner, self._ttl, self._renew)
+            hold = holds.hold_for(self._client, self._keys, owner, self._ttl, self._renew)
             with hold.mutex:
                 if hold.dead:
                     continue  # released (and unregistered) while we waited for its mutex
                 if hold.count > 0:
+                    if hold.ttl != self._ttl or hold.renew != self._renew:
+                        # One hold, one lease: sharing it would silently drop this object's.
+                        raise ValueError(
+                            f"lock {self._name!r} is held by owner {owner!r} in this process "
+                            f"with ttl={hold.ttl:g} renew={hold.renew}; this lock object has "
+                            f"ttl={self._ttl:g} renew={self._renew}: lock objects of one owner "
+                            "share one hold, so they must agree on ttl and renew"
+                        )
                     if hold.lost.is_set():
                         raise LockLostError(
                             f"cannot re-enter lock {self._name!r}: its lease was lost"
@@ -167,31 +185,34 @@ class ReentrantLock:
                     if observe.observer is not None:
                         observe.observer.acquired(True)
                     return hold
+                hold.set_lease(self._ttl, self._renew)  # nobody holds it: this object's lease
                 try:
-                    reply = self._acquire_in_redis(hold, deadline)
+                    reply = self._acquire_in_redis(runtime, hold, deadline)
                 except BaseException:
-                    forget_hold(hold)
+                    holds.forget(hold)
                     raise
                 if not reply.acquired:
-                    forget_hold(hold)
+                    holds.forget(hold)
                 return reply
 
-    def _acquire_in_redis(self, hold: Hold, deadline: float | None) -> AcquireReply:
+    def _acquire_in_redis(
+        self, runtime: LockRuntime, hold: Hold, deadline: float | None
+    ) -> AcquireReply:
         sub = None
-        seen = 0
+        # A release woke this thread and it has not tried the lock since: if it leaves now,
+        # the wake-up goes to the next waiter (see WakeHub.leave).
+        woken = False
         request = new_request_id()
         started = time.monotonic()
         channel = self._keys.channel
-        if (deadline is None or deadline > started) and recently_refused(channel):
+        if (deadline is None or deadline > started) and runtime.contended.recent(channel):
             # This process met a holder of this lock a moment ago: subscribe before the first
             # try, so a blocked wait sends one refused acquire, not two.
-            sub = get_hub(self._client).join(channel)
+            sub = runtime.hub.join(channel)
         try:
             while True:
-                if sub is not None:
-                    seen = sub.generation  # a release from now on wakes the wait below
                 sent = time.monotonic()
-                with bounded(self._backend_timeout):
+                if self._backend_timeout is None:  # (the common case: no context to enter)
                     reply = commands.acquire(
                         self._client,
                         self._keys,
@@ -201,8 +222,20 @@ class ReentrantLock:
                         self._info,
                         self._run_token,
                     )
+                else:
+                    with bounded(self._backend_timeout):
+                        reply = commands.acquire(
+                            self._client,
+                            self._keys,
+                            hold.owner,
+                            hold.lease_ms,
+                            request,
+                            self._info,
+                            self._run_token,
+                        )
+                woken = False  # tried since
                 if reply.acquired:
-                    self._took(hold, reply.fence, sent)
+                    self._took(runtime, hold, reply.fence, sent)
                     if observe.observer is not None:
                         observe.observer.acquired(reply.hold_count > 1)
                         if sub is not None:
@@ -219,20 +252,21 @@ class ReentrantLock:
                 if sub is None:
                     # Subscribe, then look again: a release between our look and our
                     # subscription cannot go unseen.
-                    note_refused(channel)
-                    sub = get_hub(self._client).join(channel)
+                    runtime.contended.note(channel)
+                    sub = runtime.hub.join(channel)
                     continue
-                # Wait for the push, but never longer than the holder's lease: if the push
-                # is lost, the lease ending is the next moment the lock can be free.
+                # Wait for the push (a release wakes one waiting thread of this process), but
+                # never longer than the holder's lease: if the push is lost, the lease ending
+                # is the next moment the lock can be free.
                 pause = reply.pttl / 1000 if reply.pttl > 0 else 0.001
                 if left is not None:
                     pause = min(pause, left)
-                sub.wait(seen, pause)
+                woken = sub.wait(pause)
         finally:
             if sub is not None:
-                sub.hub.leave(sub)
+                sub.hub.leave(sub, woken=woken)
 
-    def _took(self, hold: Hold, fence: int | None, sent: float) -> None:
+    def _took(self, runtime: LockRuntime, hold: Hold, fence: int | None, sent: float) -> None:
         hold.count = 1
         hold.fence = fence
         hold.taken_at = sent
@@ -241,7 +275,7 @@ class ReentrantLock:
         if self._owner is None:
             hold.thread = weakref.ref(threading.current_thread())
         if hold.renew:
-            get_heartbeat().add(hold)
+            runtime.renew(hold)
 
     # -- release -------------------------------------------------------------------------------
 
@@ -251,7 +285,8 @@ class ReentrantLock:
         Raises :class:`LockNotOwnedError` when this owner does not hold the lock (never
         acquired, already released, or the lease was lost meanwhile).
         """
-        hold = self._hold()
+        runtime = LockRuntime.of(self._client)
+        hold = runtime.holds.find(self._keys.lock, self.owner)
         if hold is None:
             raise LockNotOwnedError(
                 f"cannot release lock {self._name!r}: it is not held by owner {self.owner!r}"
@@ -273,8 +308,8 @@ class ReentrantLock:
                 return
             # Stop renewing first: a lock is never renewed after its release began.
             hold.count = 0
-            get_heartbeat().remove(hold)
-            forget_hold(hold)
+            runtime.stop_renewing(hold)
+            runtime.holds.forget(hold)
             # A release whose reply is lost may not have run: it is sent again in the background
             # (for up to a lease: after that the lock is gone anyway), unless this process has
             # taken the lock again meanwhile.
@@ -285,7 +320,7 @@ class ReentrantLock:
                     hold.owner,
                     retry_for=hold.ttl,
                     retry_unless=lambda: (
-                        find_hold(self._client, self._keys.lock, hold.owner) is not None
+                        runtime.holds.find(self._keys.lock, hold.owner) is not None
                     ),
                 )
         if reply.owned:
@@ -300,14 +335,15 @@ class ReentrantLock:
 
     def _detach(self) -> Hold | None:
         """Forget this process's hold without telling Redis (the caller settles Redis)."""
-        hold = self._hold()
+        runtime = LockRuntime.of(self._client)
+        hold = runtime.holds.find(self._keys.lock, self.owner)
         if hold is None:
             return None
         with hold.mutex:
             held = hold.count > 0
             hold.count = 0
-            get_heartbeat().remove(hold)
-            forget_hold(hold)
+            runtime.stop_renewing(hold)
+            runtime.holds.forget(hold)
         return hold if held else None
 
     def release_all(self) -> ReleaseReply:
@@ -321,6 +357,7 @@ class ReentrantLock:
         process takes the lock again as the same owner meanwhile."""
         hold = self._detach()
         owner = self.owner
+        holds = LockRuntime.of(self._client).holds
         with bounded(self._backend_timeout):
             reply = commands.release(
                 self._client,
@@ -328,7 +365,7 @@ class ReentrantLock:
                 owner,
                 ALL_HOLDS,
                 retry_for=self._ttl if hold is None else hold.ttl,
-                retry_unless=lambda: find_hold(self._client, self._keys.lock, owner) is not None,
+                retry_unless=lambda: holds.find(self._keys.lock, owner) is not None,
             )
         if hold is not None:
             if not reply.owned:
@@ -348,11 +385,11 @@ class ReentrantLock:
             return commands.park(self._client, self._keys, self.owner, lease_ms, info)
 
     def __enter__(self) -> ReentrantLock:
-        if not self.acquire(blocking=True, timeout=self._blocking_timeout):
+        if not self.acquire():
             raise LockTimeoutError(
-                f"could not acquire lock {self._name!r} within {self._blocking_timeout} s",
+                f"could not acquire lock {self._name!r} within {self._timeout} s",
                 name=self._name,
-                timeout=self._blocking_timeout,
+                timeout=self._timeout,
             )
         return self
 

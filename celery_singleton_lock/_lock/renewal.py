@@ -6,9 +6,11 @@ error: it logs, retries until the lease would have ended, and then sets the hold
 also runs the client's background retries (:meth:`Lane.retry`), such as cancelling an acquire
 whose reply was lost.
 
-Each client has a lane of its own so that a Redis that stalls (a renewal waiting out its socket
-timeout and redis-py's retries, or hanging without a timeout) holds up only the locks on that
-Redis, never those on another.
+Each client has a lane of its own (its :class:`~.runtime.LockRuntime` starts it) so that a Redis
+that stalls (a renewal waiting out its socket timeout and redis-py's retries, or hanging without
+a timeout) holds up only the locks on that Redis, never those on another. A lane never holds its
+client: it renews through the client of its holds (a held lock keeps its client alive; an idle
+lane must not).
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from . import observe, scripts
 from .deadline import bounded
 from .hold import Hold
 from .scripts import META_RETENTION_MS
-from .sentinel import follow_master
 
 __all__ = ["BATCH", "THREAD_NAME", "Lane"]
 
@@ -79,15 +80,17 @@ class Lane:
 
     ``retire(lane)`` is called when the lane has been idle for :data:`IDLE_EXIT`; it returns
     ``True`` when the lane was taken out of service (its thread then ends), ``False`` when work
-    arrived meanwhile.
+    arrived meanwhile. ``follow_master()`` is called before each renewal batch (a Sentinel
+    client's runtime asks where the master is now).
     """
 
-    def __init__(self, client: Any, retire: Callable[[Lane], bool]) -> None:
-        self.client = client
+    def __init__(self, retire: Callable[[Lane], bool], follow_master: Callable[[], None]) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.holds: dict[int, Hold] = {}
         self._retries: list[_Retry] = []
         self._retire = retire
+        self._follow_master = follow_master
+        self._stopped = False
         self._wake_at = 0.0
         #: counters for benchmarks and operators: pipelines sent, leases renewed
         self.round_trips = 0
@@ -109,6 +112,17 @@ class Lane:
     def remove(self, hold: Hold) -> None:
         with self.cond:
             self.holds.pop(id(hold), None)
+
+    def stop(self) -> None:
+        """End the thread (its client is gone: nothing is left to renew or retry): now, or
+        within :data:`IDLE_WAKE` when ``cond`` is busy. Never blocks: the garbage collector
+        may call it on a thread that holds ``cond``."""
+        self._stopped = True
+        if self.cond.acquire(blocking=False):
+            try:
+                self.cond.notify()
+            finally:
+                self.cond.release()
 
     def retry(
         self,
@@ -138,27 +152,37 @@ class Lane:
     def _run(self) -> None:
         while True:
             try:
-                work = self._wait_for_work()
-                if work is None:
+                if not self._round():
                     return
-                due, retries = work
-                if due:
-                    self._renew(due)
-                for i, job in enumerate(retries):
-                    if not self._try(job):
-                        # Redis did not answer: the other calls due now would wait for it in
-                        # turn, each as long, while the renewals wait behind them. They go
-                        # with the failed one's next try instead.
-                        self._postpone(retries[i + 1 :], job.next_try)
-                        break
             except Exception:  # pragma: no cover - a bug guard: the lane must not die
                 log.exception("heartbeat iteration failed; retrying")
                 time.sleep(0.1)
+
+    def _round(self) -> bool:
+        """Wait for work and do it; ``False`` when the lane is out of service. (A frame of its
+        own: the holds and calls of a round go with it, so that an idle lane, asleep in
+        ``_run``, keeps no client alive.)"""
+        work = self._wait_for_work()
+        if work is None:
+            return False
+        due, retries = work
+        if due:
+            self._renew(due)
+        for i, job in enumerate(retries):
+            if not self._try(job):
+                # Redis did not answer: the other calls due now would wait for it in turn,
+                # each as long, while the renewals wait behind them. They go with the failed
+                # one's next try instead.
+                self._postpone(retries[i + 1 :], job.next_try)
+                break
+        return True
 
     def _wait_for_work(self) -> tuple[list[Hold], list[_Retry]] | None:
         idle_since: float | None = None
         while True:
             with self.cond:
+                if self._stopped:
+                    return None
                 now = time.monotonic()
                 if self.idle:
                     idle_since = now if idle_since is None else idle_since
@@ -262,10 +286,10 @@ class Lane:
     # -- renewing --------------------------------------------------------------------------------
 
     def _renew(self, due: Sequence[Hold]) -> None:
-        follow_master(self.client)  # renew where the master is now, not where it was
+        self._follow_master()  # renew where the master is now, not where it was
         sent = time.monotonic()
         try:
-            results = self._renew_batch(due)
+            results = self._renew_batch(due[0].client, due)
         except Exception as exc:
             self._failed(due, exc)
             return
@@ -283,25 +307,24 @@ class Lane:
         if renewed and observe.observer is not None:
             observe.observer.renewed(renewed)
 
-    def _renew_batch(self, holds: Sequence[Hold]) -> list[int | Exception]:
+    def _renew_batch(self, client: Any, holds: Sequence[Hold]) -> list[int | Exception]:
         """One result per hold: 1 renewed, 0 gone, or the error that kept it from renewing."""
-        if _is_cluster(self.client):
-            return self._renew_cluster(holds)
+        if _is_cluster(client):
+            return self._renew_cluster(client, holds)
         groups = [list(holds[i : i + BATCH]) for i in range(0, len(holds), BATCH)]
         results: dict[int, int] = {}
-        for group, reply in zip(groups, self._pipelined(self.client, groups), strict=True):
+        for group, reply in zip(groups, self._pipelined(client, groups), strict=True):
             if isinstance(reply, Exception):
                 raise reply
             for hold, ok in zip(group, reply, strict=True):
                 results[id(hold)] = int(ok)
         return [results[id(hold)] for hold in holds]
 
-    def _renew_cluster(self, holds: Sequence[Hold]) -> list[int | Exception]:
+    def _renew_cluster(self, client: Any, holds: Sequence[Hold]) -> list[int | Exception]:
         # A script may only touch one slot there, and redis-py refuses EVALSHA in a cluster
         # pipeline: one call per slot, sent in one pipeline per node through that node's own
         # client. A call the node refuses (a slot that moved) goes again through the cluster
         # client, which follows the redirect; a node that fails costs only its own holds.
-        client = self.client
         slots: dict[int, list[Hold]] = {}
         for hold in holds:
             slots.setdefault(client.keyslot(hold.keys.lock), []).append(hold)

@@ -1,8 +1,14 @@
-"""The Lua scripts, loaded once from the package and run by EVALSHA with a NOSCRIPT fallback.
+"""The Lua scripts, read once from the package and run through redis-py's public API.
 
 The ``.lua`` files live in the repository's top-level ``lua/`` folder and are copied into the
 wheel as ``celery_singleton_lock/lua/``; a source checkout (or an editable install) reads them
 from ``lua/`` directly.
+
+A call is ``client.evalsha``, and ``client.script_load`` then the same call again when the
+server answers NOSCRIPT (a restarted, failed-over or flushed server), which is what redis-py's
+own ``Script`` does. Not ``client.register_script``: its ``Script`` keeps its client, and the
+lock must never keep a client alive that its user dropped (see :mod:`.runtime`). The script
+cache lives in Redis, per server; nothing about it is kept here but the source and its SHA1.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from . import connection
+from .deadline import expired, time_left
 
 __all__ = [
     "ACQUIRE",
@@ -56,32 +62,32 @@ class Script:
 
     def __init__(self, filename: str, *, idempotent: bool) -> None:
         self.name = filename
-        #: safe to send twice (see connection.execute): each call carries a request id, or
-        #: running it again changes nothing
+        #: safe to send twice: each call carries a request id, or running it again changes
+        #: nothing (redis-py's retry policy resends any command; this says which may be)
         self.idempotent = idempotent
         self.source = _read(filename)
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        # What client.evalsha() does, minus the calls that only forward their arguments, and on
-        # the thread's own connection where it can be (connection.py): every acquire's and release's
-        # hot path.
+        # A call made once its operation's deadline has passed is not sent at all, whatever
+        # the client's retry policy (a DeadlineRetry would refuse it too; redis-py's own would
+        # send it and wait up to the socket timeout for nothing).
+        left = time_left()
+        if left is not None and left <= 0:
+            raise expired()
         try:
-            return connection.execute(
-                client, "EVALSHA", self.sha, len(keys), *keys, *args, resend=self.idempotent
-            )
+            return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             # A restarted, failed-over or flushed server: load once, then run it again.
             client.script_load(self.source)
-            return connection.execute(
-                client, "EVALSHA", self.sha, len(keys), *keys, *args, resend=self.idempotent
-            )
+            return client.evalsha(self.sha, len(keys), *keys, *args)
 
     def queue(self, pipe: Any, keys: Sequence[str], args: Sequence[Any]) -> None:
         """Add a call to a pipeline; the caller reloads on NOSCRIPT (see :meth:`load`)."""
         pipe.evalsha(self.sha, len(keys), *keys, *args)
 
     def load(self, client: Any) -> None:
+        """Load the script into ``client``'s server (after a pipeline met NOSCRIPT)."""
         client.script_load(self.source)
 
     def __repr__(self) -> str:

@@ -14,47 +14,58 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from typing import Any
 
 from redis.exceptions import RedisError
 from redis.sentinel import SentinelConnectionPool
 
-__all__ = ["ACQUIRE_CHECK_INTERVAL", "follow_master"]
+__all__ = ["ACQUIRE_CHECK_INTERVAL", "MasterFollower", "master_pool"]
 
 log = logging.getLogger("celery_singleton_lock.sentinel")
 
 #: the longest an acquire trusts the master address it last checked, in seconds
 ACQUIRE_CHECK_INTERVAL = 1.0
 
-_checked: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-_checked_lock = threading.Lock()
+
+def master_pool(client: Any) -> Any:
+    """The client's Sentinel master pool, or ``None`` for any other client."""
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool) and pool.is_master:
+        return pool
+    return None
 
 
-def follow_master(client: Any, max_age: float = 0.0) -> None:
-    """For a Sentinel master client: ask Sentinel where the master is (unless asked within
-    ``max_age`` seconds), and move the client's idle connections there if it moved. Anything
-    else: nothing. A Sentinel that cannot answer is logged, never raised: the commands go on
-    to the master known so far."""
-    found = getattr(client, "connection_pool", None)
-    if not isinstance(found, SentinelConnectionPool) or not found.is_master:
-        return
-    pool: Any = found  # redis-py's Sentinel module is not annotated
-    now = time.monotonic()
-    with _checked_lock:
-        if max_age and now - _checked.get(pool, -max_age) < max_age:
+class MasterFollower:
+    """Follows the master of one Sentinel master client (its client's runtime has one)."""
+
+    __slots__ = ("_checked_at", "_mutex", "_pool")
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._mutex = threading.Lock()
+        #: monotonic time Sentinel was last asked (None: never)
+        self._checked_at: float | None = None
+
+    def follow(self, max_age: float = 0.0) -> None:
+        """Ask Sentinel where the master is (unless asked within ``max_age`` seconds), and
+        move the client's idle connections there if it moved. A Sentinel that cannot answer
+        is logged, never raised: the commands go on to the master known so far."""
+        pool = self._pool  # redis-py's Sentinel module is not annotated
+        now = time.monotonic()
+        with self._mutex:
+            if max_age and self._checked_at is not None and now - self._checked_at < max_age:
+                return
+            self._checked_at = now
+        before = pool.master_address
+        try:
+            after = pool.get_master_address()
+        except RedisError as exc:
+            log.warning("could not ask Sentinel for the master of %s: %s", pool.service_name, exc)
             return
-        _checked[pool] = now
-    before = pool.master_address
-    try:
-        after = pool.get_master_address()
-    except RedisError as exc:
-        log.warning("could not ask Sentinel for the master of %s: %s", pool.service_name, exc)
-        return
-    if before is not None and after != before:
-        log.warning(
-            "Sentinel master of %s moved from %s to %s: the lock's connections follow it",
-            pool.service_name,
-            before,
-            after,
-        )
+        if before is not None and after != before:
+            log.warning(
+                "Sentinel master of %s moved from %s to %s: the lock's connections follow it",
+                pool.service_name,
+                before,
+                after,
+            )

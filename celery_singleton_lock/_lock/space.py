@@ -69,9 +69,8 @@ class LockSpace:
         return ReentrantLock(
             self.client,
             name,
-            ttl,
-            owner,
-            True,
+            ttl=ttl,
+            owner=owner,
             prefix=self.prefix,
             info=info,
             run_token=run_token,

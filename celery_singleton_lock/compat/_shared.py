@@ -15,9 +15,8 @@ import contextvars
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .._celery.client import reset_client
 from .._celery.locking import TaskLocking
-from .._celery.settings import REDIS_SCHEMES, check_seconds, is_set
+from .._celery.settings import REDIS_SCHEMES, check_seconds, is_set, reload_settings
 
 __all__ = [
     "ShimLocking",
@@ -99,4 +98,4 @@ def adopt_defaults(app: Any, defaults: Mapping[str, Any]) -> None:
         # Celery's own way for an extension to give settings defaults: the user's values, and
         # a later config_from_object, still win.
         app.add_defaults(adopted)
-        reset_client(app)
+        reload_settings(app)
