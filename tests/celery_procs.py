@@ -185,7 +185,7 @@ def close_app(app: Any) -> None:
         consumer.stop()
         # Celery before 5.5 still unsubscribes on a stopped consumer (AsyncResult.__del__),
         # retrying against the gone server for about 20 s: without a pubsub it does nothing.
-        consumer._pubsub = None
+        consumer._pubsub = None  # noqa: SLF001  # (see above): no public way to stop it
     app.close()
 
 

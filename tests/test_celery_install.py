@@ -71,7 +71,7 @@ def env() -> Iterator[CeleryEnv]:
 def test_installed_tasks_are_locked_and_others_are_not(env: CeleryEnv) -> None:
     for task in (plain, plain_pub, from_setting):
         assert isinstance(task, LockedTask), task.name
-        assert type(task._get_current_object()).__mro__.count(LockedTask) == 1
+        assert type(env.app.tasks[task.name]).__mro__.count(LockedTask) == 1
     assert not isinstance(untouched, LockedTask)
     assert plain_pub.locking.options.lock_at == "publish"
     assert from_setting.locking.options.lock_ttl == 9
@@ -167,12 +167,12 @@ def test_an_installed_app_is_not_kept_alive_by_the_package() -> None:
 
 
 def test_install_again_after_finalize_is_harmless(env: CeleryEnv) -> None:
-    cls = type(plain._get_current_object())
+    cls = type(env.app.tasks[plain.name])
     receivers = len(signals.worker_init.receivers)
     finalize_receivers = len(env.app.on_after_finalize.receivers or [])
     install(env.app, tasks={"inst.plain": {}})
     install(env.app)
-    assert type(plain._get_current_object()) is cls
+    assert type(env.app.tasks[plain.name]) is cls
     assert cls.__mro__.count(LockedTask) == 1
     assert len(signals.worker_init.receivers) == receivers
     assert len(env.app.on_after_finalize.receivers or []) == finalize_receivers

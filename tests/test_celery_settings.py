@@ -303,7 +303,7 @@ def test_settings_are_kept_per_app_and_go_with_it() -> None:
     one = _app("s_one", broker_url="redis://127.0.0.1:1/0", singleton_lock_ttl=1)
     two = _app("s_two", broker_url="redis://127.0.0.1:1/0", singleton_lock_ttl=2)
     assert (setting(one, "singleton_lock_ttl"), setting(two, "singleton_lock_ttl")) == (1.0, 2.0)
-    read = settings_module._read
+    read = settings_module._read  # noqa: SLF001  # where the package keeps each app's settings
     assert one in read and two in read
     assert "_singleton_lock" not in " ".join(map(str, vars(one.conf)))  # nothing of ours there
     gone = weakref.ref(one)

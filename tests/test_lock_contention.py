@@ -46,7 +46,7 @@ def _await_waiters(client: Any, key: str, count: int = 1) -> None:
     channel = key + ":wake"
 
     def waiting() -> int:
-        sub = hub._subscriptions.get(channel)
+        sub = hub.subscription(channel)
         return 0 if sub is None else sub.waiters
 
     wait_until(lambda: waiting() == count, 5)
@@ -362,7 +362,7 @@ def test_a_waiter_hears_nothing_of_other_locks_and_nothing_is_subscribed_after(
     assert hub.received == before + 1
     # the wait is over: no channel of this process is subscribed any more (the UNSUBSCRIBE
     # goes from the heartbeat lane, a moment after the waiter returned)
-    assert hub._subscriptions == {}
+    assert hub.channels == []
     wait_until(lambda: redis_client.pubsub_channels(f"{prefix}:*") == [], 2)
 
 

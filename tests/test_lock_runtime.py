@@ -30,7 +30,7 @@ def _subscribers(client: Any, channel: str) -> int:
 
 
 def _subscription(client: Any, channel: str) -> Subscription | None:
-    return LockRuntime.of(client).hub._subscriptions.get(channel)
+    return LockRuntime.of(client).hub.subscription(channel)
 
 
 def _asleep(client: Any, channel: str) -> int:

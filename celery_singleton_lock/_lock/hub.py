@@ -51,6 +51,16 @@ class WakeHub:
         #: wake-up messages read, for tests and operators
         self.received = 0
 
+    def subscription(self, channel: str) -> Subscription | None:
+        """The subscription of ``channel`` while a thread of this process waits on it."""
+        return self._subscriptions.get(channel)
+
+    @property
+    def channels(self) -> list[str]:
+        """The channels this process's threads wait on now."""
+        with self._mutex:
+            return list(self._subscriptions)
+
     def join(self, channel: str) -> Subscription:
         """Join the waiters of ``channel``; the first one subscribes (confirmed before it
         returns, so a release after this call is heard)."""
