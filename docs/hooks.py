@@ -1,35 +1,81 @@
-"""MkDocs hook: puts the options and settings tables, made from their one definition in the
-package, where a page has ``<!-- options-table -->`` or ``<!-- settings-table -->``, and the
-last benchmark run's write-up (``docs/bench/results.md``, made by ``bench/run.py``) where it
-has ``<!-- bench-results -->``.
+"""MkDocs hook: the options and settings tables, made from their one definition in the
+package, and the last benchmark run's write-up (``docs/bench/results.md``, made by
+``bench/run.py``), written into the pages themselves between a start and an end marker::
 
-A marker that no page uses, or a page that names an unknown marker, fails the build, so a
-table cannot silently drop out of the docs.
+    <!-- options-table:start (made by docs/hooks.py from the package) -->
+    | option | default | meaning |
+    ...
+    <!-- options-table:end -->
+
+so that the Markdown files read whole where they are shown as they are (GitHub's view of the
+repository). The build puts what the package makes now between the markers, whatever the file
+holds, and ``tests/test_docs.py`` checks that the files hold exactly that (run
+:func:`fill_file` to rewrite a page after a change).
+
+A marker that no page uses, or a page that names an unknown marker (or a start without its end),
+fails the build, so a table cannot silently drop out of the docs.
 """
 
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from celery_singleton_lock._celery.options import options_table
 from celery_singleton_lock._celery.settings import settings_table
 
-BENCH_RESULTS = Path(__file__).resolve().parent / "bench" / "results.md"
+DOCS = Path(__file__).resolve().parent
+BENCH_RESULTS = DOCS / "bench" / "results.md"
 
 
 def bench_results() -> str:
-    return BENCH_RESULTS.read_text(encoding="utf-8")
+    return BENCH_RESULTS.read_text(encoding="utf-8").rstrip("\n")
 
 
-TABLES = {
+TABLES: dict[str, Callable[[], str]] = {
     "options-table": options_table,
     "settings-table": settings_table,
     "bench-results": bench_results,
 }
-_MARKER = re.compile(r"<!-- ([a-z]+-(?:table|results)) -->")
+_START = re.compile(r"<!-- ([a-z]+-(?:table|results)):start[^>]*-->\n")
 _used: set[str] = set()
+
+
+def _end(name: str) -> str:
+    return f"<!-- {name}:end -->"
+
+
+def fill(markdown: str, where: str, used: set[str] | None = None) -> str:
+    """``markdown`` with what the package makes now between each pair of markers."""
+    out: list[str] = []
+    at = 0
+    for match in _START.finditer(markdown):
+        if match.start() < at:
+            continue
+        name = match.group(1)
+        if name not in TABLES:
+            raise ValueError(f"{where}: unknown table marker {name!r}")
+        end = markdown.find(_end(name), match.end())
+        if end < 0:
+            raise ValueError(f"{where}: {match.group(0).strip()} has no {_end(name)}")
+        out += [markdown[at : match.end()], TABLES[name](), "\n"]
+        at = end
+        if used is not None:
+            used.add(name)
+    out.append(markdown[at:])
+    return "".join(out)
+
+
+def fill_file(path: Path) -> bool:
+    """Rewrite ``path`` with its tables made now; whether it changed."""
+    text = path.read_text(encoding="utf-8")
+    filled = fill(text, path.name)
+    if filled != text:
+        path.write_text(filled, encoding="utf-8")
+    return filled != text
 
 
 def on_pre_build(config: Any) -> None:
@@ -37,17 +83,16 @@ def on_pre_build(config: Any) -> None:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    def table(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in TABLES:
-            raise ValueError(f"{page.file.src_path}: unknown table marker {name!r}")
-        _used.add(name)
-        return TABLES[name]()
-
-    return _MARKER.sub(table, markdown)
+    return fill(markdown, page.file.src_path, _used)
 
 
 def on_post_build(config: Any) -> None:
     missing = sorted(set(TABLES) - _used)
     if missing:
         raise ValueError(f"no page has the marker(s) {missing}: the docs would lack those tables")
+
+
+if __name__ == "__main__":  # python docs/hooks.py: rewrite the pages' tables
+    for page in sorted(DOCS.glob("*.md")):
+        if fill_file(page):
+            print(f"rewrote the tables of {page.relative_to(DOCS.parent)}", file=sys.stderr)
