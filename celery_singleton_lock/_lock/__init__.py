@@ -7,12 +7,12 @@ this process keeps and renews, :class:`LockSpace` for operations on a hold that 
 Modules, bottom up: ``keys`` (key names), ``owner`` (owner, request and run tokens), ``checks``
 (argument checks), ``client`` (what a client must be), ``deadline`` (one deadline per operation,
 resends included), ``scripts`` (the Lua files, run by redis-py's EVALSHA), ``hold`` (a process's
-hold and a client's registry of them), ``renewal`` (a client's renewal lane), ``wakeup`` and ``hub``
-(push wake-ups), ``sentinel`` (following a Sentinel master), ``runtime`` (all of those for one
-client: one runtime per client and process), ``commands`` (one script call each, typed replies,
-Redis errors mapped), ``heartbeat`` (the process's renewal, added up), ``reentrant``
-(:class:`ReentrantLock`), ``space`` (:class:`LockSpace`), ``observe`` (what it reports, for
-metrics).
+hold and a client's registry of them), ``renewal`` (a client's renewal lane), ``renew_batch`` (its
+batches of renewals), ``wakeup`` and ``hub`` (push wake-ups), ``sentinel`` (following a Sentinel
+master), ``runtime`` (all of those for one client: one runtime per client and process),
+``commands`` (one script call each, typed replies, Redis errors mapped), ``heartbeat`` (the
+process's renewal, added up), ``reentrant`` (:class:`ReentrantLock`), ``space``
+(:class:`LockSpace`), ``observe`` (what it reports, for metrics).
 """
 
 from __future__ import annotations

@@ -19,32 +19,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import observe, scripts
+from . import observe
 from .deadline import bounded
 from .hold import Hold
-from .scripts import META_RETENTION_MS
+from .renew_batch import BATCH, RenewalBatches
 
 __all__ = ["BATCH", "THREAD_NAME", "Lane"]
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
 
-#: locks per EVALSHA: keeps one script run short, so Redis serves other clients in between
-BATCH = 250
 #: the longest a lane sleeps when it has nothing due, so it notices new holds cheaply
 IDLE_WAKE = 5.0
 #: a lane with nothing to renew or retry for this long ends its thread (a new hold starts one)
 IDLE_EXIT = 30.0
 THREAD_NAME = "celery-singleton-lock-heartbeat"
-
-
-def _is_cluster(client: Any) -> bool:
-    return hasattr(client, "keyslot") and hasattr(client, "get_nodes")
 
 
 class _Retry:
@@ -92,10 +84,16 @@ class Lane:
         self._follow_master = follow_master
         self._stopped = False
         self._wake_at = 0.0
-        #: counters for benchmarks and operators: pipelines sent, leases renewed
-        self.round_trips = 0
+        #: sends the renewals due; counts the pipelines sent
+        self._batch = RenewalBatches()
+        #: leases renewed, for benchmarks and operators
         self.renewed = 0
         self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+
+    @property
+    def round_trips(self) -> int:
+        """Renewal pipelines sent so far."""
+        return self._batch.round_trips
 
     @property
     def idle(self) -> bool:
@@ -289,7 +287,7 @@ class Lane:
         self._follow_master()  # renew where the master is now, not where it was
         sent = time.monotonic()
         try:
-            results = self._renew_batch(due[0].client, due)
+            results = self._batch.renew(due[0].client, due)
         except Exception as exc:
             self._failed(due, exc)
             return
@@ -306,75 +304,6 @@ class Lane:
         self.renewed += renewed
         if renewed and observe.observer is not None:
             observe.observer.renewed(renewed)
-
-    def _renew_batch(self, client: Any, holds: Sequence[Hold]) -> list[int | Exception]:
-        """One result per hold: 1 renewed, 0 gone, or the error that kept it from renewing."""
-        if _is_cluster(client):
-            return self._renew_cluster(client, holds)
-        groups = [list(holds[i : i + BATCH]) for i in range(0, len(holds), BATCH)]
-        results: dict[int, int] = {}
-        for group, reply in zip(groups, self._pipelined(client, groups), strict=True):
-            if isinstance(reply, Exception):
-                raise reply
-            for hold, ok in zip(group, reply, strict=True):
-                results[id(hold)] = int(ok)
-        return [results[id(hold)] for hold in holds]
-
-    def _renew_cluster(self, client: Any, holds: Sequence[Hold]) -> list[int | Exception]:
-        # A script may only touch one slot there, and redis-py refuses EVALSHA in a cluster
-        # pipeline: one call per slot, sent in one pipeline per node through that node's own
-        # client. A call the node refuses (a slot that moved) goes again through the cluster
-        # client, which follows the redirect; a node that fails costs only its own holds.
-        slots: dict[int, list[Hold]] = {}
-        for hold in holds:
-            slots.setdefault(client.keyslot(hold.keys.lock), []).append(hold)
-        nodes: dict[str, tuple[Any, list[list[Hold]]]] = {}
-        for in_slot in slots.values():
-            node = client.get_node_from_key(in_slot[0].keys.lock)
-            groups = nodes.setdefault(node.name, (node.redis_connection, []))[1]
-            groups += [in_slot[i : i + BATCH] for i in range(0, len(in_slot), BATCH)]
-        results: dict[int, int | Exception] = {}
-        for node_client, groups in nodes.values():
-            try:
-                replies: list[Any] = self._pipelined(node_client, groups)
-            except Exception as exc:
-                replies = [exc] * len(groups)
-            for group, reply in zip(groups, replies, strict=True):
-                if isinstance(reply, Exception):
-                    try:
-                        reply = scripts.RENEW(client, *self._call_args(group))
-                    except Exception as exc:
-                        reply = [exc] * len(group)
-                for hold, ok in zip(group, reply, strict=True):
-                    results[id(hold)] = ok if isinstance(ok, Exception) else int(ok)
-        return [results[id(hold)] for hold in holds]
-
-    @staticmethod
-    def _call_args(group: Sequence[Hold]) -> tuple[list[str], list[Any]]:
-        keys: list[str] = []
-        args: list[Any] = []
-        for hold in group:
-            keys += hold.keys.pair
-            args += (hold.owner, hold.lease_ms, META_RETENTION_MS)
-        return keys, args
-
-    def _pipelined(self, client: Any, groups: Sequence[Sequence[Hold]]) -> list[Any]:
-        """One RENEW call per group in one pipeline (one round trip); reloads on NOSCRIPT."""
-
-        def send() -> list[Any]:
-            pipe = client.pipeline(transaction=False)
-            for group in groups:
-                scripts.RENEW.queue(pipe, *self._call_args(group))
-            self.round_trips += 1
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-            return replies
-
-        replies = send()
-        if any(isinstance(r, NoScriptError) for r in replies):
-            scripts.RENEW.load(client)
-            self.round_trips += 1
-            replies = send()
-        return replies
 
     def _failed(self, holds: Sequence[Hold], exc: Exception) -> None:
         now = time.monotonic()
