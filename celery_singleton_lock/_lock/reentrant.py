@@ -212,7 +212,7 @@ class ReentrantLock:
         try:
             while True:
                 sent = time.monotonic()
-                if self._backend_timeout is None:  # (the common case: no context to enter)
+                with bounded(self._backend_timeout):
                     reply = commands.acquire(
                         self._client,
                         self._keys,
@@ -222,17 +222,6 @@ class ReentrantLock:
                         self._info,
                         self._run_token,
                     )
-                else:
-                    with bounded(self._backend_timeout):
-                        reply = commands.acquire(
-                            self._client,
-                            self._keys,
-                            hold.owner,
-                            hold.lease_ms,
-                            request,
-                            self._info,
-                            self._run_token,
-                        )
                 woken = False  # tried since
                 if reply.acquired:
                     self._took(runtime, hold, reply.fence, sent)
