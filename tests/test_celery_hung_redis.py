@@ -33,7 +33,7 @@ from redis.retry import Retry
 from celery_singleton_lock import LockBackendError, LockedTask, ReentrantLock, reload_settings
 from celery_singleton_lock._lock import DeadlineRetry
 from celery_singleton_lock._lock.deadline import deadline
-from celery_singleton_lock._lock.heartbeat import get_heartbeat
+from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock.testing import RedisServer
 
 # the adversarial fault suite (`pytest -m faults`): a real server stalled with SIGSTOP
@@ -385,12 +385,10 @@ def test_a_background_call_outlives_a_stall_only_when_asked_to(
 
         return set_key
 
-    lanes = get_heartbeat()
+    lane = LockRuntime.of(client)
     with stopped(server):
-        lanes.retry(
-            client, setter("stalled:kept"), "set stalled:kept", 0.5, budget=0.3, while_stalled=True
-        )
-        lanes.retry(client, setter("stalled:dropped"), "set stalled:dropped", 0.5)
+        lane.retry(setter("stalled:kept"), "set stalled:kept", 0.5, budget=0.3, while_stalled=True)
+        lane.retry(setter("stalled:dropped"), "set stalled:dropped", 0.5)
         time.sleep(2.0)  # four times as long as either was given
     wait_until(lambda: client.exists("stalled:kept"), timeout=10)
     assert not client.exists("stalled:dropped")

@@ -8,12 +8,9 @@ its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from .hold import Hold
 from .renewal import BATCH
-from .runtime import LockRuntime, all_runtimes, closed_totals
+from .runtime import all_runtimes, closed_totals
 
 __all__ = ["BATCH", "Heartbeat", "get_heartbeat"]
 
@@ -41,22 +38,6 @@ class Heartbeat:
     def renewed(self) -> int:
         """Leases renewed by this process so far."""
         return closed_totals()[1] + sum(runtime.renewed for runtime in all_runtimes())
-
-    def retry(
-        self,
-        client: Any,
-        call: Callable[[], None],
-        what: str,
-        give_up_after: float,
-        *,
-        budget: float | None = None,
-        while_stalled: bool = False,
-    ) -> None:
-        """``LockRuntime.of(client).retry(...)``: call ``call`` from the client's lane until it
-        succeeds, for at most ``give_up_after`` seconds."""
-        LockRuntime.of(client).retry(
-            call, what, give_up_after, budget=budget, while_stalled=while_stalled
-        )
 
 
 _heartbeat = Heartbeat()

@@ -123,9 +123,6 @@ class LockRuntime:
                 call, what, give_up_after, budget=budget, while_stalled=while_stalled
             )
 
-    def _background(self, call: Callable[[], None], what: str, give_up_after: float) -> None:
-        self.retry(call, what, give_up_after)
-
     def _retire(self, lane: Lane) -> bool:
         with self._mutex, lane.cond:
             if not lane.idle:
@@ -184,7 +181,7 @@ class LockRuntime:
                         sharded=self.publish_command == "spublish",
                         # a cluster's pub/sub objects hold their client: none kept idle
                         keep_idle=0 if cluster else KEEP_IDLE,
-                        background=self._background,
+                        background=self.retry,
                     )
         return hub
 
