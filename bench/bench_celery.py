@@ -19,6 +19,8 @@ What it measures:
   - ``plain``            ``@app.task``
   - ``locked-run``       ``@app.task(base=LockedTask)``                    (lock_at="run")
   - ``locked-publish``   ``@app.task(base=LockedTask, lock_at="publish")``
+  - ``locked-limit3``    ``@app.task(base=LockedTask, lock_limit=3)``      (three slots a key:
+    the run finds its owner's slot, if any, in one round trip before it takes one)
   - ``celery-once``      ``@app.task(base=QueueOnce)``  (celery_once: lock at publish, DEL after)
   - ``celery-singleton`` ``@app.task(base=Singleton)``  (celery_singleton: same)
   - ``floor-run``        a reference, not a product: two EVALSHAs, ``SET NX PX`` before the
@@ -92,6 +94,7 @@ CONTENDERS = {
     "plain": "bench.plain",
     "locked-run": "bench.locked_run",
     "locked-publish": "bench.locked_publish",
+    "locked-limit3": "bench.locked_limit3",
     "celery-once": "bench.once",
     "celery-singleton": "bench.singleton",
     "floor-run": "bench.floor_run",
@@ -156,6 +159,10 @@ def make_app(broker_url: str, locks_url: str, counter_path: str, body_incr: bool
 
     @app.task(name="bench.locked_publish", base=LockedTask, lock_at="publish", ignore_result=True)
     def locked_publish(i: int) -> None:
+        body(i)
+
+    @app.task(name="bench.locked_limit3", base=LockedTask, lock_limit=3, ignore_result=True)
+    def locked_limit3(i: int) -> None:
         body(i)
 
     floor_client: list[Any] = []

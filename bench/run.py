@@ -136,6 +136,7 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
         "celery-singleton": "celery-singleton `Singleton`",
         "locked-run": '**LockedTask** `lock_at="run"`',
         "locked-publish": '**LockedTask** `lock_at="publish"`',
+        "locked-limit3": "**LockedTask** `lock_limit=3`",
     }
     for name, label in names.items():
         cells = []

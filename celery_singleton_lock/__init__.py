@@ -35,6 +35,7 @@ from ._lock import (
     RecordReply,
     ReentrantLock,
     ReleaseReply,
+    Semaphore,
 )
 
 try:
@@ -59,6 +60,7 @@ __all__ = [
     "RecordReply",
     "ReentrantLock",
     "ReleaseReply",
+    "Semaphore",
     "TaskLockedError",
     "install",
     "reload_settings",

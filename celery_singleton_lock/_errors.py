@@ -60,15 +60,23 @@ class AlreadyQueuedError(LockError):
 
     Raised by ``apply_async`` for tasks with ``lock_on_duplicate="raise"``.
     ``task_id`` is the id of the task that holds the lock, ``ttl`` the seconds left on its lease.
+    ``cooldown`` says that task has ended and its job cools down (``lock_cooldown``): ``ttl``
+    is then the cooldown left.
     """
 
-    def __init__(self, task_id: str, ttl: float, key: str = "") -> None:
-        super().__init__(task_id, ttl, key)
+    def __init__(self, task_id: str, ttl: float, key: str = "", cooldown: bool = False) -> None:
+        super().__init__(task_id, ttl, key, cooldown)
         self.task_id = task_id
         self.ttl = ttl
         self.key = key
+        self.cooldown = cooldown
 
     def __str__(self) -> str:
+        if self.cooldown:
+            return (
+                f"task {self.task_id} ran last and its lock {self.key!r} cools down for "
+                f"{self.ttl:.1f} s more; not publishing a duplicate"
+            )
         return (
             f"task {self.task_id} already holds lock {self.key!r} "
             f"({self.ttl:.1f} s left on its lease); not publishing a duplicate"
@@ -94,6 +102,7 @@ class ChordDuplicateError(AlreadyQueuedError):
         in_header: bool = False,
     ) -> None:
         super().__init__(task_id, ttl, key)
+        self.args = (task_id, ttl, key, revoked, in_header)  # what pickling passes back
         self.revoked = revoked
         self.in_header = in_header
 

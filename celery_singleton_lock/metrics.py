@@ -11,7 +11,10 @@ Every name starts with ``celery_singleton_lock_``:
 - ``acquires_total{outcome}``: ``acquired``, ``reentered`` (the owner already held it: a
   Celery run entering its message's publish hold, or nested re-entry), ``refused``;
 - ``duplicates_total{task,action}``: Celery duplicates: ``skipped``, ``retried``, ``raised``
-  at run time, ``returned`` (the first task's result) or ``raised`` at publish;
+  at run time, ``returned`` (the first task's result) or ``raised`` at publish, ``replaced``
+  (a call that replaced one still waiting, ``lock_debounce``);
+- ``refusals_total{task,reason}``: the duplicates above that were refused by a
+  ``lock_limit`` (``limit``: every slot taken) or a ``lock_cooldown`` (``cooldown``);
 - ``wait_seconds``: how long blocking acquires that found the lock held waited;
 - ``hold_seconds``: from taking a lock to its final release in this process;
 - ``renewals_total``, ``renewal_failures_total``, ``lost_total`` (leases lost while held),
@@ -61,6 +64,12 @@ class LockMetrics:
             PREFIX + "duplicates",
             "Celery duplicates by task and what was done with them",
             ["task", "action"],
+            registry=registry,
+        )
+        self.refusals = Counter(
+            PREFIX + "refusals",
+            "Celery duplicates refused by a lock_limit or a lock_cooldown, by task and reason",
+            ["task", "reason"],
             registry=registry,
         )
         self.wait = Histogram(
@@ -116,6 +125,9 @@ class LockMetrics:
 
     def duplicate(self, task: str, action: str) -> None:
         self.duplicates.labels(task, action).inc()
+
+    def refused_by(self, task: str, reason: str) -> None:
+        self.refusals.labels(task, reason).inc()
 
 
 _enabled: LockMetrics | None = None

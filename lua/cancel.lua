@@ -10,8 +10,8 @@
 -- ARGV[1]  owner token of that acquire
 -- ARGV[2]  request id of that acquire (acquire.lua's ARGV[3])
 -- ARGV[3]  "publish", or "spublish" on Redis Cluster: how the lock's key is published on its
---          wake-up channel (KEYS[1] .. ":wake", not a key: see release.lua) when the lock is
---          freed
+--          wake-up channel (KEYS[1] cut after its hash tag, plus ":wake"; not a key: see
+--          release.lua) when the lock is freed
 -- ARGV[4]  how long the meta hash outlives the lock, ms
 -- ARGV[5]  the lease that acquire asked for, ms: the void mark outlives any hold it could make
 --
@@ -39,7 +39,7 @@ if redis.call('hget', meta, 'req') == request then
             redis.call('hdel', lock, owner)
         else
             redis.call('del', lock)
-            redis.call(ARGV[3], lock .. ':wake', lock)
+            redis.call(ARGV[3], (string.match(lock, '^(.*})') or lock) .. ':wake', lock)
         end
         done = 1
     end

@@ -3,8 +3,8 @@
 -- KEYS[1]  lock hash
 -- KEYS[2]  meta hash
 -- ARGV[1]  "publish", or "spublish" on Redis Cluster: how the lock's key is published on its
---          wake-up channel (KEYS[1] .. ":wake", not a key: see release.lua) when the lock was
---          deleted
+--          wake-up channel (KEYS[1] cut after its hash tag, plus ":wake"; not a key: see
+--          release.lua) when the lock was deleted
 -- ARGV[2]  how long the meta hash (and with it the last fencing token) outlives the lock, ms
 -- ARGV[3]  expected holder: "" for any, else release only when this owner holds it
 -- ARGV[4]  "1": release only while no run has entered the hold (no run token recorded: it
@@ -34,5 +34,5 @@ end
 redis.call('del', lock)
 redis.call('hdel', meta, 'req', 'info', 'since', 'run', 'x')
 redis.call('pexpire', meta, tonumber(ARGV[2]))
-redis.call(ARGV[1], lock .. ':wake', lock)
+redis.call(ARGV[1], (string.match(lock, '^(.*})') or lock) .. ':wake', lock)
 return 1

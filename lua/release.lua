@@ -13,10 +13,13 @@
 -- ARGV[5]  "spublish" on Redis Cluster (sharded pub/sub: the message stays on the lock's
 --          shard); absent or "publish" otherwise
 --
--- The wake-up channel is not a key of the script: it is KEYS[1] .. ":wake", built here. A
--- channel declared as a key would be a key that never exists, and Redis Cluster answers a
--- script with some of its keys missing in a migrating slot with TRYAGAIN, on both nodes,
--- until the migration ends.
+-- The wake-up channel is not a key of the script: it is KEYS[1] cut after its hash tag, plus
+-- ":wake", built here (prefix:{name}:wake: for a plain lock that is KEYS[1] .. ":wake", and
+-- every permit of a semaphore, prefix:{name}:s<k>, shares it with permit 1, so one
+-- subscription hears them all; the payload, KEYS[1], says which one was freed). A channel
+-- declared as a key would be a key that never exists, and Redis Cluster answers a script with
+-- some of its keys missing in a migrating slot with TRYAGAIN, on both nodes, until the
+-- migration ends.
 --
 -- Returns the three-way answer of Redisson's unlock, as one integer:
 --   -1   not the owner (never held, already released, or the lease was lost)
@@ -78,6 +81,6 @@ if request ~= '' then
 end
 if m[2] or not m[3] then
     -- waiters may be there (or the meta hash that would say so was lost)
-    redis.call(command, lock .. ':wake', lock)
+    redis.call(command, (string.match(lock, '^(.*})') or lock) .. ':wake', lock)
 end
 return 0

@@ -395,6 +395,52 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
             raise self.retry(countdown=0)
         return key
 
+    # Beyond one at a time (tests/test_celery_limits.py): each records its runs as work does.
+    def _recorded(task: Any, job: str, seconds: float, fail: bool = False) -> str:
+        start = _enter(task, job)
+        try:
+            _sleep(seconds)
+            if fail:
+                raise ValueError(f"{job} fails on purpose")
+            return str(task.request.id)
+        finally:
+            _leave(task, job, start)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.limited", lock_limit=3, lock_ttl=3,
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def limited(self: Any, job: str, seconds: float = 0.0) -> str:
+        return _recorded(self, job, seconds)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.cooled", lock_cooldown=2.0,
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def cooled(self: Any, job: str, seconds: float = 0.0, fail: bool = False) -> str:
+        return _recorded(self, job, seconds, fail)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.cooled_on_success", lock_cooldown=2.0,
+        lock_cooldown_on_failure=False, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def cooled_on_success(self: Any, job: str, fail: bool = False) -> str:
+        return _recorded(self, job, 0.0, fail)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.queued", lock_at="queue",
+        lock_retry_countdown=0.2, max_retries=0, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def queued(self: Any, job: str, seconds: float = 0.0) -> str:
+        return _recorded(self, job, seconds)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.debounced", lock_at="publish",
+        lock_debounce=1.0, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def debounced(self: Any, job: str, value: int = 0) -> str:
+        return _recorded(self, job, 0.0)
+
     return app
 
 

@@ -12,7 +12,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import ReentrantLock
+from celery_singleton_lock import LockKeys, ReentrantLock
 
 T = TypeVar("T")
 
@@ -73,9 +73,10 @@ def held_fence(lock: ReentrantLock) -> int:
 
 def wake_subscribers(client: Any, key: str) -> int:
     """How many connections are subscribed to the wake-up channel of the lock whose Redis key
-    is ``key`` (``<key>:wake``; sharded pub/sub on a Redis Cluster). A waiter that was refused
-    subscribes there before it blocks, so this is how a test sees that a waiter is waiting."""
-    channel = key + ":wake"
+    is ``key`` (``<key>:wake``, or for a semaphore's permit ``k`` the channel of its name's
+    first permit; sharded pub/sub on a Redis Cluster). A waiter that was refused subscribes
+    there before it blocks, so this is how a test sees that a waiter is waiting."""
+    channel = LockKeys.from_lock_key(key).channel
     if hasattr(client, "get_node_from_key"):  # a RedisCluster: the channel's shard answers
         node = client.get_node_from_key(channel)
         reply = client.pubsub_shardnumsub(channel, target_nodes=node)

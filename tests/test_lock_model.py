@@ -9,6 +9,11 @@ counts, a lease on every held lock, fences that only grow for new holders; and a
 frees a lock publishes its wake-up exactly when an acquire was refused meanwhile (or the meta
 hash that would say so was lost). A final check proves that every branch listed in
 ``BRANCHES`` was reached.
+
+A second machine does the same for a :class:`Semaphore` of 1 to 3 permits: acquire, re-entry
+(in the process, and through Redis for another process of the owner), release, release_all,
+``LockSpace`` take and release, and expiry, over several owners; never more owners hold a name
+than it has permits, and every reply is the model's (``SEM_BRANCHES`` all reached).
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from celery_singleton_lock import LockNotOwnedError, LockSpace, Semaphore
 from celery_singleton_lock._lock import commands, scripts
 from celery_singleton_lock._lock.commands import ALL_HOLDS, META_RETENTION_MS
 from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock._lock.owner import new_request_id
+from celery_singleton_lock._lock.permits import permit_keys
 from celery_singleton_lock.testing import RedisServer
 
 NAMES = ["a", "}b"]
@@ -395,3 +402,253 @@ def test_the_scripts_agree_with_the_model(redis_server: RedisServer) -> None:
     )
     missed = BRANCHES - set(reached)
     assert not missed, f"branches never reached: {sorted(missed)} (reached: {dict(reached)})"
+
+
+# -- a semaphore: N permits, each one such lock ----------------------------------------------
+
+#: semaphore name -> its permits (one name per count, 1 to 3)
+SEMAPHORES = {"one": 1, "two": 2, "three": 3}
+SEM_OWNERS = ["o1", "o2", "o3", "o4"]
+#: leases of LockSpace.take, in seconds (a Semaphore's own is 600 s, unrenewed): the permit
+#: that frees first is not always the one taken first
+SEM_LEASES = [60.0, 600.0]
+
+SEM_BRANCHES = {
+    "acquire:new",
+    "acquire:reenter_local",
+    "acquire:reenter_redis",
+    "acquire:refused",
+    "take:new",
+    "take:reenter",
+    "take:refused",
+    "release:nested",
+    "release:redis",
+    "release:lost",
+    "release:unheld",
+    "release_all:local",
+    "release_all:redis",
+    "release_all:none",
+    "space_release:owned",
+    "space_release:not_owner",
+    "expire",
+}
+sem_reached: Counter[str] = Counter()
+
+
+@dataclass
+class SemaphoreModel:
+    permits: int
+    #: per permit: owner -> hold count, as Redis must have it
+    redis: list[dict[str, int]]
+    #: owner -> [permit index, hold count] of the hold this process keeps (its Semaphore's)
+    local: dict[str, list[int]] = field(default_factory=dict)
+
+    def permit_of(self, owner: str) -> int | None:
+        return next((i for i, owners in enumerate(self.redis) if owner in owners), None)
+
+    def free(self) -> list[int]:
+        return [i for i, owners in enumerate(self.redis) if not owners]
+
+    def drop(self, index: int, owner: str, holds: int) -> None:
+        left = 0 if holds == ALL_HOLDS else self.redis[index][owner] - holds
+        if left > 0:
+            self.redis[index][owner] = left
+        else:
+            del self.redis[index][owner]
+
+
+def _index(key: str) -> int:
+    return LockKeys.from_lock_key(key).slot - 1
+
+
+class SemaphoreMachine(RuleBasedStateMachine):
+    """Semaphore objects (one per name and owner: holds this process keeps, unrenewed) and
+    LockSpace calls (holds another process of the same owner keeps, in Redis only) against a
+    model: per permit, who holds it and how often. Never more than ``permits`` owners hold a
+    name, and every reply, refusals included, is the one the model predicts."""
+
+    port: int
+
+    def __init__(self) -> None:
+        super().__init__()
+        # A client of its own per run: the holds a process keeps belong to its client, and a
+        # run must not re-enter those the last run left.
+        self.client = redis.Redis(port=self.port, db=6)
+        self.client.flushdb()
+        self.space = LockSpace(self.client)
+        self.model = {n: SemaphoreModel(p, [{} for _ in range(p)]) for n, p in SEMAPHORES.items()}
+        self.sems = {
+            (name, owner): Semaphore(self.client, name, p, ttl=600, owner=owner, renew=False)
+            for name, p in SEMAPHORES.items()
+            for owner in SEM_OWNERS
+        }
+
+    def teardown(self) -> None:
+        self.client.close()
+
+    def check_refusal(self, name: str, reply: Any) -> None:
+        """A refusal names the holder of the permit that frees first, and its lease."""
+        assert not reply.acquired and not reply.other_run
+        states = self.space.inspect_permits(name, self.model[name].permits)
+        pttls = {state.holder: state.pttl for state in states}
+        soonest = min(pttls.values())
+        assert reply.holder in pttls and pttls[reply.holder] - soonest < 50  # (read just after)
+        assert 0 <= reply.pttl - pttls[reply.holder] < 1000
+
+    @initialize()
+    def start(self) -> None:
+        pass
+
+    @rule(name=st.sampled_from(list(SEMAPHORES)), owner=st.sampled_from(SEM_OWNERS))
+    def acquire(self, name: str, owner: str) -> None:
+        model, sem = self.model[name], self.sems[name, owner]
+        free, held = model.free(), model.permit_of(owner)
+        reply = sem.try_acquire()
+        local = model.local.get(owner)
+        if local is not None:  # re-entered in this process, whatever Redis has now
+            assert reply.acquired and reply.hold_count == local[1] + 1
+            local[1] += 1
+            sem_reached["acquire:reenter_local"] += 1
+        elif held is not None:  # another process's hold of this owner: that permit only
+            assert reply.acquired and reply.hold_count == model.redis[held][owner] + 1
+            assert _index(sem.key) == held
+            model.redis[held][owner] += 1
+            model.local[owner] = [held, 1]
+            sem_reached["acquire:reenter_redis"] += 1
+        elif free:
+            assert reply.acquired and reply.hold_count == 1 and _index(sem.key) in free
+            model.redis[_index(sem.key)] = {owner: 1}
+            model.local[owner] = [_index(sem.key), 1]
+            sem_reached["acquire:new"] += 1
+        else:
+            self.check_refusal(name, reply)
+            sem_reached["acquire:refused"] += 1
+
+    @rule(
+        name=st.sampled_from(list(SEMAPHORES)),
+        owner=st.sampled_from(SEM_OWNERS),
+        lease=st.sampled_from(SEM_LEASES),
+    )
+    def take(self, name: str, owner: str, lease: float) -> None:
+        """Another process of ``owner`` (a publisher) takes or re-enters a permit."""
+        model = self.model[name]
+        free, held = model.free(), model.permit_of(owner)
+        reply = self.space.take(name, owner, lease, permits=model.permits)
+        if held is not None:
+            assert reply.acquired and reply.hold_count == model.redis[held][owner] + 1
+            model.redis[held][owner] += 1
+            sem_reached["take:reenter"] += 1
+        elif free:
+            assert reply.acquired and reply.hold_count == 1
+            [index] = [
+                i
+                for i, keys in enumerate(permit_keys("lock", name, model.permits))
+                if self.client.hexists(keys.lock, owner)
+            ]
+            assert index in free
+            model.redis[index] = {owner: 1}
+            sem_reached["take:new"] += 1
+        else:
+            self.check_refusal(name, reply)
+            sem_reached["take:refused"] += 1
+
+    @rule(name=st.sampled_from(list(SEMAPHORES)), owner=st.sampled_from(SEM_OWNERS))
+    def release(self, name: str, owner: str) -> None:
+        model, sem = self.model[name], self.sems[name, owner]
+        local = model.local.get(owner)
+        if local is None:
+            with pytest.raises(LockNotOwnedError):
+                sem.release()
+            sem_reached["release:unheld"] += 1
+        elif local[1] > 1:
+            sem.release()  # counted in this process only
+            local[1] -= 1
+            sem_reached["release:nested"] += 1
+        else:
+            del model.local[owner]
+            if owner in model.redis[local[0]]:
+                sem.release()
+                model.drop(local[0], owner, 1)
+                sem_reached["release:redis"] += 1
+            else:  # its lease ran out, or another process let it go
+                with pytest.raises(LockNotOwnedError):
+                    sem.release()
+                sem_reached["release:lost"] += 1
+
+    @rule(name=st.sampled_from(list(SEMAPHORES)), owner=st.sampled_from(SEM_OWNERS))
+    def release_all(self, name: str, owner: str) -> None:
+        model = self.model[name]
+        reply = self.sems[name, owner].release_all()
+        local = model.local.pop(owner, None)
+        if local is not None:  # the permit held here, all its holds
+            owned = model.redis[local[0]].pop(owner, None) is not None
+            sem_reached["release_all:local"] += 1
+        else:  # found in Redis
+            held = model.permit_of(owner)
+            owned = held is not None
+            if held is not None:
+                model.drop(held, owner, ALL_HOLDS)
+            sem_reached["release_all:redis" if owned else "release_all:none"] += 1
+        assert reply.owned == owned and reply.holds_left == 0
+
+    @rule(
+        name=st.sampled_from(list(SEMAPHORES)),
+        owner=st.sampled_from(SEM_OWNERS),
+        all_holds=st.booleans(),
+    )
+    def space_release(self, name: str, owner: str, all_holds: bool) -> None:
+        """Another process of ``owner`` lets one (or every) hold of its permit go."""
+        model = self.model[name]
+        holds = ALL_HOLDS if all_holds else 1
+        reply = self.space.release(name, owner, holds, permits=model.permits)
+        held = model.permit_of(owner)
+        if held is None:
+            assert not reply.owned
+            sem_reached["space_release:not_owner"] += 1
+            return
+        left = 0 if all_holds else model.redis[held][owner] - 1
+        assert reply.owned and reply.holds_left == left
+        model.drop(held, owner, holds)
+        sem_reached["space_release:owned"] += 1
+
+    @rule(name=st.sampled_from(list(SEMAPHORES)), permit=st.integers(0, 2))
+    def expire(self, name: str, permit: int) -> None:
+        """A permit's lease runs out (PEXPIRE 0)."""
+        model = self.model[name]
+        index = permit % model.permits
+        self.client.pexpire(permit_keys("lock", name, model.permits)[index].lock, 0)
+        model.redis[index].clear()
+        sem_reached["expire"] += 1
+
+    @invariant()
+    def redis_agrees(self) -> None:
+        for name, model in self.model.items():
+            states = self.space.inspect_permits(name, model.permits)
+            assert [state.owners for state in states] == model.redis
+            owners = [owner for state in states for owner in state.owners]
+            assert len(set(owners)) == len(owners) <= model.permits  # one permit per owner
+            assert all(state.pttl > 0 for state in states if state.owners)
+            for owner in SEM_OWNERS:
+                sem, local = self.sems[name, owner], model.local.get(owner)
+                assert sem.hold_count == (0 if local is None else local[1])
+                if local is not None:
+                    assert _index(sem.key) == local[0]
+
+
+@pytest.mark.timeout(240)
+def test_the_semaphore_agrees_with_the_model(redis_server: RedisServer) -> None:
+    sem_reached.clear()
+    SemaphoreMachine.port = redis_server.port
+    run_state_machine_as_test(
+        SemaphoreMachine,
+        settings=settings(
+            max_examples=150,
+            stateful_step_count=40,
+            deadline=None,
+            derandomize=True,  # (as above)
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+    missed = SEM_BRANCHES - set(sem_reached)
+    assert not missed, f"never reached: {sorted(missed)} (reached: {dict(sem_reached)})"

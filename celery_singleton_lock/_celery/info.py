@@ -19,18 +19,25 @@ HOST = socket.gethostname()
 _HOST_JSON = _json_str(HOST)
 
 
-def holder_info(task_name: str, task_id: str, state: str) -> str:
+def holder_info(task_name: str, task_id: str, state: str, limit: int = 1) -> str:
     """``json.dumps({"task", "id", "state", "host", "pid"}, separators=(",", ":"))``, spelled
     out (every publish and run writes one; this is about five times cheaper than building a
-    JSON encoder for it)."""
+    JSON encoder for it), with ``"limit"`` after them when the job has more than one slot."""
+    slots = f',"limit":{int(limit)}' if limit != 1 else ""
     if not (type(task_name) is str and type(task_id) is str and type(state) is str):
-        return json.dumps(
-            {"task": task_name, "id": task_id, "state": state, "host": HOST, "pid": os.getpid()},
-            separators=(",", ":"),
-        )
+        info: dict[str, object] = {
+            "task": task_name,
+            "id": task_id,
+            "state": state,
+            "host": HOST,
+            "pid": os.getpid(),
+        }
+        if limit != 1:
+            info["limit"] = int(limit)
+        return json.dumps(info, separators=(",", ":"))
     return (
         f'{{"task":{_json_str(task_name)},"id":{_json_str(task_id)},'
-        f'"state":{_json_str(state)},"host":{_HOST_JSON},"pid":{os.getpid()}}}'
+        f'"state":{_json_str(state)},"host":{_HOST_JSON},"pid":{os.getpid()}{slots}}}'
     )
 
 

@@ -6,19 +6,35 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Any
 
 from .._errors import LockBackendError
-from .._lock import LockSpace
+from .._lock import LockSpace, LockState
 from .client import lock_space
 from .options import OPTION_NAMES, LockOptions, check_option_names, validate_options
 from .settings import setting
 from .taskkey import task_lock_name
 
-__all__ = ["HEADER", "TaskLocking", "proceed_without_lock", "run_signature"]
+__all__ = [
+    "HEADER",
+    "QUEUED",
+    "SKIPPED",
+    "TaskLocking",
+    "proceed_without_lock",
+    "run_signature",
+    "store_skipped",
+]
 
 #: message header that carries the lock name from the publisher to the worker
 HEADER = "singleton_lock"
+
+#: the state a skipped duplicate records (not a ready state: .get() on it waits)
+SKIPPED = "SKIPPED"
+
+#: with ``lock_at="queue"``, the lock a queued message holds is its job's lock name with this
+#: suffix; its run takes the job's lock itself, so one copy can wait while another runs
+QUEUED = ":queued"
 
 
 def run_signature(cls: type) -> inspect.Signature | None:
@@ -91,6 +107,32 @@ class TaskLocking:
             key_func=options.lock_key,
         )
 
+    @property
+    def at_publish(self) -> bool:
+        """Whether a publish takes a lock for its message (``lock_at`` "publish" or "queue")."""
+        return self.options.lock_at != "run"
+
+    def message_lock(self, name: str) -> str:
+        """The lock a queued message of the job ``name`` holds: the job's lock itself, or with
+        ``lock_at="queue"`` its queued lock."""
+        return name + QUEUED if self.options.lock_at == "queue" else name
+
+    def run_lock(self, message_lock: str) -> str:
+        """The lock a run takes, from the lock its message holds (see :meth:`message_lock`)."""
+        if self.options.lock_at == "queue" and message_lock.endswith(QUEUED):
+            return message_lock[: -len(QUEUED)]
+        return message_lock
+
+    def states(self, app: Any, name: str) -> list[LockState]:
+        """Every lock of the job ``name`` as Redis has it now: its slots (one unless
+        ``lock_limit`` says more), then with ``lock_at="queue"`` its queued lock."""
+        space = self.space(app)
+        limit = self.options.lock_limit
+        states = [space.inspect(name)] if limit == 1 else space.inspect_permits(name, limit)
+        if self.options.lock_at == "queue":
+            states.append(space.inspect(name + QUEUED))
+        return states
+
     def prefix(self, app: Any) -> str:
         """The prefix of this class's lock keys: ``singleton_lock_prefix``. A class's own
         (a drop-in keeping its peer's keys) is a fact of the class, so every process that
@@ -115,6 +157,14 @@ class TaskLocking:
             return self.options.lock_queue_ttl
         ttl: float = setting(app, "singleton_lock_queue_ttl")
         return ttl
+
+
+def store_skipped(task: Any, request: Any, meta: dict[str, Any]) -> None:
+    """Record the run of ``request`` as :data:`SKIPPED` with ``meta`` (not in eager mode, and
+    not without a result backend)."""
+    if not request.is_eager:
+        with suppress(NotImplementedError):  # no result backend configured
+            task.backend.store_result(request.id, meta, SKIPPED, request=request)
 
 
 def proceed_without_lock(app: Any, task_name: str, what: str, exc: LockBackendError) -> bool:

@@ -12,7 +12,7 @@ import difflib
 import inspect
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import Field, dataclass, field, fields
-from typing import Any
+from typing import Any, NoReturn
 
 from .._lock import check_duration
 
@@ -55,6 +55,22 @@ def _seconds_or_none(task: str, name: str, value: object) -> float | None:
     )
 
 
+def _no_cooldown_or_seconds(task: str, name: str, value: object) -> float | None:
+    return check_duration(value, f"task {task!r}: {name}", allow_none=True, none_means="none")
+
+
+def _permits(task: str, name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"task {task!r}: {name} must be a whole number of runs at once such as 3, got {value!r}"
+        )
+    if value < 1:
+        raise ValueError(
+            f"task {task!r}: {name} must be at least 1 (1: one run at a time), got {value}"
+        )
+    return value
+
+
 def _names(task: str, name: str, value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -89,8 +105,47 @@ class LockOptions:
         metadata=_about(
             '`"run"`',
             '`"run"`: held while the task runs. `"publish"`: taken at publish, held through the '
-            "end of the run",
-            _choice("run", "publish"),
+            'end of the run. `"queue"`: one copy queued and one running; the queued copy starts '
+            "when the running one ends (it waits or retries, never skipped)",
+            _choice("run", "publish", "queue"),
+        ),
+    )
+    lock_limit: int = field(
+        default=1,
+        metadata=_about(
+            "`1`",
+            "how many runs of one key may hold it at once (each holds one of `lock_limit` "
+            "leased slots); over the limit `lock_on_locked` applies",
+            _permits,
+        ),
+    )
+    lock_cooldown: float | None = field(
+        default=None,
+        metadata=_about(
+            "`None`",
+            "seconds the key stays taken after a run ends: a duplicate in that window is "
+            'handled as one of a running job (`lock_on_locked`; with `"publish"`, the last '
+            "job is returned)",
+            _no_cooldown_or_seconds,
+        ),
+    )
+    lock_cooldown_on_failure: bool = field(
+        default=True,
+        metadata=_about(
+            "`True`",
+            "with `lock_cooldown`: a run that failed (raised, or its worker process died) "
+            "starts the cooldown too; `False`: only a run that returned does",
+            _flag,
+        ),
+    )
+    lock_debounce: float | None = field(
+        default=None,
+        metadata=_about(
+            "`None`",
+            'with `"publish"` or `"queue"`: each call is sent to run this many seconds later, '
+            "and a call within that time replaces the one still waiting (the replaced one is "
+            "skipped when it arrives; the call returns the job that will run)",
+            _no_cooldown_or_seconds,
         ),
     )
     lock_release_on_start: bool = field(
@@ -147,7 +202,11 @@ class LockOptions:
     )
     lock_wait_timeout: float = field(
         default=10.0,
-        metadata=_about("`10` s", 'for `"wait"`: block up to this long, then skip', _seconds),
+        metadata=_about(
+            "`10` s",
+            'for `"wait"`: block up to this long, then skip (with `"queue"`: then retry)',
+            _seconds,
+        ),
     )
     lock_retry_countdown: float | None = field(
         default=None,
@@ -155,7 +214,8 @@ class LockOptions:
             "1 s, 2 s, 4 s, … with jitter, capped by the holder's remaining lease",
             'for `"retry"`: the countdown of each retry (a fixed number replaces the growing '
             "backoff); these retries count against `max_retries` (Celery's default of 3 covers "
-            "3.5 to 7 s of backoff), and when they run out the duplicate ends `SKIPPED`",
+            "3.5 to 7 s of backoff), and when they run out the duplicate ends `SKIPPED` "
+            '(with `"queue"` they do not count: a queued copy is never dropped)',
             _seconds_or_none,
         ),
     )
@@ -202,11 +262,45 @@ def validate_options(
                 f"task {task!r}: lock_unique_on names {missing} that are not parameters "
                 f"of the task; its parameters are {list(params)}"
             )
-    if options.lock_release_on_start and options.lock_at != "publish":
-        raise ValueError(
-            f"task {task!r}: lock_release_on_start=True only makes sense with lock_at='publish'"
-        )
+    _check_combination(task, options, raw)
     return options
+
+
+def _check_combination(task: str, options: LockOptions, raw: Mapping[str, Any]) -> None:
+    """Options that are each valid but make no sense together: a ``ValueError`` that says
+    which and what to do."""
+
+    def refuse(message: str) -> NoReturn:
+        raise ValueError(f"task {task!r}: {message}")
+
+    if options.lock_release_on_start and options.lock_at != "publish":
+        refuse(
+            "lock_release_on_start=True only makes sense with lock_at='publish' (for one "
+            "queued and one running, use lock_at='queue')"
+        )
+    if options.lock_at == "queue" and options.lock_on_locked == "raise":
+        refuse(
+            "lock_at='queue' never drops its queued copy, so lock_on_locked='raise' cannot "
+            "apply; use 'retry' or 'wait' (the default 'skip' retries in this mode)"
+        )
+    if options.lock_cooldown is not None and options.lock_release_on_start:
+        refuse(
+            "lock_cooldown needs a lock held to the end of the run; lock_release_on_start=True "
+            "releases it when the run starts"
+        )
+    if options.lock_cooldown is None and "lock_cooldown_on_failure" in raw:
+        refuse("lock_cooldown_on_failure is set but lock_cooldown is not")
+    if options.lock_debounce is not None:
+        if options.lock_at not in ("publish", "queue"):
+            refuse(
+                "lock_debounce delays and replaces queued calls, so it needs "
+                "lock_at='publish' or lock_at='queue'"
+            )
+        if options.lock_limit != 1:
+            refuse(
+                "lock_debounce keeps one call waiting per key, so it needs lock_limit=1, got "
+                f"lock_limit={options.lock_limit}"
+            )
 
 
 def options_table() -> str:

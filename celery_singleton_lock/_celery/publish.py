@@ -26,6 +26,8 @@ from .canvas import (
     refuse_chord_member,
     sent_by_worker,
 )
+from .cooldown import cooling_down
+from .debounce import replace_waiting
 from .info import holder_info
 from .locking import HEADER, TaskLocking, proceed_without_lock
 from .revoked import free_revoked_holder
@@ -95,16 +97,27 @@ def publish_once(
     locking: TaskLocking = task.locking
     app = task.app
     task_id = task_id or str(uuid.uuid4())
-    name = locking.lock_name(task.name, args, kwargs)
+    name = locking.message_lock(locking.lock_name(task.name, args, kwargs))
+    debounce = locking.options.lock_debounce
+    if debounce is not None and options.get("eta") is None and options.get("countdown") is None:
+        options["countdown"] = debounce
     lease = queue_lease(
         locking.queue_ttl(app), options.get("expires"), options.get("eta"), options.get("countdown")
     )
-    info = holder_info(task.name, task_id, "queued")
+    permits = locking.options.lock_limit if locking.options.lock_at == "publish" else 1
+    info = holder_info(task.name, task_id, "queued", permits)
     try:
         space = locking.space(app)
-        reply = space.take(name, task_id, lease, info=info)
-        if not reply.acquired and free_revoked_holder(task, space, name, reply.holder):
-            reply = space.take(name, task_id, lease, info=info)
+        reply = space.take(name, task_id, lease, info=info, permits=permits)
+        if not reply.acquired and (
+            free_revoked_holder(task, space, name, reply.holder)
+            or (
+                debounce is not None
+                and task_id != task.request.id  # not a retry of the waiting message itself
+                and replace_waiting(task, space, name, reply.holder, by=task_id)
+            )
+        ):
+            reply = space.take(name, task_id, lease, info=info, permits=permits)
     except LockBackendError as exc:
         if proceed_without_lock(app, task.name, "publish", exc):
             # The header marks the message as handled here (the publish receiver of
@@ -118,14 +131,22 @@ def publish_once(
     if not reply.acquired:
         ttl = max(reply.pttl, 0) / 1000
         key = space.keys(name).lock
+        cooldown = locking.options.lock_cooldown is not None and cooling_down(
+            space, name, reply.holder, permits
+        )
         log.info(
-            "not publishing %s: a duplicate of task %s, which holds %s (%.1f s left)",
+            "not publishing %s: a duplicate of task %s, which holds %s (%.1f s left%s)",
             task.name,
             reply.holder,
             key,
             ttl,
+            " of its cooldown" if cooldown else "",
         )
         observer = get_observer()
+        if observer is not None and cooldown:
+            observer.refused_by(task.name, "cooldown")
+        elif observer is not None and permits > 1:
+            observer.refused_by(task.name, "limit")
         # A canvas member's id is already in the group's, chain's or chord's result, and
         # Celery drops what this returns: it must end (raise or fail), never stay PENDING.
         in_canvas = canvas_member(options)
@@ -138,7 +159,7 @@ def publish_once(
         raising = locking.options.lock_on_duplicate == "raise" and not by_worker
         if observer is not None:
             observer.duplicate(task.name, "raised" if raising else "returned")
-        error = AlreadyQueuedError(reply.holder, ttl, key)
+        error = AlreadyQueuedError(reply.holder, ttl, key, cooldown=cooldown)
         if in_canvas:
             fail_member(task, task_id, options, error)
             log.warning(
@@ -165,7 +186,7 @@ def publish_once(
         # Nothing was sent: do not keep a lock for a message that does not exist (and if
         # Redis fails now, keep trying for as long as that lock could live).
         try:
-            space.release(name, task_id, 1, retry_for=lease)
+            space.release(name, task_id, 1, retry_for=lease, permits=permits)
         except LockBackendError as exc:
             log.error(
                 "could not undo the publish lock %s yet (%s); retrying in the background",
@@ -184,10 +205,17 @@ def take_for_message(
     locking: TaskLocking = task.locking
     app = task.app
     try:
-        name = locking.lock_name(task.name, args, kwargs)
+        name = locking.message_lock(locking.lock_name(task.name, args, kwargs))
         lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
         space = locking.space(app)
-        reply = space.take(name, task_id, lease, info=holder_info(task.name, task_id, "queued"))
+        permits = locking.options.lock_limit if locking.options.lock_at == "publish" else 1
+        reply = space.take(
+            name,
+            task_id,
+            lease,
+            info=holder_info(task.name, task_id, "queued", permits),
+            permits=permits,
+        )
     except (LockBackendError, MisconfiguredError, TypeError, ValueError) as exc:
         log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)
         return

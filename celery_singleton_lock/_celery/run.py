@@ -16,17 +16,20 @@ import logging
 import random
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
 from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from .._errors import LockBackendError, TaskLockedError
-from .._lock import AcquireReply, ReentrantLock, get_observer, new_run_token
+from .._lock import AcquireReply, LockSpace, ReentrantLock, get_observer
 from .canvas import chord_member_of
+from .cooldown import cooldown_after, cooling_down, start_cooldown
+from .debounce import skip_replaced
 from .info import holder_info
-from .locking import HEADER, TaskLocking, proceed_without_lock
+from .locking import HEADER, SKIPPED, TaskLocking, proceed_without_lock, store_skipped
+from .options import LockOptions
 from .publish import seconds_until
+from .queued import held_lock, leave_queue, run_lock, still_queued, wait_in_queue
 from .revoked import free_revoked_holder
 from .settings import DEFAULTS
 
@@ -41,9 +44,6 @@ __all__ = [
 
 log_run = logging.getLogger("celery_singleton_lock.run")
 log_release = logging.getLogger("celery_singleton_lock.release")
-
-#: the state a skipped duplicate records (not a ready state: .get() on it waits)
-SKIPPED = "SKIPPED"
 
 #: a ``lock_on_locked="retry"`` duplicate's first retry comes back after about this long
 #: (seconds); each later one waits twice as long, up to the holder's remaining lease
@@ -93,12 +93,16 @@ class TaskRun:
         """The lock while this run holds it."""
         return None if self.finished or self.parked else self.lock
 
-    def finish(self, why: str) -> None:
-        """Release every hold of the task id (its run's and its publish's). Idempotent."""
+    def finish(self, why: str, failed: bool) -> None:
+        """Release every hold of the task id (its run's and its publish's), or keep them for
+        the task's ``lock_cooldown``; ``failed``: the run raised. Idempotent."""
         if self.finished or self.parked or self.lock is None:
             return
         self.finished = True
+        cooldown = cooldown_after(self.task, failed)
         try:
+            if cooldown is not None and start_cooldown(self.task, self.lock, cooldown):
+                return
             reply = self.lock.release_all()
         except LockBackendError as exc:
             log_release.error(
@@ -182,21 +186,24 @@ def run_locked(
             run.park(0.0)
         raise
     except BaseException as exc:
-        run.finish(type(exc).__name__)
+        run.finish(type(exc).__name__, failed=True)
         raise
     # Released here, before the worker stores the result.
-    run.finish("success")
+    run.finish("success", failed=False)
     return result
 
 
-def _run_lock_name(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-    """The lock this run takes: the one its message names (its publish took it), else the
-    one its arguments make."""
+def _message_lock_name(
+    task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> str:
+    """The lock this run's message holds or would hold: the one its message names (its
+    publish took it), else the one its arguments make. The run takes
+    ``task.locking.run_lock()`` of it (the same lock, but with ``lock_at="queue"``)."""
     header = request.get(HEADER) if hasattr(request, "get") else None
     if isinstance(header, str) and header:
         return header
-    name: str = task.locking.lock_name(task.name, args, kwargs)
-    return name
+    locking: TaskLocking = task.locking
+    return locking.message_lock(locking.lock_name(task.name, args, kwargs))
 
 
 def _free_message_hold(
@@ -205,10 +212,10 @@ def _free_message_hold(
     """A run that failed before its body (a setting Redis or the lock cannot use, Redis
     failing) ends its job: free the hold its publish took, or a new publish of the job would
     get this failed one back for the rest of the queue lease."""
-    if request.is_eager or task.locking.options.lock_at != "publish":
+    if request.is_eager or not task.locking.at_publish:
         return
     try:
-        name = _run_lock_name(task, request, args, kwargs)
+        name = _message_lock_name(task, request, args, kwargs)
         space = task.locking.space(task.app)
         try:
             lease = task.locking.queue_ttl(task.app)
@@ -233,26 +240,28 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
     locking: TaskLocking = task.locking
     options = locking.options
     app = task.app
-    name = _run_lock_name(task, request, args, kwargs)
+    message_lock = _message_lock_name(task, request, args, kwargs)
+    name = locking.run_lock(message_lock)
     task_id = request.id
     try:
         space = locking.space(app)
         if options.lock_at == "publish" and options.lock_release_on_start:
-            space.release(name, task_id)
+            released = space.release(name, task_id, permits=options.lock_limit)
+            if not released.owned and options.lock_debounce is not None:
+                holder = space.inspect(name).holder
+                if holder and holder != task_id:
+                    skip_replaced(task, request, space.keys(name).lock, holder)
             run = _runs[request] = TaskRun(None, task)
             return run
-        lock = space.lock(
-            name,
-            ttl=locking.ttl(app),
-            owner=task_id,
-            info=holder_info(task.name, task_id, "running"),
-            run_token=new_run_token(),
-        )
+        if options.lock_at == "queue":
+            still_queued(task, request, space, message_lock)
+        lock = run_lock(task, space, name, task_id)
         reply = lock.try_acquire()
         # A holder revoked while queued will never let go by itself: free it.
         if (
             not reply.acquired
             and not reply.other_run
+            and options.lock_limit == 1
             and free_revoked_holder(task, space, name, reply.holder)
         ):
             reply = lock.try_acquire()
@@ -264,7 +273,9 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
             return run
         raise
     if reply.acquired:
-        run = _runs[request] = TaskRun(lock, task)
+        if options.lock_at == "queue":
+            leave_queue(task, space, message_lock, task_id)
+        run = _runs[request] = TaskRun(held_lock(lock), task)
         return run
     if reply.other_run:
         log_run.warning(
@@ -275,7 +286,38 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
             lock.key,
         )
         raise Ignore()
+    if options.lock_debounce is not None and options.lock_at == "publish":
+        # its own publish hold was taken over by a later call (or ran out)
+        skip_replaced(task, request, lock.key, reply.holder)
+    _count_refusal(task, space, name, reply)
+    if options.lock_at == "queue":
+        wait_in_queue(task, request, reply, _retry_countdown(options, request, reply))
     _locked_out(task, request, lock.key, reply)
+
+
+def _retry_countdown(options: LockOptions, request: Any, refusal: AcquireReply) -> float:
+    """The countdown of a lock retry: ``lock_retry_countdown``, else the growing backoff."""
+    fixed = options.lock_retry_countdown
+    return fixed or lock_retry_delay(request.retries, refusal.pttl / 1000)
+
+
+def _count_refusal(task: Any, space: LockSpace, name: str, refusal: AcquireReply) -> None:
+    """Count a refusal that a cooldown or the limit made (and log a cooldown's time left)."""
+    observer = get_observer()
+    options = task.locking.options
+    if options.lock_cooldown is not None and cooling_down(
+        space, name, refusal.holder, options.lock_limit
+    ):
+        log_run.info(
+            "%s is cooling down after task %s: %.1f s left",
+            space.keys(name).lock,
+            refusal.holder,
+            max(refusal.pttl, 0) / 1000,
+        )
+        if observer is not None:
+            observer.refused_by(task.name, "cooldown")
+    elif observer is not None and options.lock_limit > 1:
+        observer.refused_by(task.name, "limit")
 
 
 def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoReturn:
@@ -290,11 +332,8 @@ def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoR
     if options.lock_on_locked == "retry":
         if observer is not None:
             observer.duplicate(task.name, "retried")
-        countdown = options.lock_retry_countdown or lock_retry_delay(
-            request.retries, refusal.pttl / 1000
-        )
         try:
-            raise task.retry(countdown=countdown)
+            raise task.retry(countdown=_retry_countdown(options, request, refusal))
         except MaxRetriesExceededError:
             log_run.info(
                 "%s[%s] ran out of retries waiting for lock %s", task.name, request.id, key
@@ -319,14 +358,7 @@ def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoR
     )
     if observer is not None:
         observer.duplicate(task.name, "skipped")
-    if not request.is_eager:
-        with suppress(NotImplementedError):  # no result backend configured
-            task.backend.store_result(
-                request.id,
-                {"holder": refusal.holder, "lock": key, "reason": "locked"},
-                SKIPPED,
-                request=request,
-            )
+    store_skipped(task, request, {"holder": refusal.holder, "lock": key, "reason": "locked"})
     raise Ignore()
 
 

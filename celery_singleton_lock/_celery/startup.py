@@ -38,7 +38,7 @@ def _start(app: Any, what: str) -> None:
     if tasks and not is_installed(app):
         install(app)
         publish_mode = sorted(
-            name for name, options in tasks.items() if options.get("lock_at") == "publish"
+            name for name, options in tasks.items() if options.get("lock_at", "run") != "run"
         )
         if publish_mode:
             log.warning(

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, ClassVar
 
-from celery import Task
+from celery import Task, states
 
 from .._lock import LockKeys
 from .locking import TaskLocking
@@ -40,14 +40,14 @@ __all__ = ["LockedTask"]
 class LockedTask(Task):  # type: ignore[misc]  # celery ships no type information
     """A Celery task that never runs twice at once for the same arguments.
 
-    The options are decorator keywords or class attributes, each defined once, with its
-    default and meaning, as a field of :class:`~._celery.options.LockOptions` (the README
-    lists them): ``lock_at``, ``lock_release_on_start``, ``lock_unique_on``, ``lock_key``,
-    ``lock_ttl``, ``lock_queue_ttl``, ``lock_on_duplicate``, ``lock_on_locked``,
-    ``lock_wait_timeout``, ``lock_retry_countdown``. They are checked when the class is made:
-    a wrong value or a misspelt ``lock_*`` name raises, naming the task and the option.
+    The options (``lock_at``, ``lock_limit``, ``lock_cooldown``, ``lock_debounce``, ...) are
+    decorator keywords or class attributes, each defined once, with its default and meaning,
+    as a field of :class:`~._celery.options.LockOptions` (the README's options table is made
+    from it). They are checked when the class is made: a wrong value, a combination that
+    makes no sense or a misspelt ``lock_*`` name raises, naming the task and the option.
 
-    Inside a run, ``self.lock`` is the held :class:`ReentrantLock` (``None`` when none).
+    Inside a run, ``self.lock`` is the held :class:`ReentrantLock` (with ``lock_limit`` above
+    1, the slot the run holds; ``None`` when none).
     """
 
     #: the worker's request class (a task class's own ``Request`` is composed with it)
@@ -87,17 +87,26 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         return LockKeys.for_name(prefix, self._lock_name(args, kwargs)).lock
 
     def is_locked(self, *args: Any, **kwargs: Any) -> bool:
-        """Whether a run (or a queued publish) of this job holds its lock now."""
-        return self.locking.space(self._get_app()).is_held(self._lock_name(args, kwargs))
+        """Whether a run (or a queued publish, or a cooldown) of this job holds its lock now:
+        any of its ``lock_limit`` slots, or with ``lock_at="queue"`` its queued lock."""
+        return any(
+            s.held for s in self.locking.states(self._get_app(), self._lock_name(args, kwargs))
+        )
 
     def lock_holder(self, *args: Any, **kwargs: Any) -> str | None:
-        """The task id that holds this job's lock, or ``None``."""
-        return self.locking.space(self._get_app()).inspect(self._lock_name(args, kwargs)).holder
+        """The task id that holds this job's lock, or ``None`` (a running one before a queued
+        one; with ``lock_limit`` above 1, the first slot's holder)."""
+        states = self.locking.states(self._get_app(), self._lock_name(args, kwargs))
+        return next((s.holder for s in states if s.held), None)
 
     def release_lock(self, *args: Any, **kwargs: Any) -> bool:
-        """Operator's force release of this job's lock, whoever holds it; wakes waiters.
-        Returns whether a lock was released."""
-        return self.locking.space(self._get_app()).force_release(self._lock_name(args, kwargs))
+        """Operator's force release of this job's lock (every slot of it, and its queued lock
+        with ``lock_at="queue"``), whoever holds it; wakes waiters. Returns whether a lock was
+        released."""
+        app = self._get_app()
+        space = self.locking.space(app)
+        states = self.locking.states(app, self._lock_name(args, kwargs))
+        return sum(space.force_release(s.keys.lock) for s in states if s.held) > 0
 
     @property
     def lock(self) -> Any:
@@ -119,7 +128,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         **options: Any,
     ) -> Any:
         send = super().apply_async
-        if self.locking.options.lock_at != "publish" or self._get_app().conf.task_always_eager:
+        if not self.locking.at_publish or self._get_app().conf.task_always_eager:
             return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         callbacks = bool(link or link_error or options.get("chain") or options.get("chord"))
         return publish_once(
@@ -185,7 +194,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         # Safety net only: __call__ has released already on every path that returns here.
         run = current_run(self.request)
         if run is not None:
-            run.finish(f"after_return {status}")
+            run.finish(f"after_return {status}", failed=status != states.SUCCESS)
         super().after_return(status, retval, task_id, args, kwargs, einfo)
 
 

@@ -15,6 +15,7 @@ from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 from kombu.utils.imports import symbol_by_name
 
+from .cooldown import COOLDOWN, cooldown_after
 from .info import holder_info
 from .locking import HEADER, TaskLocking
 
@@ -33,32 +34,46 @@ def release_for_request(
     header: Any,
     why: str,
     requeued: bool = False,
+    ran: bool = False,
 ) -> None:
     """Release every hold of ``task_id`` on its job's lock, from the worker's main process
     (its pool child died, hit the hard time limit, or the task was revoked).
 
     ``requeued``: the message goes back to the queue (``reject_on_worker_lost``): the hold is
     parked for its redelivery instead (kept, not renewed, run token cleared), so the
-    redelivered run re-enters it at once and no duplicate gets in meanwhile."""
+    redelivered run re-enters it at once and no duplicate gets in meanwhile. ``ran``: the run
+    had started and ended as a failure (its process died): the task's ``lock_cooldown``, if it
+    starts after a failure, keeps the hold for that long instead."""
     locking = getattr(task, "locking", None)
     if not isinstance(locking, TaskLocking):
         return  # not a locked task
     try:
-        name = header if isinstance(header, str) and header else None
-        name = name or locking.lock_name(task.name, args, kwargs)
+        message = header if isinstance(header, str) and header else None
+        message = message or locking.message_lock(locking.lock_name(task.name, args, kwargs))
+        name = locking.run_lock(message)
+        permits = locking.options.lock_limit
         app = task.app
         space = locking.space(app)
         key = space.keys(name).lock
         if requeued:
             info = holder_info(task.name, task_id, "queued")
-            if space.park(name, task_id, locking.queue_ttl(app), info=info):
+            if space.park(name, task_id, locking.queue_ttl(app), info=info, permits=permits):
                 log.info(
                     "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
                 )
             return
+        if message != name:
+            # lock_at="queue": a run killed while its copy still waited frees the queue too
+            space.release(message, task_id, retry_for=locking.queue_ttl(app))
+        cooldown = cooldown_after(task, failed=True) if ran else None
+        if cooldown is not None:
+            info = holder_info(task.name, task_id, COOLDOWN)
+            if space.park(name, task_id, cooldown, info=info, permits=permits):
+                log.info("%s cools down for %.1f s after %s[%s]", key, cooldown, task.name, why)
+                return
         # Resent from the background when Redis fails (a transient Cluster state, a dropped
         # connection), for as long as the run's lease could keep the hold.
-        reply = space.release(name, task_id, retry_for=locking.ttl(app))
+        reply = space.release(name, task_id, retry_for=locking.ttl(app), permits=permits)
     except Exception as exc:
         log.error(
             "could not release the lock of %s[%s] after %s: %s; it frees itself when its "
@@ -85,6 +100,7 @@ class LockedRequest(Request):  # type: ignore[misc]  # celery ships no type info
             self.request_dict.get(HEADER),
             why,
             requeued,
+            ran=True,
         )
 
     def on_timeout(self, soft: bool, timeout: float) -> None:

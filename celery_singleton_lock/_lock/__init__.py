@@ -11,8 +11,10 @@ hold and a client's registry of them), ``renewal`` (a client's renewal lane), ``
 batches of renewals), ``wakeup`` and ``hub`` (push wake-ups), ``sentinel`` (following a Sentinel
 master), ``runtime`` (all of those for one client: one runtime per client and process),
 ``commands`` (one script call each, typed replies, Redis errors mapped), ``heartbeat`` (the
-process's renewal, added up), ``reentrant`` (:class:`ReentrantLock`), ``space``
-(:class:`LockSpace`), ``observe`` (what it reports, for metrics).
+process's renewal, added up), ``reentrant`` (:class:`ReentrantLock`), ``permits`` (a
+semaphore's permits in Redis), ``semaphore`` (:class:`Semaphore`: N permits, each a
+:class:`ReentrantLock`), ``space`` (:class:`LockSpace`), ``observe`` (what it reports, for
+metrics).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .keys import LockKeys, check_prefix
 from .observe import LockObserver, get_observer, set_observer
 from .owner import new_run_token
 from .reentrant import ReentrantLock
+from .semaphore import Semaphore
 from .space import LockSpace
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "RedisClient",
     "ReentrantLock",
     "ReleaseReply",
+    "Semaphore",
     "check_duration",
     "check_prefix",
     "get_observer",

@@ -40,6 +40,11 @@ class LockKeys:
     ``channel`` is the lock's wake-up channel, published on by the release that frees it and
     subscribed to only while a process waits for this lock.
 
+    ``slot`` is the permit of a :class:`~.semaphore.Semaphore` these keys are: permit 1 is
+    the plain lock (``prefix:{name}``), permit k >= 2 is ``prefix:{name}:s<k>``, with its own
+    meta hash but the channel of permit 1, so that one subscription hears every permit of a
+    name. Every key of every permit is in the name's hash tag: one Redis Cluster slot.
+
     Only ``lock`` and ``meta`` are keys of the scripts (:attr:`pair`): the channel is not a
     key (the scripts build its name from ``lock``), since Redis Cluster refuses a script with
     a missing key in a migrating slot (TRYAGAIN) and a channel never exists as a key."""
@@ -49,23 +54,43 @@ class LockKeys:
     lock: str
     meta: str
     channel: str
+    slot: int = 1
 
     @classmethod
-    def for_name(cls, prefix: str, name: str) -> LockKeys:
+    def for_name(cls, prefix: str, name: str, slot: int = 1) -> LockKeys:
         # The braces make the whole name the hash tag, so every key of the lock lands in one
         # Cluster slot. Redis ends a tag at the first '}', and ignores an empty one: a '}' in
         # the name is escaped (and with it the escape character), or a name starting with '}'
         # would put the lock and its meta hash in different slots.
-        lock = f"{prefix}:{{{escape_name(name)}}}"
-        return cls(prefix, name, lock, lock + ":meta", lock + ":wake")
+        base = f"{prefix}:{{{escape_name(name)}}}"
+        if type(slot) is not int or slot < 1:
+            raise ValueError(f"slot must be an int >= 1, got {slot!r}")
+        # The scripts publish on the lock key cut after its hash tag, plus ":wake": the
+        # channel is the same for every permit (see lua/release.lua).
+        lock = base if slot == 1 else f"{base}:s{slot}"
+        return cls(prefix, name, lock, lock + ":meta", base + ":wake", slot)
 
     @classmethod
     def from_lock_key(cls, lock_key: str) -> LockKeys:
-        """The keys of a lock found by SCAN (``prefix:{name}``)."""
+        """The keys of a lock found by SCAN: ``prefix:{name}``, or ``prefix:{name}:s<k>``
+        for permit k >= 2 of a semaphore."""
         prefix, sep, rest = lock_key.partition(":{")
-        if not sep or not rest.endswith("}") or "}" in rest[:-1]:
-            raise ValueError(f"{lock_key!r} is not a lock key of the form 'prefix:{{name}}'")
-        return cls.for_name(prefix, unescape_name(rest[:-1]))
+        tag, brace, suffix = rest.partition("}")
+        slot = 1
+        if suffix:
+            digits = suffix[2:] if suffix.startswith(":s") else ""
+            # Only the form for_name writes (no sign, no leading zero, not ":s1"): any other
+            # key with this tag (":meta", a record hash) is not a lock.
+            if digits.isdecimal() and digits.isascii() and str(int(digits)) == digits:
+                slot = int(digits)
+            if slot < 2:
+                slot = 0
+        if not sep or not brace or slot == 0:
+            raise ValueError(
+                f"{lock_key!r} is not a lock key of the form 'prefix:{{name}}' or "
+                "'prefix:{name}:s<k>'"
+            )
+        return cls.for_name(prefix, unescape_name(tag), slot)
 
     def records(self, kind: str) -> str:
         """A hash of records kept beside the lock (``<lock key>:<kind>``, in its hash tag):

@@ -42,7 +42,13 @@ class LockObserver(Protocol):
 
     def duplicate(self, task: str, action: str) -> None:
         """The Celery layer dealt with a duplicate of ``task``: ``skipped``, ``retried`` or
-        ``raised`` at run time, ``returned`` or ``raised`` at publish."""
+        ``raised`` at run time, ``returned`` or ``raised`` at publish, or ``replaced``: a
+        call that replaced one still waiting (``lock_debounce``)."""
+
+    def refused_by(self, task: str, reason: str) -> None:
+        """A duplicate of ``task`` was refused for ``reason``: ``limit`` (every one of its
+        ``lock_limit`` slots was taken) or ``cooldown`` (its job cools down after a run);
+        :meth:`duplicate` says what was done with it."""
 
 
 #: the process's observer, or None (read directly by the call sites: the hot path)

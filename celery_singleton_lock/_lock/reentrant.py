@@ -70,6 +70,7 @@ class ReentrantLock:
         info: str = "",
         run_token: str = "",
         backend_timeout: float | None = None,
+        _permit: int = 0,
     ) -> None:
         check_client(client)
         if not isinstance(name, str) or not name:
@@ -92,7 +93,11 @@ class ReentrantLock:
         self._renew = renew
         self._info = info
         self._run_token = run_token
-        self._keys = LockKeys.for_name(check_prefix(prefix), name)
+        # _permit (for Semaphore only): k >= 1 makes this permit k of a semaphore of several
+        # (its keys, LockKeys.for_name(..., k)); the semaphore reports its refusals, once per
+        # acquire of its own, so this lock does not report a refusal of its permit.
+        self._keys = LockKeys.for_name(check_prefix(prefix), name, max(_permit, 1))
+        self._quiet = _permit > 0
         #: the hold this object took last (its ``lost`` outlives the hold), and the Event
         #: that ``lost`` returns before any hold: both made only when needed
         self._last_hold: Hold | None = None
@@ -232,7 +237,7 @@ class ReentrantLock:
                     return reply
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    if observe.observer is not None:
+                    if observe.observer is not None and not self._quiet:
                         observe.observer.refused()
                         if sub is not None:
                             observe.observer.waited(time.monotonic() - started)

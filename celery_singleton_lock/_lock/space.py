@@ -5,6 +5,9 @@ keeps and renews; the operations here act in Redis only, for a hold that lives e
 publisher takes a job's lock for its queued message (owner = the task id) and lets it go if the
 publish fails, a worker's main process releases or parks the hold of a pool child that died,
 an operator inspects and force-releases. Each returns a typed reply from :mod:`.commands`.
+
+``take``, ``release`` and ``park`` act on a :class:`Semaphore`'s permits with ``permits`` > 1:
+on the permit the owner holds, else (``take``) on the first free one (see :mod:`.permits`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply
 from .deadline import bounded
 from .keys import LockKeys, check_prefix, escape_name
 from .owner import new_request_id
+from .permits import check_permits, owned_by, permit_keys, release_owned, take
 from .reentrant import ReentrantLock
+from .semaphore import Semaphore
 
 __all__ = ["LockSpace"]
 
@@ -50,8 +55,9 @@ class LockSpace:
         return LockKeys.for_name(self.prefix, name)
 
     def keys_of(self, key_or_name: str) -> LockKeys:
-        """The keys of a lock given by its Redis key (``prefix:{name}``) or by its name."""
-        if key_or_name.startswith(f"{self.prefix}:{{") and key_or_name.endswith("}"):
+        """The keys of a lock given by its Redis key (``prefix:{name}``, or a semaphore's
+        permit ``prefix:{name}:s<k>``) or by its name."""
+        if key_or_name.startswith(f"{self.prefix}:{{"):
             with contextlib.suppress(ValueError):  # not a key after all: a name that looks like one
                 return LockKeys.from_lock_key(key_or_name)
         return self.keys(key_or_name)
@@ -77,15 +83,46 @@ class LockSpace:
             backend_timeout=self.backend_timeout,
         )
 
-    def take(self, name: str, owner: str, lease: float, *, info: str = "") -> AcquireReply:
-        """Take or re-enter ``name`` for ``owner`` in Redis only: no hold in this process, no
-        renewal; the lease is ``lease`` seconds. Another process acting as ``owner`` (a
-        task's run) re-enters it, and :meth:`release` lets it go."""
+    def semaphore(
+        self,
+        name: str,
+        permits: int,
+        *,
+        ttl: float,
+        owner: str | None = None,
+        info: str = "",
+        run_token: str = "",
+    ) -> Semaphore:
+        """A renewed :class:`Semaphore` of ``permits`` on ``name`` in this space."""
+        return Semaphore(
+            self.client,
+            name,
+            permits,
+            ttl=ttl,
+            owner=owner,
+            prefix=self.prefix,
+            info=info,
+            run_token=run_token,
+            backend_timeout=self.backend_timeout,
+        )
+
+    def take(
+        self, name: str, owner: str, lease: float, *, info: str = "", permits: int = 1
+    ) -> AcquireReply:
+        """Take or re-enter ``name`` (one of its ``permits``) for ``owner`` in Redis only: no
+        hold in this process, no renewal; the lease is ``lease`` seconds. Another process
+        acting as ``owner`` (a task's run) re-enters it, and :meth:`release` lets it go."""
         lease_ms = check_lease_ms(lease)
+        keys = permit_keys(self.prefix, name, check_permits(permits))
+
+        def attempt(i: int) -> AcquireReply:
+            return commands.acquire(self.client, keys[i], owner, lease_ms, new_request_id(), info)
+
         with bounded(self.backend_timeout):
-            reply = commands.acquire(
-                self.client, self.keys(name), owner, lease_ms, new_request_id(), info
-            )
+            if len(keys) == 1:
+                reply = attempt(0)
+            else:
+                reply = take(attempt, len(keys), owned_by(self.client, keys, owner))
         if observe.observer is not None:
             if reply.acquired:
                 observe.observer.acquired(reply.hold_count > 1)
@@ -94,22 +131,39 @@ class LockSpace:
         return reply
 
     def release(
-        self, name: str, owner: str, holds: int = ALL_HOLDS, *, retry_for: float = 0.0
+        self,
+        name: str,
+        owner: str,
+        holds: int = ALL_HOLDS,
+        *,
+        retry_for: float = 0.0,
+        permits: int = 1,
     ) -> ReleaseReply:
-        """Drop ``holds`` holds of ``owner`` (:data:`ALL_HOLDS`, the default: every one).
+        """Drop ``holds`` holds of ``owner`` (:data:`ALL_HOLDS`, the default: every one), on
+        the permit it holds when ``permits`` > 1.
 
         ``retry_for``: when Redis fails, raise :class:`LockBackendError` and also keep sending
         this release in the background for up to that many seconds (for a hold that nobody
-        will release otherwise, such as the publish lock of a message that was never sent)."""
+        will release otherwise, such as the publish lock of a message that was never sent); to
+        every permit, when it failed while the owner's permit was looked for."""
+        keys = permit_keys(self.prefix, name, check_permits(permits))
         with bounded(self.backend_timeout):
-            return commands.release(self.client, self.keys(name), owner, holds, retry_for=retry_for)
+            if len(keys) == 1:
+                return commands.release(self.client, keys[0], owner, holds, retry_for=retry_for)
+            return release_owned(self.client, keys, owner, holds, retry_for)
 
-    def park(self, name: str, owner: str, lease: float, *, info: str = "") -> bool:
-        """Keep ``owner``'s hold for ``lease`` seconds, unrenewed, for a later run of the same
-        owner (a redelivered message); ``False`` when the owner did not hold it."""
+    def park(
+        self, name: str, owner: str, lease: float, *, info: str = "", permits: int = 1
+    ) -> bool:
+        """Keep ``owner``'s hold (on the permit it holds, with ``permits`` > 1) for ``lease``
+        seconds, unrenewed, for a later run of the same owner (a redelivered message);
+        ``False`` when the owner did not hold it."""
         lease_ms = check_lease_ms(lease)
+        keys = permit_keys(self.prefix, name, check_permits(permits))
         with bounded(self.backend_timeout):
-            return commands.park(self.client, self.keys(name), owner, lease_ms, info)
+            owned = [0] if len(keys) == 1 else owned_by(self.client, keys, owner)
+            parked = [commands.park(self.client, keys[i], owner, lease_ms, info) for i in owned]
+        return any(parked)
 
     def record_if_held(
         self,
@@ -159,20 +213,32 @@ class LockSpace:
         with bounded(self.backend_timeout):
             return commands.inspect(self.client, self.keys_of(name))
 
+    def inspect_permits(self, name: str, permits: int) -> list[LockState]:
+        """:meth:`inspect` of each permit of the semaphore ``name``, permit 1 first."""
+        keys = permit_keys(self.prefix, name, check_permits(permits))
+        with bounded(self.backend_timeout):
+            return [commands.inspect(self.client, permit) for permit in keys]
+
     def is_held(self, name: str) -> bool:
         """Whether anyone holds ``name`` now (one round trip)."""
         with bounded(self.backend_timeout):
             return commands.is_held(self.client, self.keys(name))
 
     def find(self, pattern: str = "*") -> Iterator[LockKeys]:
-        """The keys of every lock whose name matches the glob ``pattern``, found by SCAN
-        (never KEYS); a lock may appear twice while the keyspace is rehashed."""
+        """The keys of every lock whose name matches the glob ``pattern`` (each permit of a
+        semaphore, too), found by SCAN (never KEYS); a lock may appear twice while the
+        keyspace is rehashed."""
         with commands.backend_errors("scan", "", f"for the locks under prefix {self.prefix!r}"):
-            match = f"{self.prefix}:{{{escape_name(pattern)}}}"
+            # The pattern is escaped as a name is, so the '}' after it is the key's only one: it
+            # matched the name itself. The '*' after the tag matches a permit's ':s<k>' (and
+            # the meta and record hashes, which are not lock keys: left out).
+            match = f"{self.prefix}:{{{escape_name(pattern)}}}*"
             for raw in self.client.scan_iter(match=match, count=500):
-                key = commands.text(raw)
-                if key.endswith("}"):
-                    yield LockKeys.from_lock_key(key)
+                try:
+                    keys = LockKeys.from_lock_key(commands.text(raw))
+                except ValueError:
+                    continue
+                yield keys
 
     def server_time_ms(self) -> float:
         """The server's clock in milliseconds (the local clock for a Redis Cluster client,

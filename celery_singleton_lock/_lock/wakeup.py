@@ -1,7 +1,8 @@
 """Push wake-ups for blocked acquires: a channel per lock, read by the waiting threads themselves.
 
 A final release publishes on its lock's own channel (``prefix:{name}:wake``, in the lock's hash
-tag; ``SPUBLISH`` on Redis Cluster, so the message stays on the lock's shard). A process
+tag; ``SPUBLISH`` on Redis Cluster, so the message stays on the lock's shard); every permit of a
+:class:`~.semaphore.Semaphore` publishes on that one channel of its name. A process
 subscribes to a lock's channel only while one of its threads waits for that lock, so it never
 hears of the releases of other locks. The waiting threads of a lock share one subscription and
 read it themselves: one of them reads while the others sleep on a condition (no listener thread

@@ -29,6 +29,7 @@ _COLUMNS = (
     ("lease_s", "LEASE s"),
     ("fence", "FENCE"),
     ("hold_count", "HOLDS"),
+    ("slots", "SLOTS"),
 )
 
 
@@ -147,10 +148,13 @@ def locks() -> None:
 def list_(
     ctx: click.Context, url: str | None, prefix: str | None, as_json: bool, match: str
 ) -> None:
-    """Every held lock: key, task, holder, host, pid, state, age, lease, fence, holds.
+    """Every held lock: key, task, holder, host, pid, state, age, lease, fence, holds, slots.
 
     HOLDS is the holder's hold count in Redis: a lock_at="publish" job shows 2 while it runs
-    (its message's hold and its run's, one job), 1 while queued."""
+    (its message's hold and its run's, one job), 1 while queued. STATE "cooldown" is a job
+    that ended and cools down (lock_cooldown): LEASE is the cooldown left. SLOTS, for a job
+    with a lock_limit above 1, is how many of its slots are held out of the limit (one row
+    per slot held)."""
     _run(ctx, "list", url, prefix, as_json=as_json, match=match)
 
 

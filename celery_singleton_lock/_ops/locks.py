@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .._lock import LockSpace, LockState
@@ -24,18 +25,24 @@ class LockView:
     lease_s: float | None
     fence: int | None
     hold_count: int
+    #: with a ``lock_limit`` above 1: the job's slots held now, out of its limit ("2/3")
+    slots: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _view(state: LockState, now_ms: float) -> LockView:
+def _info(state: LockState) -> dict[str, Any]:
+    """The operator info of a hold as a dict (empty when there is none, or it is not JSON)."""
     try:
         info = json.loads(state.info) if state.info else {}
     except ValueError:
-        info = {}
-    if not isinstance(info, dict):
-        info = {}
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _view(state: LockState, now_ms: float) -> LockView:
+    info = _info(state)
     task = info.get("task")
     if task is None and ":" in state.keys.name:
         task = state.keys.name.rsplit(":", 1)[0]
@@ -60,11 +67,24 @@ def find_locks(client: Any, prefix: str = "lock", pattern: str = "*") -> list[Lo
     space = LockSpace(client, prefix)
     now = space.server_time_ms()
     views = {}
+    limits: dict[str, int] = {}
     for keys in space.find(pattern):
         state = space.inspect(keys.lock)
         if state.held:
             views[keys.lock] = _view(state, now)
-    return sorted(views.values(), key=lambda v: v.key)
+            limit = _info(state).get("limit")
+            if isinstance(limit, int) and limit > 1:
+                limits[keys.name] = limit
+    in_use = Counter(view.name for view in views.values())
+    return sorted(
+        (
+            replace(view, slots=f"{in_use[view.name]}/{limits[view.name]}")
+            if view.name in limits
+            else view
+            for view in views.values()
+        ),
+        key=lambda v: v.key,
+    )
 
 
 def show(client: Any, key_or_name: str, prefix: str = "lock") -> LockView | None:

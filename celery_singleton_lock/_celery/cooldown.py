@@ -1,0 +1,58 @@
+"""Cooldown (``lock_cooldown``): after a run ends, its job's key stays taken for a while.
+
+The run's hold is not released but *parked* for the cooldown: kept in Redis under the same
+owner (the task id), not renewed, its run token cleared and its info saying "cooldown". Until
+it runs out, a duplicate is refused as if that run were still going (``lock_on_locked`` at
+run time; at publish the last job is returned), and the refusal's remaining lease is the
+cooldown left. Nothing runs in the background: the lease ending is the end of the cooldown.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from .._lock import LockSpace, ReentrantLock, text
+from .info import holder_info
+
+__all__ = ["COOLDOWN", "cooldown_after", "cooling_down", "start_cooldown"]
+
+log = logging.getLogger("celery_singleton_lock.cooldown")
+
+#: the ``state`` in a hold's operator info while its job cools down
+COOLDOWN = "cooldown"
+
+
+def cooldown_after(task: Any, failed: bool) -> float | None:
+    """The cooldown a run of ``task`` that ended (``failed``: raised, or its process died)
+    starts, in seconds; ``None`` when none."""
+    options = task.locking.options
+    if options.lock_cooldown is None or (failed and not options.lock_cooldown_on_failure):
+        return None
+    seconds: float = options.lock_cooldown
+    return seconds
+
+
+def start_cooldown(task: Any, lock: ReentrantLock, seconds: float) -> bool:
+    """Keep the run's hold on its job's lock for ``seconds`` more instead of releasing it;
+    ``False`` when the hold was lost before (there is nothing to keep)."""
+    kept = lock.park(seconds, holder_info(task.name, lock.owner, COOLDOWN))
+    if kept:
+        log.info("%s cools down for %.1f s after task %s", lock.key, seconds, lock.owner)
+    return kept
+
+
+def cooling_down(space: LockSpace, name: str, holder: str, permits: int = 1) -> bool:
+    """Whether ``holder`` holds ``name`` (one of its ``permits`` slots) for a cooldown, not
+    for a queued or running job: one read, made only for a refusal of a task with a cooldown
+    (to say so and count it)."""
+    try:
+        states = [space.inspect(name)] if permits == 1 else space.inspect_permits(name, permits)
+        for state in states:
+            if state.holder == holder:
+                info = json.loads(text(state.info) or "{}")
+                return isinstance(info, dict) and info.get("state") == COOLDOWN
+    except Exception:  # a refusal is handled the same either way: do not fail it for this
+        return False
+    return False

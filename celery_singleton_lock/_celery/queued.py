@@ -1,0 +1,125 @@
+"""The lock a run takes, and the queued copy of ``lock_at="queue"``.
+
+A run takes its job's lock, or with ``lock_limit`` above 1 one of the job's leased slots
+(a :class:`~celery_singleton_lock.Semaphore`); either way it holds one
+:class:`ReentrantLock`, renewed while it runs.
+
+With ``lock_at="queue"`` a job has two locks: its *queued* lock (the job's lock name with
+:data:`~.locking.QUEUED` after it), held by the one message that waits, taken at publish; and
+its lock itself, held by the one run. A run takes the job's lock first and only then lets the
+queued lock go, so a publish that comes meanwhile is still handed the message that is about
+to start, and a new copy can be queued the moment it has. A queued copy that finds the job
+running is never dropped: it waits (``lock_on_locked="wait"``) or comes back later as a retry
+that keeps its queued lock, whatever ``lock_on_locked`` says, and its lock retries do not
+count against ``max_retries``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NoReturn
+
+from celery.exceptions import Ignore
+
+from .._errors import LockBackendError
+from .._lock import (
+    AcquireReply,
+    LockSpace,
+    ReentrantLock,
+    Semaphore,
+    get_observer,
+    new_run_token,
+)
+from .debounce import skip_replaced
+from .info import holder_info
+from .locking import store_skipped
+
+__all__ = ["held_lock", "leave_queue", "run_lock", "still_queued", "wait_in_queue"]
+
+log = logging.getLogger("celery_singleton_lock.run")
+
+
+def run_lock(task: Any, space: LockSpace, name: str, task_id: str) -> ReentrantLock | Semaphore:
+    """The lock (or, with ``lock_limit`` above 1, the slots) a run of ``task`` takes."""
+    locking = task.locking
+    app = task.app
+    info = holder_info(task.name, task_id, "running", locking.options.lock_limit)
+    if locking.options.lock_limit > 1:
+        return space.semaphore(
+            name,
+            locking.options.lock_limit,
+            ttl=locking.ttl(app),
+            owner=task_id,
+            info=info,
+            run_token=new_run_token(),
+        )
+    return space.lock(
+        name, ttl=locking.ttl(app), owner=task_id, info=info, run_token=new_run_token()
+    )
+
+
+def held_lock(lock: ReentrantLock | Semaphore) -> ReentrantLock:
+    """The one lock a run holds once ``lock`` was acquired: the lock, or the slot taken."""
+    if isinstance(lock, Semaphore):
+        held = lock.held
+        assert held is not None, "a semaphore that was just acquired holds a slot"
+        return held
+    return lock
+
+
+def still_queued(task: Any, request: Any, space: LockSpace, queued: str) -> None:
+    """Make sure this message is the job's one queued copy: re-enter its queued lock (or take
+    it, when its hold ran out while the message waited). Held by another task, this message
+    is not that copy: a later call replaced it (``lock_debounce``), or it is a duplicate that a
+    publish by name (``send_task``, beat) could not stop; either way it is skipped."""
+    lease = task.locking.queue_ttl(task.app)
+    info = holder_info(task.name, request.id, "queued")
+    reply = space.take(queued, request.id, lease, info=info)
+    if reply.acquired:
+        return
+    key = space.keys(queued).lock
+    if task.locking.options.lock_debounce is not None:
+        skip_replaced(task, request, key, reply.holder)
+    log.info(
+        "skipped %s[%s]: task %s is this job's queued copy (lock %s)",
+        task.name,
+        request.id,
+        reply.holder,
+        key,
+    )
+    observer = get_observer()
+    if observer is not None:
+        observer.duplicate(task.name, "skipped")
+    store_skipped(task, request, {"holder": reply.holder, "lock": key, "reason": "queued"})
+    raise Ignore()
+
+
+def leave_queue(task: Any, space: LockSpace, queued: str, task_id: str) -> None:
+    """The run has the job's lock: free the queued lock for the next copy."""
+    try:
+        space.release(queued, task_id, retry_for=task.locking.queue_ttl(task.app))
+    except LockBackendError as exc:
+        log.error(
+            "%s[%s] runs, but its queued lock %s could not be freed yet (%s): a publish of "
+            "this job gets this task back until it is (retried in the background)",
+            task.name,
+            task_id,
+            space.keys(queued).lock,
+            exc,
+        )
+
+
+def wait_in_queue(task: Any, request: Any, refusal: AcquireReply, countdown: float) -> NoReturn:
+    """The job runs elsewhere: come back in ``countdown`` seconds as a retry that keeps the
+    queued lock (it is re-entered when the retry is published). The retry's limit is raised
+    past this retry, so a queued copy is never dropped for running out of retries."""
+    log.info(
+        "%s[%s] waits in the queue: task %s runs this job (%.1f s left on its lease); "
+        "trying again in %.1f s",
+        task.name,
+        request.id,
+        refusal.holder,
+        max(refusal.pttl, 0) / 1000,
+        countdown,
+    )
+    raise task.retry(countdown=countdown, max_retries=request.retries + 1)

@@ -1,0 +1,382 @@
+"""Beyond one at a time, on a real prefork worker: ``lock_limit``, ``lock_cooldown``,
+``lock_at="queue"`` and ``lock_debounce``.
+
+Each option's rule, as these tests check it:
+
+* ``lock_limit=3``: at most three runs of one key at once; the fourth is a duplicate
+  (skipped here); a worker SIGKILLed with its slots held gives them back within one lease.
+* ``lock_cooldown=2``: a duplicate within two seconds of the end of the last run is refused
+  (SKIPPED, the holder is the last run, ``celery locks list`` shows the cooldown left), and a
+  call after them runs; a failed run starts it too unless ``lock_cooldown_on_failure=False``.
+* ``lock_at="queue"``: one copy queued and one running; a publish while one is queued returns
+  the queued one; the queued copy runs after the running one ends and is never dropped (the
+  task has ``max_retries=0`` and still comes through).
+* ``lock_debounce=1``: only the last of calls made within a second of each other runs, a
+  second after it; the replaced ones end SKIPPED naming the task that replaced them.
+
+The tasks are the fault tests' app's (``tests/faultapp.py``); the worker is a ``celery
+worker`` subprocess on a redis-server of this module's own.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery_procs import WorkerProcess, close_app, new_job, no_overlap, records, redis_base
+from faultapp import DATA_DB, LOCK_DB, make_app
+from lock_helpers import wait_until
+
+from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace
+from celery_singleton_lock._celery.info import holder_info
+from celery_singleton_lock._ops.cli import main as cli_main
+from celery_singleton_lock._ops.locks import find_locks
+from celery_singleton_lock.testing import RedisServer
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def app(server: RedisServer) -> Iterator[Celery]:
+    app = make_app(redis_base(server.port))
+    yield app
+    close_app(app)
+
+
+@pytest.fixture(scope="module")
+def worker(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with WorkerProcess(
+        redis_base(server.port), tmp_path_factory.mktemp("limits"), concurrency=6
+    ) as proc:
+        yield proc
+
+
+def _space(app: Celery) -> LockSpace:
+    task: LockedTask = app.tasks["fault.limited"]
+    return task.locking.space(app)
+
+
+def test_limit_three_runs_at_once(server: RedisServer, app: Celery, worker: Any) -> None:
+    data = server.client(db=DATA_DB)
+    limited = app.tasks["fault.limited"]
+    job = new_job("limit")
+    calls = [limited.delay(job, 2.0) for _ in range(6)]
+    assert wait_until(lambda: all(c.state in ("SUCCESS", "SKIPPED") for c in calls), 30), [
+        c.state for c in calls
+    ]
+    states = sorted(c.state for c in calls)
+    assert states == ["SKIPPED"] * 3 + ["SUCCESS"] * 3
+    assert int(data.get(f"max:{job}")) == 3
+    ran = {c.id for c in calls if c.state == "SUCCESS"}
+    skipped = [c for c in calls if c.state == "SKIPPED"]
+    assert all(c.info["holder"] in ran for c in skipped)
+    # every slot was let go as its run returned
+    name = limited.locking.lock_name(limited.name, [job], {})
+    assert not any(s.held for s in _space(app).inspect_permits(name, 3))
+
+
+def test_slots_of_a_killed_worker_come_back_within_one_lease(
+    server: RedisServer, app: Celery, tmp_path: Path
+) -> None:
+    data = server.client(db=DATA_DB)
+    limited = app.tasks["fault.limited"]
+    job = new_job("limit-kill")
+    name = limited.locking.lock_name(limited.name, [job], {})
+    space = _space(app)
+    queue = ("-Q", "limits-kill")  # not the module's worker's queue: only these workers run it
+    with WorkerProcess(redis_base(server.port), tmp_path, concurrency=3, args=queue) as doomed:
+        for _ in range(3):
+            limited.apply_async((job, 60), queue=queue[1])
+        wait_until(lambda: len(records(data, "starts", job)) == 3, 20, "three runs to start")
+        assert all(s.held for s in space.inspect_permits(name, 3))
+        doomed.kill_group()  # main process too: nobody releases, the leases must end
+        killed = time.monotonic()
+    lease = limited.locking.ttl(app)
+    wait_until(
+        lambda: not any(s.held for s in space.inspect_permits(name, 3)),
+        lease + 2,
+        "the slots of the killed runs to be freed",
+    )
+    assert time.monotonic() - killed <= lease + 1.5
+    with WorkerProcess(redis_base(server.port), tmp_path, concurrency=3, args=queue):
+        again = [limited.apply_async((job, 0.2), queue=queue[1]) for _ in range(3)]
+        assert all(r.get(timeout=20) == r.id for r in again)
+
+
+def test_cooldown_after_a_run(server: RedisServer, app: Celery, worker: Any) -> None:
+    data = server.client(db=DATA_DB)
+    cooled = app.tasks["fault.cooled"]
+    job = new_job("cool")
+    first = cooled.delay(job)
+    assert first.get(timeout=20) == first.id
+    too_soon = cooled.delay(job)
+    assert wait_until(lambda: too_soon.state == "SKIPPED", 10), too_soon.state
+    assert too_soon.info["holder"] == first.id
+    views = [v for v in find_locks(server.client(db=LOCK_DB)) if v.holder == first.id]
+    assert views and views[0].state == "cooldown"
+    assert views[0].lease_s is not None and 0 < views[0].lease_s <= 2.0
+    wait_until(lambda: not cooled.is_locked(job), 5, "the cooldown to end")
+    later = cooled.delay(job)
+    assert later.get(timeout=20) == later.id
+    assert [s["id"] for s in records(data, "starts", job)] == [first.id, later.id]
+
+
+def test_a_failed_run_starts_the_cooldown_unless_told_not_to(app: Celery, worker: Any) -> None:
+    cooled, on_success = app.tasks["fault.cooled"], app.tasks["fault.cooled_on_success"]
+    job = new_job("cool-fail")
+    failed = cooled.delay(job, 0.0, True)
+    with pytest.raises(ValueError, match="fails on purpose"):
+        failed.get(timeout=20)
+    too_soon = cooled.delay(job)
+    assert wait_until(lambda: too_soon.state == "SKIPPED", 10), too_soon.state
+
+    job = new_job("cool-success-only")
+    failed = on_success.delay(job, True)
+    with pytest.raises(ValueError, match="fails on purpose"):
+        failed.get(timeout=20)
+    assert not on_success.is_locked(job)
+    right_after = on_success.delay(job)
+    assert right_after.get(timeout=20) == right_after.id
+
+
+def test_queue_one_queued_and_one_running(server: RedisServer, app: Celery, worker: Any) -> None:
+    data = server.client(db=DATA_DB)
+    queued = app.tasks["fault.queued"]
+    job = new_job("queue")
+    running = queued.delay(job, 1.5)
+    wait_until(lambda: records(data, "starts", job), 15, "the first run to start")
+    waiting = queued.delay(job, 0.0)
+    assert waiting.id != running.id
+    again = queued.delay(job, 0.0)
+    assert again.id == waiting.id  # the queued one, not a third copy
+    assert running.get(timeout=20) == running.id
+    assert waiting.get(timeout=20) == waiting.id  # never dropped (max_retries=0)
+    starts = [s["id"] for s in records(data, "starts", job)]
+    assert starts == [running.id, waiting.id]
+    assert no_overlap(records(data, "intervals", job))
+    assert not queued.is_locked(job)
+
+
+def test_queue_skips_a_copy_sent_by_name_while_one_waits(
+    server: RedisServer, app: Celery, worker: Any
+) -> None:
+    """A publish by name (no install() here) cannot be stopped at publish: its run finds the
+    job's queued copy held by another task and is skipped, the queued copy still runs."""
+    data = server.client(db=DATA_DB)
+    queued = app.tasks["fault.queued"]
+    job = new_job("queue-by-name")
+    running = queued.delay(job, 1.5)
+    wait_until(lambda: records(data, "starts", job), 15, "the first run to start")
+    waiting = queued.delay(job, 0.0)
+    by_name = app.send_task("fault.queued", (job, 0.0))
+    assert wait_until(lambda: by_name.state == "SKIPPED", 10), by_name.state
+    assert by_name.info["reason"] == "queued" and by_name.info["holder"] == waiting.id
+    assert waiting.get(timeout=20) == waiting.id
+    assert [s["id"] for s in records(data, "starts", job)] == [running.id, waiting.id]
+
+
+def test_debounce_runs_the_last_call(server: RedisServer, app: Celery, worker: Any) -> None:
+    data = server.client(db=DATA_DB)
+    debounced = app.tasks["fault.debounced"]
+    job = new_job("debounce")
+    calls = []
+    for value in range(3):
+        calls.append(debounced.delay(job, value))
+    last_sent = time.time()
+    assert len({c.id for c in calls}) == 3
+    assert calls[-1].get(timeout=20) == calls[-1].id
+    starts = records(data, "starts", job)
+    assert [s["id"] for s in starts] == [calls[-1].id]
+    assert starts[0]["t"] >= last_sent + 0.9  # a second after the last call
+    for replaced in calls[:-1]:
+        assert wait_until(lambda: replaced.state == "SKIPPED", 10), replaced.state  # noqa: B023  # called before the loop moves on
+        assert replaced.info["reason"] == "replaced"
+        assert replaced.info["replaced_by"] in {c.id for c in calls}
+
+
+# -- options checked when the class is made -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        ({"lock_limit": 0}, ValueError, "lock_limit must be at least 1"),
+        ({"lock_limit": -2}, ValueError, "lock_limit must be at least 1"),
+        ({"lock_limit": True}, TypeError, "lock_limit must be a whole number"),
+        ({"lock_limit": 2.5}, TypeError, "lock_limit must be a whole number"),
+        ({"lock_limit": "3"}, TypeError, "lock_limit must be a whole number"),
+        ({"lock_cooldown": -1}, ValueError, "lock_cooldown"),
+        ({"lock_cooldown": 0}, ValueError, "lock_cooldown"),
+        ({"lock_cooldown": "5"}, TypeError, "lock_cooldown"),
+        ({"lock_cooldown_on_failure": False}, ValueError, "lock_cooldown is not"),
+        ({"lock_cooldown_on_failure": 1}, TypeError, "lock_cooldown_on_failure"),
+        ({"lock_debounce": 1.0}, ValueError, "lock_debounce .* needs lock_at='publish'"),
+        ({"lock_debounce": -1.0, "lock_at": "publish"}, ValueError, "lock_debounce"),
+        (
+            {"lock_debounce": 1.0, "lock_at": "publish", "lock_limit": 2},
+            ValueError,
+            "lock_debounce .* needs lock_limit=1",
+        ),
+        ({"lock_at": "queue", "lock_on_locked": "raise"}, ValueError, "never drops"),
+        ({"lock_at": "queued"}, ValueError, "lock_at must be one of 'run', 'publish', 'queue'"),
+        (
+            {"lock_at": "publish", "lock_release_on_start": True, "lock_cooldown": 5},
+            ValueError,
+            "lock_cooldown needs a lock held to the end",
+        ),
+        ({"lock_limt": 3}, TypeError, "did you mean lock_limit"),
+    ],
+)
+def test_bad_options_are_refused_when_the_class_is_made(
+    options: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    app = Celery("bad-options", set_as_current=False)
+    app.finalize()  # so that app.task makes the class now, not at first use
+
+    def bad(job: str) -> None:
+        """Never made."""
+
+    with pytest.raises(error, match=says) as raised:
+        app.task(base=LockedTask, name="limits.bad", shared=False, **options)(bad)
+    assert "limits.bad" in str(raised.value)
+    app.close()
+
+
+# -- publish side, in this process: slots in `celery locks list`, metrics ------------------
+
+
+@pytest.fixture
+def local_app(server: RedisServer) -> Iterator[Celery]:
+    """An app whose messages nobody consumes (its own queue): what a publish does only."""
+    app = Celery("limits-local", set_as_current=False)
+    base = redis_base(server.port)
+    app.conf.update(
+        broker_url=f"{base}/0",
+        result_backend=f"{base}/1",
+        singleton_lock_redis_url=f"{base}/{LOCK_DB}",
+        task_default_queue=new_job("nobody"),
+    )
+    yield app
+    close_app(app)
+
+
+def test_publish_slots_listed_and_refusals_counted(local_app: Celery, server: RedisServer) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from celery_singleton_lock import metrics
+
+    registry = CollectorRegistry()
+    metrics.enable(registry)
+    try:
+
+        def report_body(day: str) -> None:
+            """Never runs: nobody consumes this queue."""
+
+        def reindex_body(index: str) -> None:
+            """Never runs."""
+
+        report: Any = local_app.task(
+            base=LockedTask, name="limits.report", lock_at="publish", lock_limit=2, shared=False
+        )(report_body)
+        reindex: Any = local_app.task(
+            base=LockedTask,
+            name="limits.reindex",
+            lock_at="publish",
+            lock_debounce=30.0,
+            shared=False,
+        )(reindex_body)
+
+        day = new_job("day")
+        first, second = report.delay(day), report.delay(day)
+        third = report.delay(day)
+        assert first.id != second.id
+        assert third.id in {first.id, second.id}  # over the limit: a job already queued
+        views = [
+            v for v in find_locks(server.client(db=LOCK_DB)) if v.holder in {first.id, second.id}
+        ]
+        assert sorted(v.holder or "" for v in views) == sorted([first.id, second.id])
+        assert {v.slots for v in views} == {"2/2"}
+        assert (
+            registry.get_sample_value(
+                "celery_singleton_lock_refusals_total", {"task": "limits.report", "reason": "limit"}
+            )
+            == 1.0
+        )
+
+        # A cooldown, as a run of the job leaves it: its hold kept, unrenewed, info "cooldown".
+        cooled_day = new_job("cooled")
+        space = report.locking.space(local_app)
+        report_name = report.locking.lock_name(report.name, [cooled_day], {})
+        assert space.take(report_name, "last-run", 30, permits=2).acquired
+        assert space.park(
+            report_name,
+            "last-run",
+            5,
+            info=holder_info(report.name, "last-run", "cooldown"),
+            permits=2,
+        )
+        assert space.take(report_name, "other-run", 30, permits=2).acquired  # the second slot
+        # the refusal names the slot that frees first (the one cooling down); this task has
+        # no lock_cooldown of its own, so the refusal is the limit's
+        assert report.delay(cooled_day).id == "last-run"
+        assert (
+            registry.get_sample_value(
+                "celery_singleton_lock_refusals_total", {"task": "limits.report", "reason": "limit"}
+            )
+            == 2.0
+        )
+        report_raising: Any = local_app.task(
+            base=LockedTask,
+            name="limits.report_raising",
+            lock_at="publish",
+            lock_cooldown=60.0,
+            lock_on_duplicate="raise",
+            shared=False,
+        )(report_body)
+        raising_name = report_raising.locking.lock_name(report_raising.name, [cooled_day], {})
+        assert space.take(raising_name, "last-run", 30).acquired
+        assert space.park(
+            raising_name, "last-run", 5, info=holder_info(report.name, "last-run", "cooldown")
+        )
+        with pytest.raises(AlreadyQueuedError, match="cools down for") as refused:
+            report_raising.delay(cooled_day)
+        assert refused.value.cooldown and refused.value.task_id == "last-run"
+        assert 0 < refused.value.ttl <= 5
+        assert (
+            registry.get_sample_value(
+                "celery_singleton_lock_refusals_total",
+                {"task": "limits.report_raising", "reason": "cooldown"},
+            )
+            == 1.0
+        )
+        out = io.StringIO()
+        with redirect_stdout(out), pytest.raises(SystemExit):
+            cli_main(["list", "--url", f"{redis_base(server.port)}/{LOCK_DB}"])
+        table = out.getvalue()
+        assert "SLOTS" in table and "2/2" in table and "cooldown" in table
+
+        index = new_job("index")
+        calls = [reindex.delay(index) for _ in range(3)]
+        assert len({c.id for c in calls}) == 3
+        assert reindex.lock_holder(index) == calls[-1].id
+        assert (
+            registry.get_sample_value(
+                "celery_singleton_lock_duplicates_total",
+                {"task": "limits.reindex", "action": "replaced"},
+            )
+            == 2.0
+        )
+    finally:
+        metrics.disable()
