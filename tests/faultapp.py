@@ -441,6 +441,13 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     def debounced(self: Any, job: str, value: int = 0) -> str:
         return _recorded(self, job, 0.0)
 
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.debounced_queue", lock_at="queue",
+        lock_debounce=0.5, lock_retry_countdown=0.2, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def debounced_queue(self: Any, job: str, seconds: float = 0.0) -> str:
+        return _recorded(self, job, seconds)
+
     return app
 
 

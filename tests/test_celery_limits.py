@@ -81,7 +81,7 @@ def test_limit_three_runs_at_once(server: RedisServer, app: Celery, worker: Any)
     assert int(data.get(f"max:{job}")) == 3
     ran = {c.id for c in calls if c.state == "SUCCESS"}
     skipped = [c for c in calls if c.state == "SKIPPED"]
-    assert all(c.info["holder"] in ran for c in skipped)
+    assert all(c.info["holder"] in ran and c.info["reason"] == "limit" for c in skipped)
     # every slot was let go as its run returned
     name = limited.locking.lock_name(limited.name, [job], {})
     assert not any(s.held for s in _space(app).inspect_permits(name, 3))
@@ -123,7 +123,7 @@ def test_cooldown_after_a_run(server: RedisServer, app: Celery, worker: Any) -> 
     assert first.get(timeout=20) == first.id
     too_soon = cooled.delay(job)
     assert wait_until(lambda: too_soon.state == "SKIPPED", 10), too_soon.state
-    assert too_soon.info["holder"] == first.id
+    assert too_soon.info["holder"] == first.id and too_soon.info["reason"] == "cooldown"
     views = [v for v in find_locks(server.client(db=LOCK_DB)) if v.holder == first.id]
     assert views and views[0].state == "cooldown"
     assert views[0].lease_s is not None and 0 < views[0].lease_s <= 2.0
@@ -204,6 +204,25 @@ def test_debounce_runs_the_last_call(server: RedisServer, app: Celery, worker: A
         assert wait_until(lambda: replaced.state == "SKIPPED", 10), replaced.state  # noqa: B023  # called before the loop moves on
         assert replaced.info["reason"] == "replaced"
         assert replaced.info["replaced_by"] in {c.id for c in calls}
+
+
+def test_debounce_with_queue_runs_the_last_call_after_the_running_one(
+    server: RedisServer, app: Celery, worker: Any
+) -> None:
+    """With lock_at="queue", calls made while the job runs are debounced into one queued copy
+    that runs after it (with "publish" they would get the running job back)."""
+    data = server.client(db=DATA_DB)
+    task = app.tasks["fault.debounced_queue"]
+    job = new_job("debounce-queue")
+    running = task.delay(job, 1.5)
+    wait_until(lambda: records(data, "starts", job), 15, "the first run to start")
+    replaced, last = task.delay(job, 0.0), task.delay(job, 0.0)
+    assert replaced.id != last.id != running.id
+    assert last.get(timeout=20) == last.id
+    assert wait_until(lambda: replaced.state == "SKIPPED", 10), replaced.state
+    assert replaced.info["replaced_by"] == last.id
+    assert [s["id"] for s in records(data, "starts", job)] == [running.id, last.id]
+    assert no_overlap(records(data, "intervals", job))
 
 
 # -- options checked when the class is made -------------------------------------------------

@@ -117,6 +117,13 @@ class TaskLocking:
         ``lock_at="queue"`` its queued lock."""
         return name + QUEUED if self.options.lock_at == "queue" else name
 
+    @property
+    def message_permits(self) -> int:
+        """How many messages of one job may hold its message lock at once: ``lock_limit``
+        with ``lock_at="publish"`` (a message's hold is its run's), one queued copy with
+        ``"queue"``."""
+        return self.options.lock_limit if self.options.lock_at == "publish" else 1
+
     def run_lock(self, message_lock: str) -> str:
         """The lock a run takes, from the lock its message holds (see :meth:`message_lock`)."""
         if self.options.lock_at == "queue" and message_lock.endswith(QUEUED):

@@ -104,7 +104,7 @@ def publish_once(
     lease = queue_lease(
         locking.queue_ttl(app), options.get("expires"), options.get("eta"), options.get("countdown")
     )
-    permits = locking.options.lock_limit if locking.options.lock_at == "publish" else 1
+    permits = locking.message_permits
     info = holder_info(task.name, task_id, "queued", permits)
     try:
         space = locking.space(app)
@@ -208,7 +208,7 @@ def take_for_message(
         name = locking.message_lock(locking.lock_name(task.name, args, kwargs))
         lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
         space = locking.space(app)
-        permits = locking.options.lock_limit if locking.options.lock_at == "publish" else 1
+        permits = locking.message_permits
         reply = space.take(
             name,
             task_id,

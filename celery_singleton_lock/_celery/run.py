@@ -223,7 +223,7 @@ def _free_message_hold(
             lease = DEFAULTS["singleton_lock_queue_ttl"]
         # Redis may be what failed: keep trying in the background for as long as the hold
         # could live.
-        space.release(name, request.id, retry_for=lease)
+        space.release(name, request.id, retry_for=lease, permits=task.locking.message_permits)
     except Exception as release_exc:
         log_release.error(
             "%s[%s] failed before its body (%s: %s) and its publish lock could not be freed "
@@ -289,10 +289,10 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
     if options.lock_debounce is not None and options.lock_at == "publish":
         # its own publish hold was taken over by a later call (or ran out)
         skip_replaced(task, request, lock.key, reply.holder)
-    _count_refusal(task, space, name, reply)
+    reason = _refusal_reason(task, space, name, reply)
     if options.lock_at == "queue":
         wait_in_queue(task, request, reply, _retry_countdown(options, request, reply))
-    _locked_out(task, request, lock.key, reply)
+    _locked_out(task, request, lock.key, reply, reason)
 
 
 def _retry_countdown(options: LockOptions, request: Any, refusal: AcquireReply) -> float:
@@ -301,28 +301,31 @@ def _retry_countdown(options: LockOptions, request: Any, refusal: AcquireReply) 
     return fixed or lock_retry_delay(request.retries, refusal.pttl / 1000)
 
 
-def _count_refusal(task: Any, space: LockSpace, name: str, refusal: AcquireReply) -> None:
-    """Count a refusal that a cooldown or the limit made (and log a cooldown's time left)."""
+def _refusal_reason(task: Any, space: LockSpace, name: str, refusal: AcquireReply) -> str:
+    """Why the job's lock was refused: ``"cooldown"`` (its last run ended less than
+    ``lock_cooldown`` ago), ``"limit"`` (every one of its ``lock_limit`` slots is taken) or
+    ``"locked"``; the first two are counted in the metrics."""
     observer = get_observer()
     options = task.locking.options
     if options.lock_cooldown is not None and cooling_down(
         space, name, refusal.holder, options.lock_limit
     ):
-        log_run.info(
-            "%s is cooling down after task %s: %.1f s left",
-            space.keys(name).lock,
-            refusal.holder,
-            max(refusal.pttl, 0) / 1000,
-        )
-        if observer is not None:
-            observer.refused_by(task.name, "cooldown")
-    elif observer is not None and options.lock_limit > 1:
-        observer.refused_by(task.name, "limit")
+        reason = "cooldown"
+    elif options.lock_limit > 1:
+        reason = "limit"
+    else:
+        return "locked"
+    if observer is not None:
+        observer.refused_by(task.name, reason)
+    return reason
 
 
-def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoReturn:
+def _locked_out(
+    task: Any, request: Any, key: str, refusal: AcquireReply, reason: str = "locked"
+) -> NoReturn:
     """A run-time duplicate: raise, retry or skip, as ``lock_on_locked`` says; a chord
-    header member that would be skipped fails instead (a skip never reaches its chord)."""
+    header member that would be skipped fails instead (a skip never reaches its chord).
+    ``reason``: see :func:`_refusal_reason` (a skip records it)."""
     options = task.locking.options
     observer = get_observer()
     if options.lock_on_locked == "raise":
@@ -353,12 +356,26 @@ def _locked_out(task: Any, request: Any, key: str, refusal: AcquireReply) -> NoR
         if observer is not None:
             observer.duplicate(task.name, "raised")
         raise TaskLockedError(refusal.holder, key)
-    log_run.info(
-        "skipped %s[%s]: lock %s is held by task %s", task.name, request.id, key, refusal.holder
-    )
+    if reason == "cooldown":
+        log_run.info(
+            "skipped %s[%s]: lock %s cools down after task %s (%.1f s left)",
+            task.name,
+            request.id,
+            key,
+            refusal.holder,
+            max(refusal.pttl, 0) / 1000,
+        )
+    else:
+        log_run.info(
+            "skipped %s[%s]: lock %s is held by task %s",
+            task.name,
+            request.id,
+            key,
+            refusal.holder,
+        )
     if observer is not None:
         observer.duplicate(task.name, "skipped")
-    store_skipped(task, request, {"holder": refusal.holder, "lock": key, "reason": "locked"})
+    store_skipped(task, request, {"holder": refusal.holder, "lock": key, "reason": reason})
     raise Ignore()
 
 
