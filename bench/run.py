@@ -174,24 +174,37 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
     return "\n".join(lines)
 
 
+#: the colour of this package's bars in every panel; the others' is PEERS
+OURS, PEERS = "#d95f02", "#7570b3"
+
+
 def render_chart(results: dict[str, Any], path: Path) -> None:
+    """Four panels, two by two so each reads at page width: one colour for this package's
+    bars and one for everything else (the Celery panel tells the pools apart by hatching),
+    every bar labelled with its value, the legend outside the bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     lock, celery = results["lock"], results["celery"]
     u, h = lock["uncontended"]["contenders"], lock["handoff"]["contenders"]
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.8))
+    fig, grid = plt.subplots(2, 2, figsize=(12, 8.4))
+    axes = grid.flatten()
 
-    def bars(ax: Any, labels: list[str], values: list[float], title: str, ours: set[str]) -> None:
-        colors = ["#d95f02" if label in ours else "#7570b3" for label in labels]
-        ax.barh(labels, values, color=colors)
+    def finish(ax: Any, values: list[float], title: str) -> None:
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_title(title, fontsize=10)
+        ax.set_xlim(0, max([1.0, *values]) * 1.18)  # room for the value labels
         ax.invert_yaxis()
+
+    def bars(ax: Any, labels: list[str], values: list[float], title: str, ours: set[str]) -> None:
+        colors = [OURS if label in ours else PEERS for label in labels]
+        ax.barh(labels, values, color=colors)
         for y, v in enumerate(values):
             ax.text(v, y, f" {v:.2f}", va="center", fontsize=8)
+        finish(ax, values, title)
 
     kinds = [k for k in ("floor_direct", "redispy", "prl", "csl") if k in u]
     labels = {
@@ -228,33 +241,61 @@ def render_chart(results: dict[str, Any], path: Path) -> None:
         "Hand-off p50, x the push-woken floor (lower is better)",
         {"ReentrantLock"},
     )
-    names = ["floor-run", "celery-once", "celery-singleton", "locked-run", "locked-publish"]
     pretty = {
         "floor-run": "two-EVALSHA reference",
-        "locked-run": "LockedTask run",
-        "locked-publish": "LockedTask publish",
         "celery-once": "celery-once",
         "celery-singleton": "celery-singleton",
+        "locked-run": "LockedTask run",
+        "locked-publish": "LockedTask publish",
+        "locked-limit3": "LockedTask lock_limit=3",
     }
-    ax = axes[3]
     pools = list(celery["pools"])
+    names = [n for n in pretty if any(n in celery["pools"][p]["contenders"] for p in pools)]
+    ax = axes[3]
     width = 0.8 / len(pools)
+    hatches = ["", "//", "..", "xx"]
+    values: list[float] = []
     for i, p in enumerate(pools):
         rows = celery["pools"][p]["contenders"]
         present = [n for n in names if n in rows]
         ys = [names.index(n) + i * width for n in present]
-        ax.barh(ys, [rows[n]["ratio_to_plain"] for n in present], height=width, label=p)
+        ratios = [rows[n]["ratio_to_plain"] for n in present]
+        colors = [OURS if n.startswith("locked-") else PEERS for n in present]
+        ax.barh(ys, ratios, height=width, color=colors, hatch=hatches[i % 4], edgecolor="white")
+        for y, v in zip(ys, ratios, strict=True):
+            ax.text(v, y, f" {v:.2f}", va="center", fontsize=7)
+        values += ratios
     ax.set_yticks([n + 0.4 - width / 2 for n in range(len(names))], [pretty[n] for n in names])
-    ax.invert_yaxis()
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_title("Celery tasks/s, x the plain task (higher is better)", fontsize=10)
-    ax.legend(fontsize=8, loc="lower left")
+    finish(ax, values, "Celery tasks/s, x the plain task (higher is better)")
+    ax.legend(
+        handles=[
+            Patch(facecolor="#bbbbbb", hatch=hatches[i % 4], edgecolor="white", label=p)
+            for i, p in enumerate(pools)
+        ],
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.08),
+        ncol=len(pools),
+        frameon=False,
+    )
+    fig.legend(
+        handles=[
+            Patch(color=OURS, label="celery-singleton-lock"),
+            Patch(color=PEERS, label="peers and references"),
+        ],
+        loc="upper right",
+        ncol=2,
+        fontsize=9,
+        frameon=False,
+    )
     fig.suptitle(
         f"celery-singleton-lock benchmarks ({lock['environment']['cpus']} CPUs, "
         f"{lock['environment']['server']}, Python {lock['environment']['python']})",
         fontsize=11,
+        x=0.02,
+        ha="left",
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

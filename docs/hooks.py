@@ -86,6 +86,23 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return fill(markdown, page.file.src_path, _used)
 
 
+#: a Sphinx role as mkdocstrings renders a docstring that uses one (``:class:`~.x.Name```):
+#: the role's name, then the target in <code>
+_ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj):<code>(~?)([^<]+)</code>")
+
+
+def _role_as_code(match: re.Match[str]) -> str:
+    short, target = match.group(1), match.group(2)
+    shown = target.rsplit(".", 1)[-1] if short or target.startswith(".") else target
+    return f"<code>{shown}</code>"
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """The API reference: the docstrings' Sphinx roles (``:class:`Name```), which
+    mkdocstrings leaves as text, shown as the code they name."""
+    return _ROLE.sub(_role_as_code, html)
+
+
 def on_post_build(config: Any) -> None:
     missing = sorted(set(TABLES) - _used)
     if missing:

@@ -24,6 +24,7 @@ from celery_singleton_lock._celery.taskkey import MAX_PART, task_lock_name
 from celery_singleton_lock.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
@@ -220,7 +221,8 @@ def _format_strings(path: Path, start: str) -> list[str]:
 def test_the_examples_readme_quotes_the_worker_s_skip_line() -> None:
     """examples/README.md quotes the worker's log line of a skipped duplicate: with its
     placeholders as ``%s`` it is the format string the worker logs with."""
-    (fmt,) = _format_strings(Path(run_module.__file__ or ""), "skipped %s")
+    formats = _format_strings(Path(run_module.__file__ or ""), "skipped %s")
+    (fmt,) = [f for f in formats if "is held by task" in f]  # (the other: a cooldown's)
     readme = _flat((ROOT / "examples" / "README.md").read_text(encoding="utf-8"))
     quoted = [q for q in re.findall(r"`(skipped <[^`]*)`", readme) if "[" in q]
     assert len(quoted) == 1, quoted
@@ -228,3 +230,22 @@ def test_the_examples_readme_quotes_the_worker_s_skip_line() -> None:
     assert "celery_singleton_lock.run" in readme and run_module.log_run.name == (
         "celery_singleton_lock.run"
     )
+
+
+def test_the_committed_diagrams_are_their_source_s() -> None:
+    """docs/diagrams/*.svg are what docs/diagrams/make.py draws (run it after changing it)."""
+    spec = importlib.util.spec_from_file_location("make_diagrams", DOCS / "diagrams" / "make.py")
+    assert spec is not None and spec.loader is not None
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    for name, draw in make.DIAGRAMS.items():
+        assert (DOCS / "diagrams" / name).read_text(encoding="utf-8") == draw(), name
+
+
+def test_the_site_is_built_offline() -> None:
+    """No page loads anything from another host: highlighting is done at build time, the
+    theme's web fonts are off, the diagrams and the chart are files of the site."""
+    config = (ROOT / "mkdocs.yml").read_text()
+    assert "font: false" in config and "use_pygments: true" in config
+    for page in DOCS.glob("*.md"):
+        assert not re.search(r"!\[[^\]]*\]\(https?://", page.read_text()), page.name
