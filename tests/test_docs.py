@@ -87,6 +87,7 @@ def _load_hooks() -> ModuleType:
         ("configuration.md", "options-table"),
         ("configuration.md", "settings-table"),
         ("benchmarks.md", "bench-results"),
+        ("production.md", "server-results"),
     ],
 )
 def test_the_generated_tables_are_written_in_the_pages(page: str, marker: str) -> None:
