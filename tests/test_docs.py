@@ -250,3 +250,27 @@ def test_the_site_is_built_offline() -> None:
     assert "font: false" in config and "use_pygments: true" in config
     for page in DOCS.glob("*.md"):
         assert not re.search(r"!\[[^\]]*\]\(https?://", page.read_text()), page.name
+
+
+def test_every_cli_flag_the_docs_name_exists() -> None:
+    """Each ``--flag`` the operating page and the README give ``celery locks`` is an option
+    of one of its commands (or of ``python -m celery_singleton_lock``'s ``--url``)."""
+    from celery_singleton_lock._ops.cli import locks
+
+    known = {
+        opt
+        for command in locks.commands.values()
+        for param in command.params
+        for opt in getattr(param, "opts", [])
+        if opt.startswith("--")
+    }
+    for page in ("docs/operating.md", "README.md"):
+        text = (ROOT / page).read_text(encoding="utf-8")
+        cli_lines = [
+            line
+            for line in text.splitlines()
+            if "locks " in line or "celery_singleton_lock --" in line
+        ]
+        named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", "\n".join(cli_lines)))
+        assert named, page
+        assert named <= known, f"{page} names {sorted(named - known)}, not options of `locks`"
