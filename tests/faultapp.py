@@ -414,7 +414,7 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         return _recorded(self, job, seconds)
 
     @_app_task(
-        app, base=LockedTask, bind=True, name="fault.cooled", lock_cooldown=2.0,
+        app, base=LockedTask, bind=True, name="fault.cooled", lock_cooldown=3.0,
         lock_unique_on=["job"], shared=False,
     )  # fmt: skip
     def cooled(self: Any, job: str, seconds: float = 0.0, fail: bool = False) -> str:
