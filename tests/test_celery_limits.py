@@ -21,20 +21,27 @@ worker`` subprocess on a redis-server of this module's own.
 from __future__ import annotations
 
 import io
+import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from celery_procs import WorkerProcess, close_app, new_job, no_overlap, records, redis_base
 from faultapp import DATA_DB, LOCK_DB, make_app
 from lock_helpers import wait_until
+from redis.backoff import NoBackoff
 
-from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace
+from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace, ReentrantLock
+from celery_singleton_lock._celery.cooldown import start_cooldown
 from celery_singleton_lock._celery.info import holder_info
+from celery_singleton_lock._lock import DeadlineRetry
 from celery_singleton_lock._ops.cli import main as cli_main
 from celery_singleton_lock._ops.locks import find_locks
 from celery_singleton_lock.testing import RedisServer
@@ -399,3 +406,29 @@ def test_publish_slots_listed_and_refusals_counted(local_app: Celery, server: Re
         )
     finally:
         metrics.disable()
+
+
+def test_a_cooldown_redis_cannot_start_leaves_the_lock_to_its_lease(
+    make_redis_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The end of a run with a cooldown while Redis hangs (SIGSTOP): the caller is held no
+    longer than the backend timeout, says so, and the hold is renewed no more: it ends with
+    its lease, or with the cooldown if the park ran when Redis woke."""
+    server: RedisServer = make_redis_server()
+    # as the package makes its Celery clients: resends stop at the backend timeout
+    client = redis.Redis(port=server.port, socket_timeout=0.5, retry=DeadlineRetry(NoBackoff(), 20))
+    lock = ReentrantLock(client, "cool-stall", ttl=2, owner="task-1", backend_timeout=1)
+    assert lock.acquire()
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        # a stand-in for the task: start_cooldown reads its name only
+        assert start_cooldown(SimpleNamespace(name="proj.report"), lock, 3.0)
+        assert time.monotonic() - started < 2.5
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    assert "could not start the cooldown of" in caplog.text
+    assert lock.hold_count == 0  # not held here, not renewed
+    wait_until(lambda: not server.client().exists(lock.key), 6, "the hold to end")
+    client.close()

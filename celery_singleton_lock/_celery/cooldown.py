@@ -13,6 +13,7 @@ import json
 import logging
 from typing import Any
 
+from .._errors import LockBackendError
 from .._lock import LockSpace, ReentrantLock, text
 from .info import holder_info
 
@@ -36,8 +37,21 @@ def cooldown_after(task: Any, failed: bool) -> float | None:
 
 def start_cooldown(task: Any, lock: ReentrantLock, seconds: float) -> bool:
     """Keep the run's hold on its job's lock for ``seconds`` more instead of releasing it;
-    ``False`` when the hold was lost before (there is nothing to keep)."""
-    kept = lock.park(seconds, holder_info(task.name, lock.owner, COOLDOWN))
+    ``False`` when the hold was lost before (there is nothing to keep, or to release)."""
+    try:
+        kept = lock.park(seconds, holder_info(task.name, lock.owner, COOLDOWN))
+    except LockBackendError as exc:
+        # The hold is no longer renewed either way: it ends with the cooldown if the park
+        # ran, else with the rest of the run's lease. Neither leaves it for longer.
+        log.error(
+            "could not start the cooldown of %s after task %s (%s); the lock ends when its "
+            "lease does (at most %.0f s from now)",
+            lock.key,
+            lock.owner,
+            exc,
+            max(seconds, lock.ttl),
+        )
+        return True
     if kept:
         log.info("%s cools down for %.1f s after task %s", lock.key, seconds, lock.owner)
     return kept
