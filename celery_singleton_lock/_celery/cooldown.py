@@ -14,10 +14,16 @@ import logging
 from typing import Any
 
 from .._errors import LockBackendError
-from .._lock import LockSpace, ReentrantLock, text
+from .._lock import LockSpace, ReentrantLock, get_observer, text
 from .info import holder_info
 
-__all__ = ["COOLDOWN", "cooldown_after", "cooling_down", "start_cooldown"]
+__all__ = [
+    "COOLDOWN",
+    "cooldown_after",
+    "cooling_down",
+    "refusal_reason",
+    "start_cooldown",
+]
 
 log = logging.getLogger("celery_singleton_lock.cooldown")
 
@@ -70,3 +76,22 @@ def cooling_down(space: LockSpace, name: str, holder: str, permits: int = 1) -> 
     except Exception:  # a refusal is handled the same either way: do not fail it for this
         return False
     return False
+
+
+def refusal_reason(task: Any, space: LockSpace, name: str, holder: str, permits: int) -> str:
+    """Why a duplicate of ``task`` was refused the lock ``name`` (one of ``permits`` slots),
+    held by ``holder``: ``"cooldown"`` (its last run ended less than ``lock_cooldown`` ago),
+    ``"limit"`` (every one of its slots is taken) or ``"locked"``. The first two are counted
+    in the metrics (``refusals_total{reason}``)."""
+    if task.locking.options.lock_cooldown is not None and cooling_down(
+        space, name, holder, permits
+    ):
+        reason = "cooldown"
+    elif permits > 1:
+        reason = "limit"
+    else:
+        return "locked"
+    observer = get_observer()
+    if observer is not None:
+        observer.refused_by(task.name, reason)
+    return reason

@@ -26,7 +26,7 @@ from .canvas import (
     refuse_chord_member,
     sent_by_worker,
 )
-from .cooldown import cooling_down
+from .cooldown import refusal_reason
 from .debounce import replace_waiting
 from .info import holder_info
 from .locking import HEADER, TaskLocking, proceed_without_lock
@@ -131,9 +131,7 @@ def publish_once(
     if not reply.acquired:
         ttl = max(reply.pttl, 0) / 1000
         key = space.keys(name).lock
-        cooldown = locking.options.lock_cooldown is not None and cooling_down(
-            space, name, reply.holder, permits
-        )
+        cooldown = refusal_reason(task, space, name, reply.holder, permits) == "cooldown"
         log.info(
             "not publishing %s: a duplicate of task %s, which holds %s (%.1f s left%s)",
             task.name,
@@ -143,10 +141,6 @@ def publish_once(
             " of its cooldown" if cooldown else "",
         )
         observer = get_observer()
-        if observer is not None and cooldown:
-            observer.refused_by(task.name, "cooldown")
-        elif observer is not None and permits > 1:
-            observer.refused_by(task.name, "limit")
         # A canvas member's id is already in the group's, chain's or chord's result, and
         # Celery drops what this returns: it must end (raise or fail), never stay PENDING.
         in_canvas = canvas_member(options)

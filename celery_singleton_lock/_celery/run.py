@@ -21,9 +21,9 @@ from typing import Any, NoReturn
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from .._errors import LockBackendError, TaskLockedError
-from .._lock import AcquireReply, LockSpace, ReentrantLock, get_observer
+from .._lock import AcquireReply, ReentrantLock, get_observer
 from .canvas import chord_member_of
-from .cooldown import cooldown_after, cooling_down, start_cooldown
+from .cooldown import cooldown_after, refusal_reason, start_cooldown
 from .debounce import skip_replaced
 from .info import holder_info
 from .locking import HEADER, SKIPPED, TaskLocking, proceed_without_lock, store_skipped
@@ -289,7 +289,7 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
     if options.lock_debounce is not None and options.lock_at == "publish":
         # its own publish hold was taken over by a later call (or ran out)
         skip_replaced(task, request, lock.key, reply.holder)
-    reason = _refusal_reason(task, space, name, reply)
+    reason = refusal_reason(task, space, name, reply.holder, options.lock_limit)
     if options.lock_at == "queue":
         wait_in_queue(task, request, reply, _retry_countdown(options, request, reply))
     _locked_out(task, request, lock.key, reply, reason)
@@ -301,31 +301,12 @@ def _retry_countdown(options: LockOptions, request: Any, refusal: AcquireReply) 
     return fixed or lock_retry_delay(request.retries, refusal.pttl / 1000)
 
 
-def _refusal_reason(task: Any, space: LockSpace, name: str, refusal: AcquireReply) -> str:
-    """Why the job's lock was refused: ``"cooldown"`` (its last run ended less than
-    ``lock_cooldown`` ago), ``"limit"`` (every one of its ``lock_limit`` slots is taken) or
-    ``"locked"``; the first two are counted in the metrics."""
-    observer = get_observer()
-    options = task.locking.options
-    if options.lock_cooldown is not None and cooling_down(
-        space, name, refusal.holder, options.lock_limit
-    ):
-        reason = "cooldown"
-    elif options.lock_limit > 1:
-        reason = "limit"
-    else:
-        return "locked"
-    if observer is not None:
-        observer.refused_by(task.name, reason)
-    return reason
-
-
 def _locked_out(
     task: Any, request: Any, key: str, refusal: AcquireReply, reason: str = "locked"
 ) -> NoReturn:
     """A run-time duplicate: raise, retry or skip, as ``lock_on_locked`` says; a chord
     header member that would be skipped fails instead (a skip never reaches its chord).
-    ``reason``: see :func:`_refusal_reason` (a skip records it)."""
+    ``reason``: see :func:`~.cooldown.refusal_reason` (a skip records it)."""
     options = task.locking.options
     observer = get_observer()
     if options.lock_on_locked == "raise":
