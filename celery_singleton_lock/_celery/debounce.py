@@ -21,7 +21,7 @@ from typing import Any
 from celery.exceptions import Ignore
 
 from .._lock import LockSpace, get_observer
-from .info import queued_by
+from .info import release_queued
 from .locking import store_skipped
 
 __all__ = ["REPLACED", "replace_waiting", "skip_replaced"]
@@ -35,14 +35,8 @@ REPLACED = "replaced"
 def replace_waiting(task: Any, space: LockSpace, name: str, holder: str, by: str) -> bool:
     """Free ``name`` from ``holder`` if that hold is a message still waiting (not a run, not a
     cooldown), so the call ``by`` can take it; returns whether it was freed."""
-    if not holder:
-        return False
-    state = space.inspect(name)
-    if state.run_token or not queued_by(state.info, holder):
+    if not release_queued(space, name, holder):
         return False  # a run holds it (or its cooldown): nothing waits to be replaced
-    # Checked again in Redis, in one step with the release: a run that entered meanwhile keeps it.
-    if not space.force_release(name, holder=holder, unentered=True):
-        return False
     log.info(
         "%s: task %s replaces task %s, which was still waiting (lock_debounce)",
         task.name,

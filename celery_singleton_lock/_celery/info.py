@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Callable
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
-from .._lock import text
+from .._lock import LockSpace, text
 
-__all__ = ["HOST", "holder_info", "queued_by"]
+__all__ = ["HOST", "holder_info", "queued_by", "release_queued"]
 
 HOST = socket.gethostname()
 _HOST_JSON = _json_str(HOST)
@@ -49,3 +50,20 @@ def queued_by(info: Any, holder: str) -> bool:
     except ValueError:
         return False
     return isinstance(data, dict) and data.get("state") == "queued" and data.get("id") == holder
+
+
+def release_queued(
+    space: LockSpace, name: str, holder: str, also: Callable[[], bool] | None = None
+) -> bool:
+    """Force-release ``name`` from ``holder`` only while ``holder`` holds it for its queued
+    message (its info says so and no run has entered it) and ``also()`` agrees; returns
+    whether it was released. The force release checks the holder and the run token again in
+    Redis, in one step, so a run that enters meanwhile keeps its lock."""
+    if not holder:
+        return False
+    state = space.inspect(name)
+    if state.run_token or not queued_by(state.info, holder):
+        return False
+    if also is not None and not also():
+        return False
+    return space.force_release(name, holder=holder, unentered=True)

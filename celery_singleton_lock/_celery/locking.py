@@ -137,7 +137,7 @@ class TaskLocking:
         limit = self.options.lock_limit
         states = [space.inspect(name)] if limit == 1 else space.inspect_permits(name, limit)
         if self.options.lock_at == "queue":
-            states.append(space.inspect(name + QUEUED))
+            states.append(space.inspect(self.message_lock(name)))
         return states
 
     def prefix(self, app: Any) -> str:

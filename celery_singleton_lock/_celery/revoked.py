@@ -14,7 +14,7 @@ from typing import Any
 from celery import signals, states
 
 from .._lock import LockSpace
-from .info import queued_by
+from .info import release_queued
 from .locking import HEADER
 from .worker import release_for_request
 
@@ -33,15 +33,10 @@ def free_revoked_holder(task: Any, space: LockSpace, name: str, holder: str) -> 
     holder's state is REVOKED, and atomically (the force release checks the holder and the run
     token again in Redis), so a run that starts meanwhile keeps its lock. One extra read on a
     refused acquire; on any error the duplicate is handled as if the holder were alive."""
-    if not holder:
-        return False
     try:
-        state = space.inspect(name)
-        if state.run_token or not queued_by(state.info, holder):
-            return False
-        if task.backend.get_state(holder) != states.REVOKED:
-            return False
-        freed = space.force_release(name, holder=holder, unentered=True)
+        freed = release_queued(
+            space, name, holder, lambda: task.backend.get_state(holder) == states.REVOKED
+        )
     except Exception as exc:
         log.debug("not freeing %s of revoked task %s: %r", name, holder, exc)
         return False
