@@ -19,6 +19,11 @@ What it measures:
 1. Uncontended acquire+release cycles/s, one client and one connection pool for everyone:
    - the floor: ``SET key token NX PX`` + ``EVALSHA`` compare-and-delete (exactly 2 round trips,
      through the same redis-py client methods any lock would call);
+   - the bare hash lock of section 3's push floor (its two scripts: ``HSET`` + ``PEXPIRE`` if
+     the key is free; ``DEL`` + ``PUBLISH`` if the token holds it), uncontended: the least a
+     lock with this package's structure (one hash per lock, field = owner, with a lease) costs
+     the server, with none of its guarantees (re-entry, fencing, resend and cancel safety, run
+     tokens, operator info, wake-ups only when someone waits);
    - ``ReentrantLock`` with its heartbeat on (``renew=True``);
    - redis-py's ``redis.lock.Lock`` and python-redis-lock's ``redis_lock.Lock``;
    - as a diagnostic without a target, ReentrantLock's two Redis calls alone (its Lua scripts
@@ -245,6 +250,7 @@ def make_lock(kind: str, client: Any, names: Names, name: str) -> Any:
 LABELS = {
     "floor_push": "floor: bare hash lock woken by PUBLISH",
     "floor": "floor: SET NX PX + EVALSHA del-if-equal",
+    "bare_hash": "bare hash lock (push floor's scripts), uncontended",
     "csl": "ReentrantLock (renew=True)",
     "scripts": "  (its 2 Lua calls alone, no lock object)",
     "redispy": f"redis-py {redis.__version__} Lock",
@@ -311,7 +317,25 @@ def section_uncontended(client: Any, names: Names, rounds: int, cycles: int) -> 
 
         return run
 
-    contenders: dict[str, Callable[[int], None]] = {"floor": run_floor}
+    bare_take = client.script_load(_PUSH_TAKE)
+    bare_give = client.script_load(_PUSH_GIVE)
+    bare_key = names.plain("uncontended-bare")
+
+    def run_bare_hash(n: int) -> None:
+        evalsha, key, channel, tok, px = (
+            client.evalsha,
+            bare_key,
+            bare_key + ":wake",
+            token,
+            lease_ms,
+        )
+        for _ in range(n):
+            if evalsha(bare_take, 1, key, tok, px) != -1:
+                raise RuntimeError("bare hash lock: the take failed on a free key")
+            if evalsha(bare_give, 2, key, channel, tok) != 1:
+                raise RuntimeError("bare hash lock: the release did not delete")
+
+    contenders: dict[str, Callable[[int], None]] = {"floor": run_floor, "bare_hash": run_bare_hash}
     for kind in ("csl", "redispy", "prl"):
         if kind == "prl" and redis_lock is None:
             continue

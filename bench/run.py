@@ -89,8 +89,7 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
     ]
     rows = [
         ("floor: SET NX PX + CAD, through redis-py", "floor", None),
-        ("floor: the same on a raw kept connection", "floor_direct", None),
-        ("floor: bare hash lock woken by PUBLISH", None, "floor_push"),
+        ("floor: bare hash lock woken by PUBLISH", "bare_hash", "floor_push"),
         (u["contenders"]["redispy"]["label"] + " (polls)", "redispy", "redispy"),
         ("python-redis-lock", "prl", "prl"),
         ("**ReentrantLock** (renew=True)", "csl", "csl"),
@@ -206,9 +205,8 @@ def render_chart(results: dict[str, Any], path: Path) -> None:
             ax.text(v, y, f" {v:.2f}", va="center", fontsize=8)
         finish(ax, values, title)
 
-    kinds = [k for k in ("floor_direct", "redispy", "prl", "csl") if k in u]
+    kinds = [k for k in ("redispy", "prl", "csl") if k in u]
     labels = {
-        "floor_direct": "floor, raw connection",
         "redispy": "redis-py Lock",
         "prl": "python-redis-lock",
         "csl": "ReentrantLock",
@@ -222,10 +220,10 @@ def render_chart(results: dict[str, Any], path: Path) -> None:
     )
     sk = [
         k
-        for k in ("redispy", "prl", "csl", "scripts")
+        for k in ("bare_hash", "redispy", "prl", "csl", "scripts")
         if k in u and u[k].get("server_ratio_to_floor") is not None
     ]
-    server_labels = {**labels, "scripts": "its two scripts alone"}
+    server_labels = {**labels, "scripts": "its two scripts alone", "bare_hash": "bare hash lock"}
     bars(
         axes[1],
         [server_labels[k] for k in sk],
