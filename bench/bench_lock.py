@@ -322,13 +322,8 @@ def section_uncontended(client: Any, names: Names, rounds: int, cycles: int) -> 
     bare_key = names.plain("uncontended-bare")
 
     def run_bare_hash(n: int) -> None:
-        evalsha, key, channel, tok, px = (
-            client.evalsha,
-            bare_key,
-            bare_key + ":wake",
-            token,
-            lease_ms,
-        )
+        evalsha, key, tok, px = client.evalsha, bare_key, token, lease_ms
+        channel = key + ":wake"
         for _ in range(n):
             if evalsha(bare_take, 1, key, tok, px) != -1:
                 raise RuntimeError("bare hash lock: the take failed on a free key")
