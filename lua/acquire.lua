@@ -5,6 +5,10 @@
 --   fence       the last fencing token
 --   req         the request id of the last acquire (a resent acquire is not counted twice)
 --   run, info   the holder's run token and operator info
+--   state       the hold's state, a label its holder gives it (the Celery layer's queued,
+--               running, requeued, cooldown): operator commands act on it (a release of only
+--               the holds in a given state, see force_release.lua), so it is a field of its own,
+--               never read out of the display text in info
 --   rel         the request id of the last release (see release.lua)
 --   w           while acquires may wait: until when (server time, ms) a refused acquire waits
 --               for a wake-up at most (the holder's lease left when it was refused, plus a
@@ -31,6 +35,7 @@
 --          owner (the task id) may re-enter, but not while another run of the same owner
 --          holds it, so a message redelivered while its first run is alive is refused
 --          ({0, pttl, owner, "run"}).
+-- ARGV[7]  the hold's state (absent or "" for none; on a re-entry, "" keeps the one it has)
 --
 -- Returns, after Redisson's "nil or remaining lease" reply, with the details callers need:
 --   fence (an integer)            acquired by a new holder (hold count 1)
@@ -86,13 +91,13 @@ if pttl == -2 then
     local x = tonumber(m[3])
     if x and x >= now_ms + t then
         redis.call('hset', meta, 'fence', fence, 'req', request, 'info', ARGV[5] or '',
-            'run', ARGV[6] or '')
+            'run', ARGV[6] or '', 'state', ARGV[7] or '')
     else
         -- Half a retention more than needed, so the acquires of the next half retention need
         -- not write it (x: a second early, for the time PEXPIRE counts from).
         local keep = t + math.floor((t - l) / 2)
         redis.call('hset', meta, 'fence', fence, 'req', request, 'info', ARGV[5] or '',
-            'run', ARGV[6] or '', 'x', math.floor(now_ms) - 1000 + keep)
+            'run', ARGV[6] or '', 'state', ARGV[7] or '', 'x', math.floor(now_ms) - 1000 + keep)
         redis.call('pexpire', meta, keep)
     end
     if m[4] and tonumber(m[4]) < now_ms then
@@ -144,12 +149,18 @@ end
 count = redis.call('hincrby', lock, owner, 1)
 redis.call('pexpire', lock, lease)
 if run == '' then run = held_run or '' end
-local info = ARGV[5] or ''
+-- info and state are written only when given: a re-entry without them keeps the hold's
+local info, hold_state = ARGV[5] or '', ARGV[7] or ''
+local fields = {'fence', fence, 'req', request, 'run', run}
 if info ~= '' then
-    redis.call('hset', meta, 'fence', fence, 'req', request, 'run', run, 'info', info)
-else
-    redis.call('hset', meta, 'fence', fence, 'req', request, 'run', run)
+    fields[#fields + 1] = 'info'
+    fields[#fields + 1] = info
 end
+if hold_state ~= '' then
+    fields[#fields + 1] = 'state'
+    fields[#fields + 1] = hold_state
+end
+redis.call('hset', meta, unpack(fields))
 -- This lease may be another than the holder's: the meta hash is set to outlive it (x goes,
 -- as this may shorten the TTL).
 redis.call('hdel', meta, 'x')

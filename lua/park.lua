@@ -10,6 +10,7 @@
 -- ARGV[2]  lease in milliseconds for the wait in the queue
 -- ARGV[3]  how long the meta hash outlives the lease, ms
 -- ARGV[4]  operator info ("" to keep the current one)
+-- ARGV[5]  the hold's state while parked (see acquire.lua; absent or "" to keep the current one)
 --
 -- Returns 1 when parked, 0 when the owner did not hold the lock (its lease was lost).
 
@@ -27,6 +28,9 @@ redis.call('pexpire', lock, string.format('%d', lease))
 redis.call('hdel', meta, 'run', 'x') -- x: the TTL set below may be shorter (see acquire.lua)
 if ARGV[4] ~= '' then
     redis.call('hset', meta, 'info', ARGV[4])
+end
+if ARGV[5] and ARGV[5] ~= '' then
+    redis.call('hset', meta, 'state', ARGV[5])
 end
 redis.call('pexpire', meta, string.format('%d', lease + tonumber(ARGV[3])))
 return 1

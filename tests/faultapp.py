@@ -448,6 +448,36 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     def debounced_queue(self: Any, job: str, seconds: float = 0.0) -> str:
         return _recorded(self, job, seconds)
 
+    # Where features meet operator commands (tests/test_celery_seams.py).
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.cooled_long", lock_cooldown=60.0,
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def cooled_long(self: Any, job: str) -> str:
+        return _recorded(self, job, 0.0)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.retry_later", lock_at="publish",
+        max_retries=1, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def retry_later(self: Any, job: str, countdown: float = 60.0) -> str:
+        """Its first run retries with ``countdown`` (its hold parked meanwhile), then runs."""
+        result = _recorded(self, job, 0.0)
+        if self.request.retries == 0:
+            raise self.retry(countdown=countdown)
+        return result
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.debounced_retry", lock_at="publish",
+        lock_debounce=0.2, max_retries=1, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def debounced_retry(self: Any, job: str, countdown: float = 3.0) -> str:
+        """A debounced job whose first run retries with ``countdown``, then runs."""
+        result = _recorded(self, job, 0.0)
+        if self.request.retries == 0:
+            raise self.retry(countdown=countdown)
+        return result
+
     return app
 
 

@@ -93,3 +93,39 @@ def test_a_dropped_duplicate_leaves_the_running_holders_lock(
     assert known.lock_holder("k3") == holder.id
     gates.open("k3")
     assert holder.get(timeout=10) == "k3"
+
+
+def test_a_dropped_compat_singleton_frees_its_lock_under_its_own_prefix(
+    env: CeleryEnv, publisher: Celery
+) -> None:
+    """A drop-in ``Singleton`` task keeps its locks under celery-singleton's prefix
+    (``SINGLETONLOCK_``), not the app's: the worker that drops its message, not knowing the
+    task, frees the lock where its publisher took it."""
+    from celery_singleton_lock.compat.singleton import Singleton
+
+    @app_task(publisher, base=Singleton, shared=False, name="dropped.ghost_singleton")
+    def ghost(key: str) -> str:
+        return key
+
+    first = ghost.delay("k4")
+    assert ghost.lock_key_for("k4").startswith("SINGLETONLOCK_:{")  # its own prefix
+    assert ghost.is_locked("k4")
+    wait_until(lambda: not ghost.is_locked("k4"), 10, "the dropped message's lock to go")
+    assert ghost.delay("k4").id != first.id
+
+
+def test_dropped_messages_free_every_slot_they_held(env: CeleryEnv, publisher: Celery) -> None:
+    """With ``lock_limit=2`` each queued message holds one of the job's two slots: both are
+    freed when the worker drops both messages, whichever slot each took."""
+
+    @app_task(
+        publisher, base=LockedTask, shared=False, name="dropped.ghost_limited", lock_at="publish",
+        lock_limit=2,
+    )  # fmt: skip
+    def limited(key: str) -> str:
+        return key
+
+    first, second = limited.delay("k5"), limited.delay("k5")
+    assert first.id != second.id and limited.is_locked("k5")
+    wait_until(lambda: not limited.is_locked("k5"), 10, "both slots to be freed")
+    assert limited.delay("k5").id not in {first.id, second.id}

@@ -51,6 +51,16 @@ def custom(x: Any, y: Any = 2) -> None:
     return None
 
 
+@app_task(app, base=LockedTask, name="keys.report", lock_at="publish")
+def report(user_id: Any, day: Any) -> None:
+    return None
+
+
+@app_task(app, base=LockedTask, name="keys.loose", typing=False)
+def loose(user_id: Any, day: Any) -> None:
+    return None
+
+
 LONG_NAME = "keys." + "n" * 1000
 
 
@@ -198,7 +208,12 @@ _kwargs = st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), _values, max_si
 def test_property_key_never_crashes_and_survives_json_and_pickle(
     args: list[Any], kwargs: dict[str, Any]
 ) -> None:
-    key = anyargs.lock_key_for(*args, **kwargs)
+    try:
+        key = anyargs.lock_key_for(*args, **kwargs)
+    except TypeError as exc:
+        # Arguments that do not fit (a parameter given twice): the error names the task.
+        assert "'keys.any' takes (" in str(exc) and "multiple values" in str(exc)
+        return
     assert isinstance(key, str)
     assert len(key) <= 300
     for serializer in ("json", "pickle"):
@@ -237,3 +252,23 @@ def test_keys_have_a_bounded_length() -> None:
     # a very long task name: bounded, and two names that differ at the end stay apart
     k3, k4 = long_named.lock_key_for(1), long_named2.lock_key_for(1)
     assert len(k3) <= 300 and len(k4) <= 300 and k3 != k4
+
+
+def test_arguments_that_do_not_fit_the_task_name_it_and_what_is_missing(env: CeleryEnv) -> None:
+    """``release_lock(7)`` on a task of ``(user_id, day)`` must not answer about a lock made of
+    the raw arguments, which no call of the task ever takes: it raises, naming the task and the
+    missing argument, and so do the other lookups and a publish (which sends nothing)."""
+    for lookup in (report.release_lock, report.is_locked, report.lock_holder, report.lock_key_for):
+        with pytest.raises(TypeError, match=r"'keys.report'.*missing a required argument: 'day'"):
+            lookup(7)
+    with pytest.raises(TypeError, match=r"'keys.report'.*unexpected keyword argument 'days'"):
+        report.is_locked(7, "2024-05-01", days=1)
+    before = env.broker.llen("celery")
+    with pytest.raises(TypeError, match="missing a required argument: 'day'"):
+        report.delay(7)
+    assert env.broker.llen("celery") == before
+    assert not env.locks.keys("lock:{keys.report:*")
+    # The arguments that fit make the key every call of the job takes.
+    assert report.lock_key_for(7, "2024-05-01") == report.lock_key_for(user_id=7, day="2024-05-01")
+    # A task with typing=False (Celery checks no arguments either) keeps a key of its own.
+    assert loose.lock_key_for(7).startswith("lock:{keys.loose:")

@@ -40,7 +40,7 @@ from redis.backoff import NoBackoff
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace, ReentrantLock
 from celery_singleton_lock._celery.cooldown import start_cooldown
-from celery_singleton_lock._celery.info import holder_info
+from celery_singleton_lock._celery.info import HoldState, holder_info
 from celery_singleton_lock._lock import DeadlineRetry
 from celery_singleton_lock._ops.cli import main as cli_main
 from celery_singleton_lock._ops.locks import find_locks
@@ -341,7 +341,7 @@ def test_publish_slots_listed_and_refusals_counted(local_app: Celery, server: Re
             == 1.0
         )
 
-        # A cooldown, as a run of the job leaves it: its hold kept, unrenewed, info "cooldown".
+        # A cooldown, as a run of the job leaves it: its hold kept, unrenewed, in state "cooldown".
         cooled_day = new_job("cooled")
         space = report.locking.space(local_app)
         report_name = report.locking.lock_name(report.name, [cooled_day], {})
@@ -350,7 +350,8 @@ def test_publish_slots_listed_and_refusals_counted(local_app: Celery, server: Re
             report_name,
             "last-run",
             5,
-            info=holder_info(report.name, "last-run", "cooldown"),
+            info=holder_info(report.name, "last-run"),
+            state=HoldState.COOLDOWN,
             permits=2,
         )
         assert space.take(report_name, "other-run", 30, permits=2).acquired  # the second slot
@@ -374,7 +375,11 @@ def test_publish_slots_listed_and_refusals_counted(local_app: Celery, server: Re
         raising_name = report_raising.locking.lock_name(report_raising.name, [cooled_day], {})
         assert space.take(raising_name, "last-run", 30).acquired
         assert space.park(
-            raising_name, "last-run", 5, info=holder_info(report.name, "last-run", "cooldown")
+            raising_name,
+            "last-run",
+            5,
+            info=holder_info(report.name, "last-run"),
+            state=HoldState.COOLDOWN,
         )
         with pytest.raises(AlreadyQueuedError, match="cools down for") as refused:
             report_raising.delay(cooled_day)

@@ -13,9 +13,7 @@ from celery_singleton_lock import ReentrantLock
 from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
 
-TASK_INFO = json.dumps(
-    {"task": "proj.rebuild", "id": "task-1", "state": "running", "host": "w1", "pid": 4242}
-)
+TASK_INFO = json.dumps({"task": "proj.rebuild", "id": "task-1", "host": "w1", "pid": 4242})
 
 
 def cli(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
@@ -36,7 +34,7 @@ def listed(server: RedisServer) -> list[dict[str, Any]]:
 
 def test_list_shows_who_holds_what(redis_server: RedisServer, redis_client: Any) -> None:
     task_lock = ReentrantLock(
-        redis_client, "proj.rebuild:abc", ttl=30, owner="task-1", info=TASK_INFO
+        redis_client, "proj.rebuild:abc", ttl=30, owner="task-1", info=TASK_INFO, state="running"
     )
     plain = ReentrantLock(redis_client, "plain", ttl=20)
     assert task_lock.acquire(blocking=False) and plain.acquire(blocking=False)
@@ -109,9 +107,12 @@ def test_purge_frees_the_matching_locks(redis_server: RedisServer, redis_client:
 def test_purge_queued_frees_only_locks_no_run_entered(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
-    """After `celery purge`: the locks of queued messages go, a running task's stays."""
+    """After `celery purge`: the locks of queued messages go (a publish-time hold, labelled
+    "queued"), a running task's stays, and so does a hold in no state (a plain lock's).
+    tests/test_celery_seams.py does the same with real jobs, a cooldown, a retry and a beat."""
     space = LockSpace(redis_client)
-    assert space.take("proj.job:queued", "task-1", 30).acquired  # a publish-time hold
+    assert space.take("proj.job:queued", "task-1", 30, state="queued").acquired
+    assert space.take("proj.job:plain", "someone", 30).acquired
     running = ReentrantLock(
         redis_client, "proj.job:running", ttl=30, owner="task-2", run_token="run-1", renew=False
     )
@@ -119,7 +120,10 @@ def test_purge_queued_frees_only_locks_no_run_entered(
     done = cli(redis_server, "purge", "--queued", "--yes", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"released": 1}
-    assert [v["key"] for v in listed(redis_server)] == ["lock:{proj.job:running}"]
+    assert [v["key"] for v in listed(redis_server)] == [
+        "lock:{proj.job:plain}",
+        "lock:{proj.job:running}",
+    ]
     running.release()
 
 

@@ -85,16 +85,16 @@ def test_setting_sees_changes_made_after_the_first_read() -> None:
 
 
 @pytest.mark.parametrize(
-    ("task", "task_id", "state"),
-    [("a.b", "0f-1", "running"), ('é"x\n', "id\u2028", "queued"), ("t" * 300, "💥", "x")],
+    ("task", "task_id", "limit"),
+    [("a.b", "0f-1", 1), ('é"x\n', "id\u2028", 3), ("t" * 300, "💥", 1)],
 )
-def test_info_is_the_json_it_always_was(task: str, task_id: str, state: str) -> None:
-    expected = json.dumps(
-        {"task": task, "id": task_id, "state": state, "host": HOST, "pid": os.getpid()},
-        separators=(",", ":"),
-    )
-    assert holder_info(task, task_id, state) == expected
-    assert json.loads(holder_info(task, task_id, state))["id"] == task_id
+def test_info_is_the_json_it_says(task: str, task_id: str, limit: int) -> None:
+    fields: dict[str, object] = {"task": task, "id": task_id, "host": HOST, "pid": os.getpid()}
+    if limit != 1:
+        fields["limit"] = limit
+    expected = json.dumps(fields, separators=(",", ":"))
+    assert holder_info(task, task_id, limit) == expected
+    assert json.loads(holder_info(task, task_id, limit))["id"] == task_id
 
 
 def test_a_wrapped_execute_command_still_sees_every_script(redis_client: Any) -> None:

@@ -3,15 +3,15 @@
 Hypothesis drives acquire (new holder, re-entry, refusal, another run refused), a resent
 acquire, cancel, release (one hold, all), a resent release (at once, and after the owner took
 the lock again), expiry, the meta hash deleted under a holder, force release (any, by holder,
-unentered only), park and renew, over several owners and names, against a real Redis. After
-every step Redis (read atomically by inspect.lua) must agree with the model: the same owners and
-counts, a lease on every held lock, fences that only grow for new holders; and a release that
-frees a lock publishes its wake-up exactly when an acquire was refused meanwhile (or the meta
-hash that would say so was lost). A final check proves that every branch listed in
+only in given hold states), park and renew, over several owners and names, against a real Redis.
+After every step Redis (read atomically by inspect.lua) must agree with the model: the same
+owners and counts, a lease on every held lock, fences that only grow for new holders; and a
+release that frees a lock publishes its wake-up exactly when an acquire was refused meanwhile
+(or the meta hash that would say so was lost). A final check proves that every branch listed in
 ``BRANCHES`` was reached.
 
-A second machine does the same for a :class:`Semaphore` of 1 to 3 permits: acquire, re-entry
-(in the process, and through Redis for another process of the owner), release, release_all,
+A second machine does the same for a :class:`Semaphore` of 1 to 3 permits: acquire, re-entry (in
+the process, and through Redis for another process of the owner), release, release_all,
 ``LockSpace`` take and release, and expiry, over several owners; never more owners hold a name
 than it has permits, and every reply is the model's (``SEM_BRANCHES`` all reached).
 """
@@ -46,6 +46,8 @@ from celery_singleton_lock.testing import RedisServer
 NAMES = ["a", "}b"]
 OWNERS = ["o1", "o2", "o3"]
 RUNS = ["", "r1", "r2"]
+#: hold states (labels the holder gives its hold; "" for none)
+STATES = ["", "queued", "cooldown"]
 #: two leases, both far longer than a run of the machine: a hold re-entered or cancelled
 #: with another lease than its own must keep its meta hash past the lock
 LEASES = [60_000, 600_000]
@@ -74,6 +76,7 @@ BRANCHES = {
     "release:resent_after_reacquire",
     "force:released",
     "force:refused",
+    "force:wrong_state",
     "park:parked",
     "park:not_owner",
     "renew:renewed",
@@ -86,6 +89,7 @@ reached: Counter[str] = Counter()
 class LockModel:
     owners: dict[str, int] = field(default_factory=dict)
     run: str = ""
+    state: str = ""
     fence: int | None = None
     highest_fence: int = 0
     #: the last acquire that wrote the meta hash: (request id, owner, lease), while it is the
@@ -147,14 +151,18 @@ class LockMachine(RuleBasedStateMachine):
         owner=st.sampled_from(OWNERS),
         run=st.sampled_from(RUNS),
         lease=st.sampled_from(LEASES),
+        hold_state=st.sampled_from(STATES),
     )
-    def acquire(self, name: str, owner: str, run: str, lease: int) -> None:
+    def acquire(self, name: str, owner: str, run: str, lease: int, hold_state: str) -> None:
         model, request = self.model[name], new_request_id()
-        reply = commands.acquire(self.client, self.keys[name], owner, lease, request, "", run)
+        reply = commands.acquire(
+            self.client, self.keys[name], owner, lease, request, "", run, hold_state
+        )
         if model.holder is None:
             assert reply.acquired and reply.hold_count == 1
             assert reply.fence is not None and reply.fence > model.highest_fence
             model.owners[owner], model.run, model.fence = 1, run, reply.fence
+            model.state = hold_state
             model.highest_fence, model.meta_gone = reply.fence, False
             model.last_request = (request, owner, lease)
             reached["acquire:new"] += 1
@@ -179,15 +187,21 @@ class LockMachine(RuleBasedStateMachine):
             model.fence = reply.fence
             model.owners[owner] += 1
             model.run = run or model.run
+            model.state = hold_state or model.state
             model.last_request = (request, owner, lease)
 
-    @rule(name=st.sampled_from(NAMES), run=st.sampled_from(RUNS), lease=st.sampled_from(LEASES))
-    def reenter(self, name: str, run: str, lease: int) -> None:
+    @rule(
+        name=st.sampled_from(NAMES),
+        run=st.sampled_from(RUNS),
+        lease=st.sampled_from(LEASES),
+        hold_state=st.sampled_from(STATES),
+    )
+    def reenter(self, name: str, run: str, lease: int, hold_state: str) -> None:
         """The holder acquires again (a run after its publisher's hold, a redelivery): nested
         holds, and runs that clash, are common rather than a 1-in-9 draw."""
         holder = self.model[name].holder
         if holder is not None:
-            self.acquire(name, holder, run, lease)
+            self.acquire(name, holder, run, lease, hold_state)
 
     @rule(name=st.sampled_from(NAMES))
     def resend_last_acquire(self, name: str) -> None:
@@ -292,7 +306,7 @@ class LockMachine(RuleBasedStateMachine):
             model.free()
             self.check_wake_up(name)
         if reacquire and not left:
-            self.acquire(name, owner, "", LEASES[0])
+            self.acquire(name, owner, "", LEASES[0], "")
             second = int(scripts.RELEASE(self.client, keys.pair, args))
             assert second == model.owners[owner] == 1  # what is left: the new hold, kept
             reached["release:resent_after_reacquire"] += 1
@@ -321,21 +335,21 @@ class LockMachine(RuleBasedStateMachine):
         # evicted meta hash, not a lock: the owners and the lease are in the lock hash), and so
         # does the mark of a waiter.
         model.meta_gone, model.last_request, model.run = True, None, ""
-        model.waiter = False
+        model.waiter, model.state = False, ""
 
     @rule(
         name=st.sampled_from(NAMES),
         holder=st.sampled_from(["", *OWNERS]),
-        unentered=st.booleans(),
+        states=st.sampled_from([(), ("queued",), ("queued", "cooldown")]),
     )
-    def force_release(self, name: str, holder: str, unentered: bool) -> None:
+    def force_release(self, name: str, holder: str, states: tuple[str, ...]) -> None:
         model = self.model[name]
-        done = commands.force_release(self.client, self.keys[name], holder, unentered=unentered)
-        expected = (
-            model.holder is not None
-            and (not holder or holder in model.owners)
-            and not (unentered and model.run)
-        )
+        done = commands.force_release(self.client, self.keys[name], holder, states=states)
+        in_state = not states or (model.state in states and not model.run)
+        expected = model.holder is not None and (not holder or holder in model.owners)
+        if expected and not in_state:
+            reached["force:wrong_state"] += 1
+        expected = expected and in_state
         assert done == expected
         assert self.wake_ups(name) == int(done)  # a forced release always publishes
         if done:
@@ -345,13 +359,19 @@ class LockMachine(RuleBasedStateMachine):
         else:
             reached["force:refused"] += 1
 
-    @rule(name=st.sampled_from(NAMES), owner=st.sampled_from(OWNERS), lease=st.sampled_from(LEASES))
-    def park(self, name: str, owner: str, lease: int) -> None:
+    @rule(
+        name=st.sampled_from(NAMES),
+        owner=st.sampled_from(OWNERS),
+        lease=st.sampled_from(LEASES),
+        hold_state=st.sampled_from(STATES),
+    )
+    def park(self, name: str, owner: str, lease: int, hold_state: str) -> None:
         model = self.model[name]
-        parked = commands.park(self.client, self.keys[name], owner, lease)
+        parked = commands.park(self.client, self.keys[name], owner, lease, "", hold_state)
         assert parked == (owner in model.owners)
         if parked:
             model.run = ""
+            model.state = hold_state or model.state
             reached["park:parked"] += 1
         else:
             reached["park:not_owner"] += 1
@@ -373,6 +393,7 @@ class LockMachine(RuleBasedStateMachine):
             if model.owners:
                 assert state.pttl > 0  # never a lock without a lease
                 assert state.run_token == model.run
+                assert state.state == model.state
                 if not model.meta_gone:
                     assert state.fence == model.fence
             meta_pttl = self.client.pttl(self.keys[name].meta)

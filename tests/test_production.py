@@ -107,7 +107,7 @@ def test_the_documented_acl_user_runs_every_lock_operation(
 def test_what_a_held_lock_costs(server: RedisServer) -> None:
     client = server.client()
     task_id = "3f1c2a9e-8d41-4c59-9a71-2b7e3d3f0c11"
-    info = holder_info("proj.tasks.report", task_id, "running")
+    info = holder_info("proj.tasks.report", task_id)
     name = "proj.tasks.report:5d41402abc4b2a76b9719d911017c592"
     lock = ReentrantLock(client, name, ttl=30, owner=task_id, info=info)
     assert lock.acquire()

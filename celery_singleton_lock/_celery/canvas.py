@@ -34,7 +34,9 @@ from celery import signals
 from celery.app.task import Context
 
 from .._errors import AlreadyQueuedError, ChordDuplicateError
-from .locking import HEADER
+from .client import lock_space
+from .info import HoldState
+from .locking import MessageLock
 
 __all__ = [
     "CANVAS_OPTIONS",
@@ -121,8 +123,10 @@ def fail_member(
 _local = threading.local()
 
 
-def _sent_headers() -> OrderedDict[str, list[tuple[str, str]]]:
-    headers: OrderedDict[str, list[tuple[str, str]]] | None = getattr(_local, "headers", None)
+def _sent_headers() -> OrderedDict[str, list[tuple[str, MessageLock]]]:
+    headers: OrderedDict[str, list[tuple[str, MessageLock]]] | None = getattr(
+        _local, "headers", None
+    )
     if headers is None:
         headers = _local.headers = OrderedDict()
     return headers
@@ -134,12 +138,13 @@ def _after_publish(
     headers: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> None:
-    """Note each publish-locked chord header member this thread sends (its task id and lock
-    name), so a duplicate met later in the same header can revoke them."""
-    if not headers or HEADER not in headers:
+    """Note each publish-locked chord header member this thread sends (its task id and
+    lock), so a duplicate met later in the same header can revoke them."""
+    lock = MessageLock.of(headers)
+    if lock is None or headers is None:
         return
-    group_id, task_id, name = headers.get("group"), headers.get("id"), headers.get(HEADER)
-    if not (isinstance(group_id, str) and isinstance(task_id, str) and isinstance(name, str)):
+    group_id, task_id = headers.get("group"), headers.get("id")
+    if not (isinstance(group_id, str) and isinstance(task_id, str)):
         return
     try:
         embed = body[2]
@@ -154,7 +159,7 @@ def _after_publish(
         sent[group_id] = []
         while len(sent) > _HEADERS_KEPT:
             sent.popitem(last=False)
-    sent[group_id].append((task_id, name))
+    sent[group_id].append((task_id, lock))
 
 
 signals.after_task_publish.connect(
@@ -179,12 +184,18 @@ def refuse_chord_member(
             revoked = ids
         except Exception as exc:
             log.error("could not revoke the members already sent to chord %s: %r", group_id, exc)
-        space = task.locking.space(app)
-        for task_id, name in sent:
+        for task_id, lock in sent:
             try:
-                space.force_release(name, holder=task_id, unentered=True)
+                # Each member's own lock space: the members may be tasks of other classes.
+                space = lock_space(app, lock.prefix)
+                space.force_release(
+                    lock.name,
+                    holder=task_id,
+                    states=(HoldState.QUEUED,),
+                    permits=lock.permits,
+                )
             except Exception as exc:  # the lock frees itself when its queue lease ends
-                log.error("could not free %s of revoked task %s: %r", name, task_id, exc)
+                log.error("could not free %s of revoked task %s: %r", lock.name, task_id, exc)
     in_header = any(task_id == holder for task_id, _ in sent)
     log.warning(
         "chord %s not sent: %s is a duplicate of task %s in its header (%d member(s) sent "

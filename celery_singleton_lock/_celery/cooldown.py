@@ -9,16 +9,14 @@ cooldown left. Nothing runs in the background: the lease ending is the end of th
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from .._errors import LockBackendError
-from .._lock import LockSpace, ReentrantLock, get_observer, text
-from .info import holder_info
+from .._lock import LockSpace, ReentrantLock, get_observer
+from .info import HoldState, holder_info
 
 __all__ = [
-    "COOLDOWN",
     "cooldown_after",
     "cooling_down",
     "refusal_reason",
@@ -26,9 +24,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("celery_singleton_lock.cooldown")
-
-#: the ``state`` in a hold's operator info while its job cools down
-COOLDOWN = "cooldown"
 
 
 def cooldown_after(task: Any, failed: bool) -> float | None:
@@ -45,7 +40,7 @@ def start_cooldown(task: Any, lock: ReentrantLock, seconds: float) -> bool:
     """Keep the run's hold on its job's lock for ``seconds`` more instead of releasing it;
     ``False`` when the hold was lost before (there is nothing to keep, or to release)."""
     try:
-        kept = lock.park(seconds, holder_info(task.name, lock.owner, COOLDOWN))
+        kept = lock.park(seconds, holder_info(task.name, lock.owner), HoldState.COOLDOWN)
     except LockBackendError as exc:
         # The hold is no longer renewed either way: it ends with the cooldown if the park
         # ran, else with the rest of the run's lease. Neither leaves it for longer.
@@ -71,8 +66,7 @@ def cooling_down(space: LockSpace, name: str, holder: str, permits: int = 1) -> 
         states = [space.inspect(name)] if permits == 1 else space.inspect_permits(name, permits)
         for state in states:
             if state.holder == holder:
-                info = json.loads(text(state.info) or "{}")
-                return isinstance(info, dict) and info.get("state") == COOLDOWN
+                return state.state == HoldState.COOLDOWN
     except Exception:  # a refusal is handled the same either way: do not fail it for this
         return False
     return False

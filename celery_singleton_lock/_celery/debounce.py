@@ -21,7 +21,7 @@ from typing import Any
 from celery.exceptions import Ignore
 
 from .._lock import LockSpace, get_observer
-from .info import release_queued
+from .info import HoldState, release_if_in
 from .locking import store_skipped
 
 __all__ = ["REPLACED", "replace_waiting", "skip_replaced"]
@@ -35,7 +35,7 @@ REPLACED = "replaced"
 def replace_waiting(task: Any, space: LockSpace, name: str, holder: str, by: str) -> bool:
     """Free ``name`` from ``holder`` if that hold is a message still waiting (not a run, not a
     cooldown), so the call ``by`` can take it; returns whether it was freed."""
-    if not release_queued(space, name, holder):
+    if not release_if_in(space, name, holder, (HoldState.QUEUED,)):
         return False  # a run holds it (or its cooldown): nothing waits to be replaced
     log.info(
         "%s: task %s replaces task %s, which was still waiting (lock_debounce)",

@@ -5,8 +5,10 @@ take its message (``task_rejected``: a content type it does not accept, an inval
 rejects the message without requeueing it: no run will ever enter or release the lock the
 publisher took for it, which would otherwise keep the job locked (every later ``.delay()``
 handed the dead task's id) for ``singleton_lock_queue_ttl``. The receivers below free that
-lock from the worker's main process: the one named in the message's header, only while the
-dropped task's id holds it and no run has entered it (checked atomically in Redis).
+lock from the worker's main process: the one the message's headers name (its prefix too: the
+task may not be known here, and its class may keep its locks under a prefix of its own), only
+while the dropped task's id holds it for a message that waits (queued, or requeued for a retry
+or a redelivery; never a run's hold nor a cooldown), checked atomically in Redis.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 from celery import signals
 
 from .client import lock_space
-from .locking import HEADER
+from .info import HoldState
+from .locking import MessageLock
 
 __all__ = ["connect_dropped_receivers"]
 
@@ -26,15 +29,21 @@ log = logging.getLogger("celery_singleton_lock.release")
 
 def _release_dropped(consumer: Any, message: Any, why: str) -> None:
     headers = getattr(message, "headers", None) or {}
-    name, task_id = headers.get(HEADER), headers.get("id")
-    if not (isinstance(name, str) and name and isinstance(task_id, str) and task_id):
+    lock, task_id = MessageLock.of(headers), headers.get("id")
+    if lock is None or not (isinstance(task_id, str) and task_id):
         return  # not a message whose publisher took a lock (protocol 2 headers)
     app = getattr(consumer, "app", None)
     if app is None:
         return
+    name = lock.name
     try:
-        space = lock_space(app)
-        freed = space.force_release(name, holder=task_id, unentered=True)
+        space = lock_space(app, lock.prefix)
+        freed = space.force_release(
+            name,
+            holder=task_id,
+            states=(HoldState.QUEUED, HoldState.REQUEUED),
+            permits=lock.permits,
+        )
     except Exception as exc:
         log.error(
             "could not release the lock of dropped task %s (%s): %s; it frees itself when its "

@@ -7,6 +7,7 @@ import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 from .._errors import LockBackendError
@@ -18,8 +19,11 @@ from .taskkey import task_lock_name
 
 __all__ = [
     "HEADER",
+    "PERMITS_HEADER",
+    "PREFIX_HEADER",
     "QUEUED",
     "SKIPPED",
+    "MessageLock",
     "TaskLocking",
     "proceed_without_lock",
     "run_signature",
@@ -28,6 +32,53 @@ __all__ = [
 
 #: message header that carries the lock name from the publisher to the worker
 HEADER = "singleton_lock"
+#: message header that carries the prefix of that lock's keys (the task class's own: a
+#: drop-in's ``SINGLETONLOCK_``), so a worker that frees it without knowing the task (a message
+#: it drops as unknown) finds it
+PREFIX_HEADER = "singleton_lock_prefix"
+#: message header that carries how many messages may hold that lock at once, when more than
+#: one (``lock_limit`` with ``lock_at="publish"``): the message's hold is one of those permits
+PERMITS_HEADER = "singleton_lock_permits"
+
+
+@dataclass(frozen=True)
+class MessageLock:
+    """The lock a message's publish took, as the message's headers carry it to the worker."""
+
+    #: the lock's name (``task:digest``, with ``lock_at="queue"`` its queued lock's)
+    name: str
+    #: the prefix of its keys; ``None`` in a message from a version that did not send it (the
+    #: task's own prefix, or the app's, is then assumed)
+    prefix: str | None = None
+    #: how many messages of the job may hold it at once (its permits)
+    permits: int = 1
+
+    def put_in(self, headers: dict[str, Any]) -> None:
+        """Write this lock into a message's ``headers``."""
+        headers[HEADER] = self.name
+        if self.prefix is not None:
+            headers[PREFIX_HEADER] = self.prefix
+        if self.permits != 1:
+            headers[PERMITS_HEADER] = self.permits
+
+    @classmethod
+    def of(cls, headers: Any) -> MessageLock | None:
+        """The lock named in a message's headers (a mapping, or a worker's request, which
+        has ``get``), or ``None`` when its publisher took none."""
+        get = getattr(headers, "get", None)
+        if get is None:
+            return None
+        name = get(HEADER)
+        if not isinstance(name, str) or not name:
+            return None
+        prefix = get(PREFIX_HEADER)
+        permits = get(PERMITS_HEADER)
+        return cls(
+            name,
+            prefix if isinstance(prefix, str) and prefix else None,
+            permits if type(permits) is int and permits > 1 else 1,
+        )
+
 
 #: the state a skipped duplicate records (not a ready state: .get() on it waits)
 SKIPPED = "SKIPPED"
@@ -57,11 +108,16 @@ def run_signature(cls: type) -> inspect.Signature | None:
 class TaskLocking:
     """A task class's locking (the options as validated when the class was made)."""
 
-    __slots__ = ("options", "signature")
+    __slots__ = ("options", "signature", "strict")
 
-    def __init__(self, options: LockOptions, signature: inspect.Signature | None) -> None:
+    def __init__(
+        self, options: LockOptions, signature: inspect.Signature | None, strict: bool = True
+    ) -> None:
         self.options = options
         self.signature = signature
+        #: arguments that do not fit the signature raise ``TypeError`` rather than make a key
+        #: of their own (Celery's ``Task.typing``, which checks them at publish the same way)
+        self.strict = strict
 
     @classmethod
     def of_class(cls, task_class: type, base: type) -> TaskLocking:
@@ -91,7 +147,8 @@ class TaskLocking:
             ),
         )
         signature = run_signature(task_class)
-        return cls(validate_options(task, raw, signature), signature)
+        strict = getattr(task_class, "typing", True) is not False
+        return cls(validate_options(task, raw, signature), signature, strict)
 
     def lock_name(
         self, task_name: str, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
@@ -105,6 +162,7 @@ class TaskLocking:
             kwargs,
             unique_on=options.lock_unique_on,
             key_func=options.lock_key,
+            strict=self.strict,
         )
 
     @property

@@ -28,8 +28,8 @@ from .canvas import (
 )
 from .cooldown import refusal_reason
 from .debounce import replace_waiting
-from .info import holder_info
-from .locking import HEADER, TaskLocking, proceed_without_lock
+from .info import HoldState, holder_info
+from .locking import HEADER, MessageLock, TaskLocking, proceed_without_lock
 from .revoked import free_revoked_holder
 
 __all__ = ["HEADER", "publish_once", "queue_lease", "seconds_until", "take_for_message"]
@@ -76,9 +76,9 @@ def queue_lease(
     return min(max(float(delay), 0.0) + queue_ttl, MAX_LEASE_SECONDS)
 
 
-def _with_header(options: dict[str, Any], name: str) -> dict[str, Any]:
+def _with_header(options: dict[str, Any], lock: MessageLock) -> dict[str, Any]:
     headers = dict(options.get("headers") or {})
-    headers[HEADER] = name
+    lock.put_in(headers)
     options["headers"] = headers
     return options
 
@@ -105,10 +105,13 @@ def publish_once(
         locking.queue_ttl(app), options.get("expires"), options.get("eta"), options.get("countdown")
     )
     permits = locking.message_permits
-    info = holder_info(task.name, task_id, "queued", permits)
+    info = holder_info(task.name, task_id, permits)
+    # A retry's publish re-enters the hold its run parked: "" keeps that hold's state
+    # (requeued, so that a debounced call never replaces a job whose run has started).
+    state = "" if task_id == task.request.id else HoldState.QUEUED
     try:
         space = locking.space(app)
-        reply = space.take(name, task_id, lease, info=info, permits=permits)
+        reply = space.take(name, task_id, lease, info=info, state=state, permits=permits)
         if not reply.acquired and (
             free_revoked_holder(task, space, name, reply.holder)
             or (
@@ -117,12 +120,12 @@ def publish_once(
                 and replace_waiting(task, space, name, reply.holder, by=task_id)
             )
         ):
-            reply = space.take(name, task_id, lease, info=info, permits=permits)
+            reply = space.take(name, task_id, lease, info=info, state=state, permits=permits)
     except LockBackendError as exc:
         if proceed_without_lock(app, task.name, "publish", exc):
             # The header marks the message as handled here (the publish receiver of
             # install() must not try, and log, a second time); it names the lock only.
-            return send(task_id, _with_header(options, name))
+            return send(task_id, _with_header(options, MessageLock(name)))
         raise
     if not reply.acquired and task_id == task.request.id:
         # The retry of a run that holds no lock (a duplicate retrying with
@@ -175,7 +178,7 @@ def publish_once(
             raise error
         return task.AsyncResult(reply.holder)
     try:
-        return send(task_id, _with_header(options, name))
+        return send(task_id, _with_header(options, MessageLock(name, space.prefix, permits)))
     except BaseException:
         # Nothing was sent: do not keep a lock for a message that does not exist (and if
         # Redis fails now, keep trying for as long as that lock could live).
@@ -207,7 +210,8 @@ def take_for_message(
             name,
             task_id,
             lease,
-            info=holder_info(task.name, task_id, "queued", permits),
+            info=holder_info(task.name, task_id, permits),
+            state=HoldState.QUEUED,
             permits=permits,
         )
     except (LockBackendError, MisconfiguredError, TypeError, ValueError) as exc:
@@ -215,7 +219,7 @@ def take_for_message(
         return
     # The lock's name goes with the message either way: the worker checks that same lock, even
     # where it would compute the name differently (a publisher that knows only the task's name).
-    headers[HEADER] = name
+    MessageLock(name, space.prefix, permits).put_in(headers)
     if not reply.acquired:
         log.warning(
             "%s[%s] was published by name (send_task or beat) while task %s holds %s; it "

@@ -31,7 +31,7 @@ from .._lock import (
     new_run_token,
 )
 from .debounce import skip_replaced
-from .info import holder_info
+from .info import HoldState, holder_info
 from .locking import store_skipped
 
 __all__ = ["held_lock", "leave_queue", "run_lock", "still_queued", "wait_in_queue"]
@@ -43,7 +43,8 @@ def run_lock(task: Any, space: LockSpace, name: str, task_id: str) -> ReentrantL
     """The lock (or, with ``lock_limit`` above 1, the slots) a run of ``task`` takes."""
     locking = task.locking
     app = task.app
-    info = holder_info(task.name, task_id, "running", locking.options.lock_limit)
+    info = holder_info(task.name, task_id, locking.options.lock_limit)
+    running = HoldState.RUNNING
     if locking.options.lock_limit > 1:
         return space.semaphore(
             name,
@@ -52,9 +53,15 @@ def run_lock(task: Any, space: LockSpace, name: str, task_id: str) -> ReentrantL
             owner=task_id,
             info=info,
             run_token=new_run_token(),
+            state=running,
         )
     return space.lock(
-        name, ttl=locking.ttl(app), owner=task_id, info=info, run_token=new_run_token()
+        name,
+        ttl=locking.ttl(app),
+        owner=task_id,
+        info=info,
+        run_token=new_run_token(),
+        state=running,
     )
 
 
@@ -73,8 +80,8 @@ def still_queued(task: Any, request: Any, space: LockSpace, queued: str) -> None
     is not that copy: a later call replaced it (``lock_debounce``), or it is a duplicate that a
     publish by name (``send_task``, beat) could not stop; either way it is skipped."""
     lease = task.locking.queue_ttl(task.app)
-    info = holder_info(task.name, request.id, "queued")
-    reply = space.take(queued, request.id, lease, info=info)
+    info = holder_info(task.name, request.id)
+    reply = space.take(queued, request.id, lease, info=info, state=HoldState.QUEUED)
     if reply.acquired:
         return
     key = space.keys(queued).lock

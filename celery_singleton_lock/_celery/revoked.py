@@ -14,7 +14,7 @@ from typing import Any
 from celery import signals, states
 
 from .._lock import LockSpace
-from .info import release_queued
+from .info import HoldState, release_if_in
 from .locking import HEADER
 from .worker import release_for_request
 
@@ -29,13 +29,17 @@ def free_revoked_holder(task: Any, space: LockSpace, name: str, holder: str) -> 
 
     Until then a caller who has seen REVOKED and publishes the job again would be handed the
     revoked task's result, and a run-time duplicate would be skipped for a holder that will not
-    run. Only a hold that no run has entered (no run token, info "queued"), only when the
+    run. Only a hold that no run has entered (queued, or requeued for a retry), only when the
     holder's state is REVOKED, and atomically (the force release checks the holder and the run
     token again in Redis), so a run that starts meanwhile keeps its lock. One extra read on a
     refused acquire; on any error the duplicate is handled as if the holder were alive."""
     try:
-        freed = release_queued(
-            space, name, holder, lambda: task.backend.get_state(holder) == states.REVOKED
+        freed = release_if_in(
+            space,
+            name,
+            holder,
+            (HoldState.QUEUED, HoldState.REQUEUED),
+            lambda: task.backend.get_state(holder) == states.REVOKED,
         )
     except Exception as exc:
         log.debug("not freeing %s of revoked task %s: %r", name, holder, exc)

@@ -25,7 +25,7 @@ from .._lock import AcquireReply, ReentrantLock, get_observer
 from .canvas import chord_member_of
 from .cooldown import cooldown_after, refusal_reason, start_cooldown
 from .debounce import skip_replaced
-from .info import holder_info
+from .info import HoldState, holder_info
 from .locking import HEADER, SKIPPED, TaskLocking, proceed_without_lock, store_skipped
 from .options import LockOptions
 from .publish import seconds_until
@@ -128,7 +128,8 @@ class TaskRun:
         # read here, not at every run's start: most runs never park
         lease = max(delay, 0.0) + task.locking.queue_ttl(task.app)
         try:
-            kept = self.lock.park(lease, holder_info(task.name, self.lock.owner, "queued"))
+            info = holder_info(task.name, self.lock.owner)
+            kept = self.lock.park(lease, info, HoldState.REQUEUED)
         except LockBackendError as exc:
             log_release.error("could not keep %s for the retry: %s", self.lock.key, exc)
             kept = False

@@ -103,9 +103,10 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         """Operator's force release of this job's lock (every slot of it, and its queued lock
         with ``lock_at="queue"``), whoever holds it; wakes waiters. Returns whether a lock was
         released."""
+        name = self._lock_name(args, kwargs)  # first: arguments that do not fit raise
         app = self._get_app()
         space = self.locking.space(app)
-        states = self.locking.states(app, self._lock_name(args, kwargs))
+        states = self.locking.states(app, name)
         return sum(space.force_release(s.keys.lock) for s in states if s.held) > 0
 
     @property

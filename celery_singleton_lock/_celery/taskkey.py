@@ -118,10 +118,17 @@ def _positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
 
 
 def bind_arguments(
-    signature: inspect.Signature | None, args: Sequence[Any], kwargs: Mapping[str, Any]
+    signature: inspect.Signature | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    strict_for: str | None = None,
 ) -> dict[str, Any]:
-    """The arguments by parameter name, defaults applied; positional ones by index when the
-    signature does not fit (the run then fails on its own; the key stays stable)."""
+    """The arguments by parameter name, defaults applied.
+
+    When they do not fit the signature: with ``strict_for`` (a task's name), a ``TypeError``
+    naming that task and what does not fit (a missing or unexpected argument); without it,
+    positional ones by index (the key stays stable, and the run fails on its own)."""
     if signature is not None:
         if not kwargs:
             # Every parameter given by position (the usual message): what bind() returns,
@@ -131,14 +138,24 @@ def bind_arguments(
                 return dict(zip(names, args, strict=True))
         try:
             bound = signature.bind(*args, **kwargs)
-        except TypeError:
-            pass
+        except TypeError as exc:
+            if strict_for is not None:
+                raise TypeError(
+                    f"task {strict_for!r} takes ({_parameters(signature)}): {exc}; its lock "
+                    "key is made of the arguments bound to those parameters, so they must fit"
+                ) from None
         else:
             bound.apply_defaults()
             return dict(bound.arguments)
     merged: dict[str, Any] = {f"${i}": v for i, v in enumerate(args)}
     merged.update(kwargs)
     return merged
+
+
+def _parameters(signature: inspect.Signature) -> str:
+    """The parameters as the task's ``def`` lists them, without annotations (``x, y=2``)."""
+    bare = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
+    return str(signature.replace(parameters=bare, return_annotation=signature.empty))[1:-1]
 
 
 def task_lock_name(
@@ -148,8 +165,11 @@ def task_lock_name(
     kwargs: Mapping[str, Any] | None,
     unique_on: Sequence[str] | None = None,
     key_func: Callable[..., Any] | None = None,
+    *,
+    strict: bool = False,
 ) -> str:
-    """The lock name of one job: ``task name:argument part``, bounded in length."""
+    """The lock name of one job: ``task name:argument part``, bounded in length. ``strict``:
+    arguments that do not fit the signature raise ``TypeError`` (see :func:`bind_arguments`)."""
     args = tuple(args or ())
     kwargs = dict(kwargs or {})
     if key_func is not None:
@@ -159,7 +179,7 @@ def task_lock_name(
                 f"lock_key of task {task_name!r} must return a str, got {type(part).__name__}"
             )
         return f"{_bounded(task_name)}:{_bounded(part)}"
-    arguments = bind_arguments(signature, args, kwargs)
+    arguments = bind_arguments(signature, args, kwargs, strict_for=task_name if strict else None)
     if unique_on is not None:
         arguments = {name: arguments.get(name) for name in unique_on}
     encoded = {name: canonical(value, name) for name, value in arguments.items()}

@@ -15,8 +15,8 @@ from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 from kombu.utils.imports import symbol_by_name
 
-from .cooldown import COOLDOWN, cooldown_after
-from .info import holder_info
+from .cooldown import cooldown_after
+from .info import HoldState, holder_info
 from .locking import HEADER, TaskLocking
 
 __all__ = ["LOCKED_REQUEST", "LockedRequest", "release_for_request", "with_locked_request"]
@@ -55,9 +55,11 @@ def release_for_request(
         app = task.app
         space = locking.space(app)
         key = space.keys(name).lock
+        info = holder_info(task.name, task_id)
         if requeued:
-            info = holder_info(task.name, task_id, "queued")
-            if space.park(name, task_id, locking.queue_ttl(app), info=info, permits=permits):
+            lease = locking.queue_ttl(app)
+            state = HoldState.REQUEUED
+            if space.park(name, task_id, lease, info=info, state=state, permits=permits):
                 log.info(
                     "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
                 )
@@ -67,8 +69,8 @@ def release_for_request(
             space.release(message, task_id, retry_for=locking.queue_ttl(app))
         cooldown = cooldown_after(task, failed=True) if ran else None
         if cooldown is not None:
-            info = holder_info(task.name, task_id, COOLDOWN)
-            if space.park(name, task_id, cooldown, info=info, permits=permits):
+            state = HoldState.COOLDOWN
+            if space.park(name, task_id, cooldown, info=info, state=state, permits=permits):
                 log.info("%s cools down for %.1f s after %s[%s]", key, cooldown, task.name, why)
                 return
         # Resent from the background when Redis fails (a transient Cluster state, a dropped

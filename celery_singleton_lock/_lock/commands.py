@@ -8,7 +8,7 @@ Everything above it (the lock object, :class:`~._lock.space.LockSpace`) reads th
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, NoReturn
 
@@ -136,6 +136,8 @@ class LockState(NamedTuple):
     info: str
     #: the run token of the run that holds it ("" when no run has entered it)
     run_token: str
+    #: the hold's state, as its holder labelled it ("" when none; see ``ReentrantLock(state=)``)
+    state: str
     #: owner token -> hold count
     owners: dict[str, int]
 
@@ -156,6 +158,7 @@ def acquire(
     request: str,
     info: str = "",
     run_token: str = "",
+    state: str = "",
 ) -> AcquireReply:
     """Take or re-enter the lock in Redis (``request``: the id that makes a resend harmless)."""
     LockRuntime.of(client).follow_master(ACQUIRE_CHECK_INTERVAL)  # Sentinel: where is the master
@@ -163,10 +166,10 @@ def acquire(
     # context manager costs about a microsecond per call.
     try:
         # The meta hash's TTL is computed here, not in the script (a second number to parse
-        # there); info and run token are sent only when there are any (fewer arguments).
+        # there); info, run token and state are sent only when there are any (fewer arguments).
         args: tuple[Any, ...] = (owner, lease_ms, request, lease_ms + META_RETENTION_MS)
-        if info or run_token:
-            args += (info, run_token)
+        if info or run_token or state:
+            args += (info, run_token, state)
         reply = scripts.ACQUIRE(client, keys.pair, args)
     except RedisError as exc:
         # The reply is lost, not necessarily the acquire: it may have run, or run later.
@@ -224,13 +227,14 @@ def _cancel(client: Any, keys: LockKeys, owner: str, request: str, lease_ms: int
         )
 
 
-def park(client: Any, keys: LockKeys, owner: str, lease_ms: int, info: str = "") -> bool:
-    """Keep ``owner``'s hold in Redis, unrenewed, for ``lease_ms``, its run token cleared;
-    ``False`` when the owner did not hold it."""
+def park(
+    client: Any, keys: LockKeys, owner: str, lease_ms: int, info: str = "", state: str = ""
+) -> bool:
+    """Keep ``owner``'s hold in Redis, unrenewed, for ``lease_ms``, its run token cleared (and
+    its info and state replaced, unless empty); ``False`` when the owner did not hold it."""
+    args = (owner, lease_ms, META_RETENTION_MS, info, state)
     with backend_errors("park", keys.name):
-        return bool(
-            int(scripts.PARK(client, keys.pair, (owner, lease_ms, META_RETENTION_MS, info)))
-        )
+        return bool(int(scripts.PARK(client, keys.pair, args)))
 
 
 class RecordReply(NamedTuple):
@@ -324,11 +328,18 @@ def release(
 
 
 def force_release(
-    client: Any, keys: LockKeys, holder: str = "", *, unentered: bool = False
+    client: Any, keys: LockKeys, holder: str = "", *, states: Collection[str] = ()
 ) -> bool:
-    """Delete the lock whoever holds it (or only when ``holder`` holds it, and with
-    ``unentered`` only while no run has entered it); wakes waiters."""
-    args = (publish_command(client), META_RETENTION_MS, holder, "1" if unentered else "")
+    """Delete the lock whoever holds it (or only when ``holder`` holds it, and with ``states``
+    only while its hold is in one of them and no run has entered it); wakes waiters."""
+    if isinstance(states, str):
+        raise TypeError(
+            f"states must be a collection of labels, such as ('queued',), not {states!r}"
+        )
+    for state in states:
+        if not isinstance(state, str) or not state:
+            raise ValueError(f"states must be non-empty labels, got {state!r}")
+    args = (publish_command(client), META_RETENTION_MS, holder, *states)
     with backend_errors("force-release", keys.name):
         done = int(scripts.FORCE_RELEASE(client, keys.pair, args))
     if done:
@@ -341,7 +352,7 @@ def inspect(client: Any, keys: LockKeys) -> LockState:
     with backend_errors("inspect", keys.name):
         reply = scripts.INSPECT(client, keys.pair, ())
     fence, since = text(reply[1]), text(reply[2])
-    owners = {text(reply[i]): int(reply[i + 1]) for i in range(5, len(reply) - 1, 2)}
+    owners = {text(reply[i]): int(reply[i + 1]) for i in range(6, len(reply) - 1, 2)}
     return LockState(
         keys=keys,
         pttl=int(reply[0]),
@@ -349,6 +360,7 @@ def inspect(client: Any, keys: LockKeys) -> LockState:
         since_ms=int(since) if since else None,
         info=text(reply[3]),
         run_token=text(reply[4]),
+        state=text(reply[5]),
         owners=owners,
     )
 

@@ -38,7 +38,9 @@ class ReentrantLock:
     ``timeout`` is how long :meth:`acquire` and ``with lock:`` wait when not told otherwise
     (``None``, the default: as long as it takes). Every option comes after the name, by keyword.
     ``prefix`` is the first part of the Redis keys (``prefix:{name}``); ``info`` is a string
-    stored beside the lock for operators.
+    stored beside the lock for operators; ``state`` is a label of the hold's state that
+    operator commands can act on (``LockSpace.force_release(states=...)``), never parsed out of
+    ``info``.
 
     ``run_token`` names one session of an owner that several processes act as: while a holder
     with a run token holds the lock, the same owner with another run token is refused, and the
@@ -69,6 +71,7 @@ class ReentrantLock:
         prefix: str = "lock",
         info: str = "",
         run_token: str = "",
+        state: str = "",
         backend_timeout: float | None = None,
         _permit: int = 0,
     ) -> None:
@@ -85,6 +88,8 @@ class ReentrantLock:
             raise TypeError(f"info must be a str, got {info!r}")
         if not isinstance(run_token, str):
             raise TypeError(f"run_token must be a str, got {run_token!r}")
+        if not isinstance(state, str):
+            raise TypeError(f"state must be a str, got {state!r}")
         self._backend_timeout = check_backend_timeout(backend_timeout)
         self._client: Any = client
         self._name = name
@@ -93,6 +98,7 @@ class ReentrantLock:
         self._renew = renew
         self._info = info
         self._run_token = run_token
+        self._state = state
         # _permit (for Semaphore only): k >= 1 makes this permit k of a semaphore of several
         # (its keys, LockKeys.for_name(..., k)); the semaphore reports its refusals, once per
         # acquire of its own, so this lock does not report a refusal of its permit.
@@ -226,6 +232,7 @@ class ReentrantLock:
                         request,
                         self._info,
                         self._run_token,
+                        self._state,
                     )
                 woken = False  # tried since
                 if reply.acquired:
@@ -368,15 +375,16 @@ class ReentrantLock:
                 observe.observer.released(time.monotonic() - hold.taken_at)
         return reply
 
-    def park(self, lease: float, info: str = "") -> bool:
+    def park(self, lease: float, info: str = "", state: str = "") -> bool:
         """Hand the hold over to a later process of the same owner: end this process's hold
         (no more renewal) but keep the owner's hold in Redis for ``lease`` seconds, its run
-        token cleared, so that process re-enters it (a Celery retry does). ``info`` replaces
-        the operator info unless empty. Returns ``False`` when the owner no longer held it."""
+        token cleared, so that process re-enters it (a Celery retry does). ``info`` and
+        ``state`` replace the hold's unless empty. Returns ``False`` when the owner no longer
+        held it."""
         lease_ms = check_lease_ms(lease)
         self._detach()
         with bounded(self._backend_timeout):
-            return commands.park(self._client, self._keys, self.owner, lease_ms, info)
+            return commands.park(self._client, self._keys, self.owner, lease_ms, info, state)
 
     def __enter__(self) -> ReentrantLock:
         if not self.acquire():

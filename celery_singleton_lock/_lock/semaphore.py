@@ -54,11 +54,12 @@ class Semaphore:
         prefix: str = "lock",
         info: str = "",
         run_token: str = "",
+        state: str = "",
         backend_timeout: float | None = None,
     ) -> None:
         count = check_permits(permits)  # first: nothing is made (nor sent) for a bad one
         options: dict[str, Any] = dict(ttl=ttl, owner=owner, renew=renew, timeout=timeout)
-        options.update(prefix=prefix, info=info, run_token=run_token)
+        options.update(prefix=prefix, info=info, run_token=run_token, state=state)
         # One permit is the plain lock itself; permit k of several is a lock with keys of its own.
         self._locks = tuple(
             ReentrantLock(client, name, **options, backend_timeout=backend_timeout, _permit=k)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from . import commands, observe
@@ -70,6 +70,7 @@ class LockSpace:
         owner: str | None = None,
         info: str = "",
         run_token: str = "",
+        state: str = "",
     ) -> ReentrantLock:
         """A renewed :class:`ReentrantLock` on ``name`` in this space."""
         return ReentrantLock(
@@ -80,6 +81,7 @@ class LockSpace:
             prefix=self.prefix,
             info=info,
             run_token=run_token,
+            state=state,
             backend_timeout=self.backend_timeout,
         )
 
@@ -92,6 +94,7 @@ class LockSpace:
         owner: str | None = None,
         info: str = "",
         run_token: str = "",
+        state: str = "",
     ) -> Semaphore:
         """A renewed :class:`Semaphore` of ``permits`` on ``name`` in this space."""
         return Semaphore(
@@ -103,20 +106,31 @@ class LockSpace:
             prefix=self.prefix,
             info=info,
             run_token=run_token,
+            state=state,
             backend_timeout=self.backend_timeout,
         )
 
     def take(
-        self, name: str, owner: str, lease: float, *, info: str = "", permits: int = 1
+        self,
+        name: str,
+        owner: str,
+        lease: float,
+        *,
+        info: str = "",
+        state: str = "",
+        permits: int = 1,
     ) -> AcquireReply:
         """Take or re-enter ``name`` (one of its ``permits``) for ``owner`` in Redis only: no
         hold in this process, no renewal; the lease is ``lease`` seconds. Another process
-        acting as ``owner`` (a task's run) re-enters it, and :meth:`release` lets it go."""
+        acting as ``owner`` (a task's run) re-enters it, and :meth:`release` lets it go.
+        ``state`` labels the hold (on a re-entry, ``""`` keeps the label it has)."""
         lease_ms = check_lease_ms(lease)
         keys = permit_keys(self.prefix, name, check_permits(permits))
 
         def attempt(i: int) -> AcquireReply:
-            return commands.acquire(self.client, keys[i], owner, lease_ms, new_request_id(), info)
+            return commands.acquire(
+                self.client, keys[i], owner, lease_ms, new_request_id(), info, "", state
+            )
 
         with bounded(self.backend_timeout):
             if len(keys) == 1:
@@ -153,16 +167,25 @@ class LockSpace:
             return release_owned(self.client, keys, owner, holds, retry_for)
 
     def park(
-        self, name: str, owner: str, lease: float, *, info: str = "", permits: int = 1
+        self,
+        name: str,
+        owner: str,
+        lease: float,
+        *,
+        info: str = "",
+        state: str = "",
+        permits: int = 1,
     ) -> bool:
         """Keep ``owner``'s hold (on the permit it holds, with ``permits`` > 1) for ``lease``
-        seconds, unrenewed, for a later run of the same owner (a redelivered message);
-        ``False`` when the owner did not hold it."""
+        seconds, unrenewed, for a later run of the same owner (a redelivered message), labelled
+        ``state`` unless empty; ``False`` when the owner did not hold it."""
         lease_ms = check_lease_ms(lease)
         keys = permit_keys(self.prefix, name, check_permits(permits))
         with bounded(self.backend_timeout):
             owned = [0] if len(keys) == 1 else owned_by(self.client, keys, owner)
-            parked = [commands.park(self.client, keys[i], owner, lease_ms, info) for i in owned]
+            parked = [
+                commands.park(self.client, keys[i], owner, lease_ms, info, state) for i in owned
+            ]
         return any(parked)
 
     def record_if_held(
@@ -198,14 +221,30 @@ class LockSpace:
             return commands.records(self.client, self.keys(name), kind)
 
     def force_release(
-        self, name: str, *, holder: str | None = None, unentered: bool = False
+        self,
+        name: str,
+        *,
+        holder: str | None = None,
+        states: Collection[str] = (),
+        permits: int = 1,
     ) -> bool:
         """An operator's release, whoever holds ``name`` (or only when ``holder`` does; with
-        ``unentered``, only while no run has entered the hold). Wakes waiters; the fencing
-        token keeps increasing. Returns whether a lock was released."""
+        ``states``, only while the hold is in one of those states and no run has entered it:
+        checked in Redis, in the same step). With ``permits`` > 1 and a ``holder``, the permit
+        that holder holds. Wakes waiters; the fencing token keeps increasing. Returns whether a
+        lock was released."""
+        if permits == 1:
+            with bounded(self.backend_timeout):
+                return commands.force_release(
+                    self.client, self.keys_of(name), holder or "", states=states
+                )
+        if not holder:
+            raise ValueError("force_release of one permit of several needs the holder")
+        keys = permit_keys(self.prefix, name, check_permits(permits))
         with bounded(self.backend_timeout):
-            return commands.force_release(
-                self.client, self.keys_of(name), holder or "", unentered=unentered
+            return any(
+                commands.force_release(self.client, keys[i], holder, states=states)
+                for i in owned_by(self.client, keys, holder)
             )
 
     def inspect(self, name: str) -> LockState:

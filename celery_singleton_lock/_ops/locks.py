@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from .._celery.info import HoldState
 from .._lock import LockSpace, LockState
 
 __all__ = ["LockView", "find_locks", "purge", "release", "show"]
@@ -54,7 +55,7 @@ def _view(state: LockState, now_ms: float) -> LockView:
         holder=holder,
         host=info.get("host"),
         pid=info.get("pid"),
-        state=info.get("state") or ("held" if holder else None),
+        state=state.state or ("held" if holder else None),
         age_s=None if state.since_ms is None else max(0.0, (now_ms - state.since_ms) / 1000),
         lease_s=None if state.pttl < 0 else state.pttl / 1000,
         fence=state.fence,
@@ -101,8 +102,8 @@ def release(client: Any, key_or_name: str, prefix: str = "lock", holder: str = "
 
 def purge(client: Any, prefix: str = "lock", pattern: str = "*", queued_only: bool = False) -> int:
     """Force-release every lock under ``prefix`` matching ``pattern`` (with ``queued_only``,
-    only those held for a queued message that no run has entered); returns how many."""
+    only those held for a message that waits in a queue and whose run has not started: not a
+    run's, a cooldown's, a retry's, a beat leader's nor a plain lock's); returns how many."""
     space = LockSpace(client, prefix)
-    return sum(
-        space.force_release(keys.lock, unentered=queued_only) for keys in list(space.find(pattern))
-    )
+    states = (HoldState.QUEUED,) if queued_only else ()
+    return sum(space.force_release(keys.lock, states=states) for keys in list(space.find(pattern)))
