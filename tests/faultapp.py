@@ -14,6 +14,9 @@ What the tasks record, per ``job`` (a unique string each test makes up):
 * ``starts:<job>``: one JSON item per body start: task id, pid, time, thread names;
 * ``intervals:<job>``: one JSON item per body end: task id, pid, start, end;
 * ``cur:<job>`` / ``max:<job>``: runs of the job in the body now / at most at once.
+
+A test ends a body that waits for it (``fault.debounced`` with ``hold``) by setting
+``go:<job>`` in the same database.
 """
 
 from __future__ import annotations
@@ -122,6 +125,15 @@ def _sleep(seconds: float) -> None:
         if left <= 0:
             return
         time.sleep(min(left, 0.05))
+
+
+def _until_go(task: Any, job: str, seconds: float) -> None:
+    """Wait until the test sets ``go:<job>``, for ``seconds`` at most (a body that runs as
+    long as the test needs it to, without a guess at how long that is)."""
+    client = data(task.app)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not client.exists(f"go:{job}"):
+        time.sleep(0.02)
 
 
 FuncT = TypeVar("FuncT", bound=Callable[..., Any])
@@ -413,6 +425,14 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     def limited(self: Any, job: str, seconds: float = 0.0) -> str:
         return _recorded(self, job, seconds)
 
+    # A lease far longer than any test waits: a slot that comes back sooner was released.
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.limited_long", lock_limit=2, lock_ttl=60,
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def limited_long(self: Any, job: str, seconds: float = 0.0) -> str:
+        return _recorded(self, job, seconds)
+
     @_app_task(
         app, base=LockedTask, bind=True, name="fault.cooled", lock_cooldown=3.0,
         lock_unique_on=["job"], shared=False,
@@ -427,6 +447,15 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     def cooled_on_success(self: Any, job: str, fail: bool = False) -> str:
         return _recorded(self, job, 0.0, fail)
 
+    # A duplicate of a publish-mode job is refused at the publish, in the caller's process:
+    # a test sees the refusal at the moment it asks, not when a worker gets to the message.
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.cooled_publish", lock_at="publish",
+        lock_cooldown=5.0, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def cooled_publish(self: Any, job: str) -> str:
+        return _recorded(self, job, 0.0)
+
     @_app_task(
         app, base=LockedTask, bind=True, name="fault.queued", lock_at="queue",
         lock_retry_countdown=0.2, max_retries=0, lock_unique_on=["job"], shared=False,
@@ -438,8 +467,14 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         app, base=LockedTask, bind=True, name="fault.debounced", lock_at="publish",
         lock_debounce=1.0, lock_unique_on=["job"], shared=False,
     )  # fmt: skip
-    def debounced(self: Any, job: str, value: int = 0) -> str:
-        return _recorded(self, job, 0.0)
+    def debounced(self: Any, job: str, value: int = 0, hold: float = 0.0) -> str:
+        """``hold``: the body runs until the test sets ``go:<job>`` (that long at most)."""
+        start = _enter(self, job)
+        try:
+            _until_go(self, job, hold)
+            return str(self.request.id)
+        finally:
+            _leave(self, job, start)
 
     @_app_task(
         app, base=LockedTask, bind=True, name="fault.debounced_queue", lock_at="queue",

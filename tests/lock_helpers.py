@@ -101,6 +101,29 @@ def server_stalled(port: int, within: float = 0.05) -> bool:
     return False
 
 
+#: KEYS[1]: a key. The server's clock (TIME) and the key's PTTL, read in one step.
+_LEASE_END = """
+local now = redis.call('time')
+return {now[1], now[2], redis.call('pttl', KEYS[1])}
+"""
+
+
+def lease_end(client: Any, key: str) -> float | None:
+    """When ``key``'s lease ends, as a Unix time on the server's clock (the clock of this
+    host, for the tests' servers): read from Redis in one step, so how late the reply comes
+    does not move it. ``None`` when the key is gone or has no lease."""
+    seconds, micros, pttl = (int(v) for v in client.eval(_LEASE_END, 1, key))
+    if pttl < 0:
+        return None
+    return seconds + micros / 1e6 + pttl / 1000
+
+
+def server_time(client: Any) -> float:
+    """The server's clock now (TIME), as a Unix time."""
+    seconds, micros = client.time()
+    return int(seconds) + int(micros) / 1e6
+
+
 def hold_counts(client: Any, key: str) -> dict[str, int]:
     """The lock hash as Redis has it: owner -> hold count."""
     return {

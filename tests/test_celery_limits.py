@@ -4,15 +4,21 @@
 Each option's rule, as these tests check it:
 
 * ``lock_limit=3``: at most three runs of one key at once; the fourth is a duplicate
-  (skipped here); a worker SIGKILLed with its slots held gives them back within one lease.
+  (skipped here); a worker SIGKILLed with its slots held gives them back within one lease. A
+  pool child SIGKILLed alone (``lock_limit=2``, lease 60 s) has its slot released by the
+  worker's main process within seconds, the other slot left to its holder.
 * ``lock_cooldown=3``: a duplicate within three seconds of the end of the last run is refused
   (SKIPPED, the holder is the last run, ``celery locks list`` shows the cooldown left), and a
   call after them runs; a failed run starts it too unless ``lock_cooldown_on_failure=False``.
+  The cooldown is the whole ``lock_cooldown`` (5 s with ``lock_at="publish"``): the lease
+  Redis keeps ends no sooner than that after the run's end, and a duplicate published when
+  80 % of it has gone by is refused.
 * ``lock_at="queue"``: one copy queued and one running; a publish while one is queued returns
   the queued one; the queued copy runs after the running one ends and is never dropped (the
   task has ``max_retries=0`` and still comes through).
 * ``lock_debounce=1``: only the last of calls made within a second of each other runs, a
-  second after it; the replaced ones end SKIPPED naming the task that replaced them.
+  second after it; the replaced ones end SKIPPED naming the task that replaced them. A call
+  made while the job runs replaces nothing: it gets the running job back.
 
 The tasks are the fault tests' app's (``tests/faultapp.py``); the worker is a ``celery
 worker`` subprocess on a redis-server of this module's own.
@@ -35,7 +41,7 @@ import redis
 from celery import Celery
 from celery_procs import WorkerProcess, close_app, new_job, no_overlap, records, redis_base
 from faultapp import DATA_DB, LOCK_DB, make_app
-from lock_helpers import wait_until
+from lock_helpers import lease_end, server_time, wait_until
 from redis.backoff import NoBackoff
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace, ReentrantLock
@@ -47,6 +53,10 @@ from celery_singleton_lock._ops.locks import find_locks
 from celery_singleton_lock.testing import RedisServer
 
 pytestmark = [pytest.mark.timeout(120)]
+
+#: the worker's main process notices a dead pool child through the child's sentinel fd at once,
+#: or at worst at its next maintain_pool() (every 5 s); then it releases
+CHILD_GONE = 8.0
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +132,47 @@ def test_slots_of_a_killed_worker_come_back_within_one_lease(
         assert all(r.get(timeout=20) == r.id for r in again)
 
 
+def test_the_slot_of_a_killed_pool_child_is_released_by_the_main_process(
+    server: RedisServer, app: Celery, worker: Any
+) -> None:
+    """SIGKILL only the pool child that runs a job of two slots (lease 60 s): the worker's
+    main process releases that child's slot within seconds, which nothing else would do
+    before the lease ends, and leaves the other slot to its holder."""
+    data = server.client(db=DATA_DB)
+    task = app.tasks["fault.limited_long"]
+    job = new_job("limit-child")
+    name = task.locking.lock_name(task.name, [job], {})
+    space = task.locking.space(app)
+    # Another owner holds the first slot (the plain lock's key), so the run takes the second:
+    # a release that went to the first slot only would leave the run's slot held.
+    assert space.take(name, "other-holder", 60).acquired
+    try:
+        result = task.delay(job, 60.0)
+        pid = wait_until(
+            lambda: (starts := records(data, "starts", job)) and starts[0]["pid"],
+            20,
+            "the run to start",
+        )
+        assert pid in worker.children()
+        assert [s.holder for s in space.inspect_permits(name, 2)] == ["other-holder", result.id]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(
+            lambda: not space.inspect_permits(name, 2)[1].held,
+            CHILD_GONE,
+            "the killed run's slot to be released (its lease is 60 s)",
+        )
+        assert space.inspect_permits(name, 2)[0].holder == "other-holder"
+        worker.wait_log(
+            rf"released \S+ of fault\.limited_long\[{result.id}\] after its pool process ended",
+            5,
+        )
+        with pytest.raises(Exception) as caught:
+            result.get(timeout=10)
+        assert type(caught.value).__name__ == "WorkerLostError"
+    finally:
+        space.release(name, "other-holder")
+
+
 def test_cooldown_after_a_run(server: RedisServer, app: Celery, worker: Any) -> None:
     data = server.client(db=DATA_DB)
     cooled = app.tasks["fault.cooled"]
@@ -138,6 +189,37 @@ def test_cooldown_after_a_run(server: RedisServer, app: Celery, worker: Any) -> 
     later = cooled.delay(job)
     assert later.get(timeout=20) == later.id
     assert [s["id"] for s in records(data, "starts", job)] == [first.id, later.id]
+
+
+def test_the_cooldown_lasts_as_long_as_configured(
+    server: RedisServer, app: Celery, worker: Any
+) -> None:
+    """Not only at most ``lock_cooldown``: at least that. The lease Redis keeps on the job's
+    lock ends no sooner than ``lock_cooldown`` after the run's body ended (read from Redis, so
+    how long the test takes to ask does not matter), and a duplicate published when 80 % of
+    it has gone by (on the server's clock) is refused; then it ends and a call runs."""
+    data, locks = server.client(db=DATA_DB), server.client(db=LOCK_DB)
+    cooled = app.tasks["fault.cooled_publish"]
+    cooldown = cooled.locking.options.lock_cooldown
+    job = new_job("cool-length")
+    key = cooled.lock_key_for(job)
+    first = cooled.delay(job)
+    assert first.get(timeout=20) == first.id
+    ended = records(data, "intervals", job)[0]["end"]  # before the run parks its hold
+    until = lease_end(locks, key)
+    assert until is not None, "the cooldown was over before the test could read it"
+    # (the server and the worker share this host's clock; 50 ms for the lease's rounding)
+    assert until >= ended + cooldown - 0.05, (
+        f"the cooldown ends {until - ended:.2f} s after the run, not {cooldown} s"
+    )
+    assert until - server_time(locks) <= cooldown
+    wait_until(
+        lambda: server_time(locks) >= ended + 0.8 * cooldown, cooldown, "80 % of the cooldown"
+    )
+    assert cooled.delay(job).id == first.id, "a duplicate at 80 % of the cooldown was sent"
+    wait_until(lambda: not cooled.is_locked(job), cooldown, "the cooldown to end")
+    later = cooled.delay(job)
+    assert later.id != first.id and later.get(timeout=20) == later.id
 
 
 def test_a_failed_run_starts_the_cooldown_unless_told_not_to(app: Celery, worker: Any) -> None:
@@ -211,6 +293,28 @@ def test_debounce_runs_the_last_call(server: RedisServer, app: Celery, worker: A
         assert wait_until(lambda: replaced.state == "SKIPPED", 10), replaced.state  # noqa: B023  # called before the loop moves on
         assert replaced.info["reason"] == "replaced"
         assert replaced.info["replaced_by"] in {c.id for c in calls}
+
+
+def test_debounce_does_not_replace_a_running_job(
+    server: RedisServer, app: Celery, worker: Any
+) -> None:
+    """With lock_at="publish", a call made while the job *runs* (its run entered the lock)
+    replaces nothing: it came too late for that run and gets it back; the run goes on alone,
+    holding its lock, and nothing else runs."""
+    data = server.client(db=DATA_DB)
+    debounced = app.tasks["fault.debounced"]
+    job = new_job("debounce-running")
+    running = debounced.delay(job, 0, 60.0)  # its body runs until the test says go
+    try:
+        wait_until(lambda: records(data, "starts", job), 15, "the first call to run")
+        late = debounced.delay(job, 1)
+        assert late.id == running.id, "a call made while the job ran replaced it"
+        assert debounced.lock_holder(job) == running.id
+    finally:
+        data.set(f"go:{job}", 1)
+    assert running.get(timeout=20) == running.id
+    assert [s["id"] for s in records(data, "starts", job)] == [running.id]
+    assert not debounced.is_locked(job)
 
 
 def test_debounce_with_queue_runs_the_last_call_after_the_running_one(

@@ -16,7 +16,7 @@ from lock_helpers import command_calls, counting_client, held_fence, hold_counts
 from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock
+from celery_singleton_lock import LockLostError, LockNotOwnedError, LockSpace, ReentrantLock
 from celery_singleton_lock._lock import commands
 from celery_singleton_lock._lock import scripts as _scripts
 from celery_singleton_lock._lock.commands import ReleaseReply
@@ -569,3 +569,28 @@ def test_inspect_reads_one_lock_atomically(redis_client: Any) -> None:
     lock.release()
     after = commands.inspect(redis_client, keys)
     assert not after.held and after.fence == state.fence  # the token outlives the hold
+
+
+def test_a_record_is_written_only_with_the_margin_of_lease_left(redis_client: Any) -> None:
+    """record_if_held (what the beat leader records a send with) writes only while the owner
+    holds the lock with at least ``min_lease`` of its lease left: below that margin it writes
+    nothing and says how much was left; a lock held by another owner is not held."""
+    space = LockSpace(redis_client)
+    assert space.take("recorded", "leader", 30).acquired
+    key = space.keys("recorded").lock
+
+    assert space.record_if_held("recorded", "leader", "last_run", "tick", "1", min_lease=5, keep=60)
+    assert space.records("recorded", "last_run") == {"tick": "1"}
+
+    # what a lease looks like whose renewals stalled: 2 s left, a margin of 5 s
+    redis_client.pexpire(key, 2000)
+    reply = space.record_if_held(
+        "recorded", "leader", "last_run", "tick", "2", min_lease=5, keep=60
+    )
+    assert (reply.recorded, reply.held) == (False, True)
+    assert 0 < reply.pttl <= 2000
+    assert space.records("recorded", "last_run") == {"tick": "1"}
+
+    reply = space.record_if_held("recorded", "other", "last_run", "tick", "3", min_lease=0, keep=60)
+    assert (reply.recorded, reply.held) == (False, False)
+    assert space.records("recorded", "last_run") == {"tick": "1"}

@@ -1,11 +1,64 @@
-"""A leader scheduler that says it still stands by every 1.5 s instead of every minute, so
-the test of that reminder takes seconds (``-S tests.beatproj.schedulers:ChattyLeaderScheduler``).
-Subclassing is how a project tunes the leader scheduler's class attributes."""
+"""Leader schedulers that the beat tests run in place of the plain one
+(``-S tests.beatproj.schedulers:<class>``). Subclassing is how a project tunes the leader
+scheduler's class attributes; the tests also use it to put a fault at an exact point of a
+send, which no signal from outside could hit:
+
+* :class:`ChattyLeaderScheduler` says it still stands by every 1.5 s instead of every minute,
+  so the test of that reminder takes seconds;
+* :class:`ShortLeaseLeaderScheduler` cuts its leader lock's lease in Redis below the send
+  margin right before it records its first send (renewals that stalled until then);
+* :class:`PausingLeaderScheduler` stops its own process (SIGSTOP) right after it recorded its
+  first send, before it publishes it (a leader paused between the two).
+
+Each fault happens once per process, and says so in the log (WARNING, ``test:`` first).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+from typing import Any
+
 from celery_singleton_lock.beat import LeaderScheduler
+
+log = logging.getLogger("celery_singleton_lock.tests")
+
+#: the log line of :class:`ShortLeaseLeaderScheduler`'s cut (``%`` args: ms, entry)
+CUT = "test: cut the leader lock's lease to %d ms before recording %s"
+#: the log line of :class:`PausingLeaderScheduler`'s pause (``%`` arg: entry)
+PAUSED = "test: recorded %s; pausing before its send"
 
 
 class ChattyLeaderScheduler(LeaderScheduler):
     standby_log_every = 1.5
+
+
+class ShortLeaseLeaderScheduler(LeaderScheduler):
+    """Before its first record, leaves its leader lock an eighth of the lease in Redis (half the
+    quarter of the lease that a record needs); the hold stays this beat's."""
+
+    _cut = False
+
+    def reserve(self, entry: Any) -> Any:
+        if not ShortLeaseLeaderScheduler._cut and self._leader is not None:
+            ShortLeaseLeaderScheduler._cut = True
+            left = round(self._ttl * 1000 / 8)
+            self._space.client.pexpire(self._lock_key, left)
+            log.warning(CUT, left, entry.name)
+        return super().reserve(entry)
+
+
+class PausingLeaderScheduler(LeaderScheduler):
+    """After its first record (the send is then due: reserve() returned), stops its process
+    until the test continues it."""
+
+    _paused = False
+
+    def reserve(self, entry: Any) -> Any:
+        reserved = super().reserve(entry)
+        if not PausingLeaderScheduler._paused:
+            PausingLeaderScheduler._paused = True
+            log.warning(PAUSED, entry.name)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return reserved
