@@ -210,46 +210,84 @@ def test_redis_cluster() -> None:
 # -- Sentinel ------------------------------------------------------------------------------
 
 
+class SentinelProcess:
+    """A ``redis-server --sentinel`` process of the test's own, on a free port, monitoring
+    ``master`` as ``name``; :meth:`start` waits until it answers with the master's address."""
+
+    def __init__(
+        self,
+        master: RedisServer,
+        name: str = "mymaster",
+        *,
+        quorum: int = 1,
+        down_after_ms: int = 5000,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.master, self.name = master, name
+        self.port = free_port()
+        self.folder = Path(tempfile.mkdtemp(prefix="csl-sentinel-"))
+        (self.folder / "sentinel.conf").write_text(
+            f"port {self.port}\n"
+            "bind 127.0.0.1\n"
+            f"dir {self.folder}\n"
+            f"logfile {self.folder / 'sentinel.log'}\n"
+            f"sentinel monitor {name} 127.0.0.1 {master.port} {quorum}\n"
+            f"sentinel down-after-milliseconds {name} {down_after_ms}\n"
+            + "".join(f"{line}\n" for line in extra)
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def log(self) -> str:
+        try:
+            return (self.folder / "sentinel.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def client(self) -> Any:
+        return redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
+
+    def master_port(self) -> int | None:
+        """The master's port as this sentinel reports it (``None``: it cannot answer)."""
+        probe = self.client()
+        try:
+            # a plain client's reply: the parsed (host, port), or None (the bool of the
+            # annotation is what redis.sentinel.Sentinel's own method returns)
+            address = cast(
+                "tuple[bytes | str, int] | None",
+                probe.sentinel_get_master_addr_by_name(self.name),
+            )
+            return None if address is None else int(address[1])
+        except (redis.ConnectionError, redis.TimeoutError):
+            assert self.process is not None and self.process.poll() is None, self.log()
+            return None
+        finally:
+            probe.close()
+
+    def start(self) -> SentinelProcess:
+        self.process = subprocess.Popen(
+            [find_redis_server(), str(self.folder / "sentinel.conf"), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(lambda: self.master_port() == self.master.port, 20, interval=0.05)
+        return self
+
+    def stop(self) -> None:
+        """SIGKILL it (a stopped one too) and remove its folder."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(5)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def redis_sentinel(master: RedisServer, name: str = "mymaster") -> Iterator[int]:
     """A sentinel process watching ``master``; yields its port."""
-    folder = Path(tempfile.mkdtemp(prefix="csl-sentinel-"))
-    port = free_port()
-    config = folder / "sentinel.conf"
-    config.write_text(
-        f"port {port}\n"
-        "bind 127.0.0.1\n"
-        f"dir {folder}\n"
-        f"logfile {folder / 'sentinel.log'}\n"
-        f"sentinel monitor {name} 127.0.0.1 {master.port} 1\n"
-        f"sentinel down-after-milliseconds {name} 5000\n"
-    )
-    process = subprocess.Popen(
-        [find_redis_server(), str(config), "--sentinel"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    sentinel = SentinelProcess(master, name)
     try:
-        probe = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
-
-        def up() -> bool:
-            try:
-                # a plain client's reply: the parsed (host, port), or None (the bool of the
-                # annotation is what redis.sentinel.Sentinel's own method returns)
-                address = cast(
-                    "tuple[bytes | str, int] | None", probe.sentinel_get_master_addr_by_name(name)
-                )
-                return address is not None and int(address[1]) == master.port
-            except redis.ConnectionError:
-                assert process.poll() is None, (folder / "sentinel.log").read_text()
-                return False
-
-        wait_until(up, 20, interval=0.05)
-        yield port
+        yield sentinel.start().port
     finally:
-        process.kill()
-        process.wait(5)
-        shutil.rmtree(folder, ignore_errors=True)
+        sentinel.stop()
 
 
 @pytest.mark.sentinel

@@ -7,25 +7,34 @@ import threading
 import weakref
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlparse
+from urllib.parse import parse_qsl, urlparse
 
 from .._errors import MisconfiguredError
 from .._lock import DeadlineRetry, LockSpace
 from .checks import check_settings
-from .settings import REDIS_SCHEMES, scheme_of, setting
+from .settings import REDIS_SCHEMES, parse_sentinel_url, scheme_of, setting
 
 __all__ = ["get_client", "lock_space", "make_client", "reset_client"]
 
 
-def _resolve_url(app: Any) -> str:
+def _resolve_url(app: Any) -> tuple[str, str]:
+    """The URL of the locks' Redis, and the setting it came from (for errors):
+    ``singleton_lock_redis_url``, or a Redis broker's URL."""
     url: str | None = setting(app, "singleton_lock_redis_url")  # checked: a Redis URL
     if url:
-        return url
+        return url, "singleton_lock_redis_url"
     broker = app.conf.broker_url or ""
     if isinstance(broker, (list, tuple)):
-        broker = broker[0] if broker else ""
+        # kombu takes a list as it takes a ';'-separated string: each URL an alternate, every
+        # sentinel:// one a sentinel to ask
+        if broker and isinstance(broker[0], str) and broker[0].startswith("sentinel"):
+            broker = ";".join(broker)
+        else:
+            broker = broker[0] if broker else ""
     if isinstance(broker, str) and broker.split(":", 1)[0].lower() in REDIS_SCHEMES:
-        return broker.split(";")[0] if broker.startswith("sentinel") else broker
+        # all of a sentinel:// list: the locks must fail over across the sentinels as the
+        # broker does, not depend on the first one alone
+        return broker, "broker_url"
     raise MisconfiguredError(
         "celery-singleton-lock needs Redis: set app.conf.singleton_lock_redis_url "
         "(e.g. 'redis://127.0.0.1:6379/1'), or app.conf.singleton_lock_client to a redis-py "
@@ -74,37 +83,69 @@ def _retry() -> DeadlineRetry:
     return DeadlineRetry(ExponentialBackoff(cap=0.5, base=0.05), 3)
 
 
-def _sentinel_client(url: str, options: dict[str, Any], app: Any) -> Any:
+def _sentinel_client(url: str, where: str, options: dict[str, Any], app: Any) -> Any:
+    """A client of the master that the ``sentinel://`` list ``url`` (from the setting
+    ``where``) names: read as the broker reads it (:func:`.settings.parse_sentinel_url`),
+    with ``master_name``, ``sentinel_kwargs`` and ``min_other_sentinels`` from ``options``
+    (``singleton_lock_redis_options``) or else the broker's transport options."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
     from redis.sentinel import Sentinel
 
-    hosts = []
-    password = None
-    db = 0
-    for part in url.split(";"):
-        parsed = urlparse(part.strip())
-        if parsed.scheme != "sentinel":
-            raise ValueError(f"singleton_lock_redis_url: {part!r} is not a sentinel:// URL")
-        hosts.append((parsed.hostname or "127.0.0.1", parsed.port or 26379))
-        if parsed.password:
-            password = unquote(parsed.password)
-        if parsed.path.strip("/"):
-            db = int(parsed.path.strip("/"))
+    parsed = parse_sentinel_url(url, where)
     opts = dict(options)
     transport = app.conf.broker_transport_options or {}
     master = opts.pop("master_name", None) or transport.get("master_name")
     if not master:
+        if where == "broker_url":
+            fix = (
+                "app.conf.broker_transport_options = {'master_name': 'mymaster'} (which the "
+                "broker needs as well), or singleton_lock_redis_options' master_name"
+            )
+        else:
+            fix = "app.conf.singleton_lock_redis_options = {'master_name': 'mymaster'}"
         raise ValueError(
-            "a sentinel:// URL needs the master's name: set "
-            "app.conf.singleton_lock_redis_options = {'master_name': 'mymaster'}"
+            f"{where} is a sentinel:// URL, and the locks need the name of the master to ask "
+            f"the sentinels for: set {fix}"
         )
     sentinel_kwargs = opts.pop("sentinel_kwargs", None) or transport.get("sentinel_kwargs")
-    opts.setdefault("socket_timeout", _socket_timeout(app))
-    opts.setdefault("socket_connect_timeout", _socket_timeout(app))
+    min_other = opts.pop("min_other_sentinels", None)
+    if min_other is None:
+        min_other = transport.get("min_other_sentinels", 0)
+    timeout = _socket_timeout(app)
+    opts.setdefault("socket_timeout", timeout)
+    opts.setdefault("socket_connect_timeout", timeout)
     opts.setdefault("retry", _retry())
-    if password and "password" not in opts:
-        opts["password"] = password
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **opts)  # type: ignore[no-untyped-call]  # redis-py: unannotated
-    return sentinel.master_for(master, db=db)  # type: ignore[no-untyped-call]  # redis-py: unannotated
+    if parsed.username and "username" not in opts:
+        opts["username"] = parsed.username
+    if parsed.password and "password" not in opts:
+        opts["password"] = parsed.password
+    # The sentinels' connections. redis-py would give them the master's socket_* options (only
+    # when no sentinel_kwargs are given) and a new client's resends (up to 10, with backoff):
+    # a first sentinel that hangs would then hold every lock call that asks for the master
+    # (one per renewal batch, and per acquire) far past the backend timeout, and the next
+    # sentinels would never be asked in time. A sentinel that hangs or refuses costs one
+    # try, bounded so that all of them and the command itself fit in the master's timeout,
+    # then the next one is asked (redis-py's discover_master goes on down the list, and
+    # puts the one that answered first for the next time).
+    share = len(parsed.sentinels) + 1
+    if sentinel_kwargs is None:
+        sentinel_opts = {k: v for k, v in opts.items() if k.startswith("socket_")}
+        for key in ("socket_timeout", "socket_connect_timeout"):
+            if sentinel_opts.get(key):  # None: the user's own choice of no timeout
+                sentinel_opts[key] = sentinel_opts[key] / share
+    else:  # the user's (a password for the sentinels), with bounded waits unless they say
+        sentinel_opts = dict(sentinel_kwargs)
+        sentinel_opts.setdefault("socket_timeout", timeout / share)
+        sentinel_opts.setdefault("socket_connect_timeout", sentinel_opts["socket_timeout"])
+    sentinel_opts.setdefault("retry", Retry(NoBackoff(), 0))
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py: unannotated
+        list(parsed.sentinels),
+        min_other_sentinels=min_other,
+        sentinel_kwargs=sentinel_opts,
+        **opts,
+    )
+    return sentinel.master_for(master, db=parsed.db)  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
 
 def make_client(app: Any) -> Any:
@@ -118,10 +159,10 @@ def make_client(app: Any) -> Any:
                 f"got {type(client).__name__}"
             )
         return client
-    url = _resolve_url(app)
+    url, where = _resolve_url(app)
     options = {**_broker_ssl(app, url), **setting(app, "singleton_lock_redis_options")}
-    if url.startswith("sentinel"):
-        return _sentinel_client(url, options, app)
+    if url.split(":", 1)[0].lower() == "sentinel":
+        return _sentinel_client(url, where, options, app)
     cluster = options.pop("cluster", False)
     # Bounded waits: a lock call must fail with LockBackendError, never hang on a dead server,
     # and within the backend timeout.
@@ -141,11 +182,8 @@ def make_client(app: Any) -> Any:
         return redis.Redis.from_url(url, **options)
     except (ValueError, TypeError) as exc:
         # name the setting: redis-py's own message does not say where the URL came from
-        where = (
-            "singleton_lock_redis_url"
-            if setting(app, "singleton_lock_redis_url")
-            else "broker_url (used for the locks: set singleton_lock_redis_url)"
-        )
+        if where == "broker_url":
+            where = "broker_url (used for the locks: set singleton_lock_redis_url)"
         raise type(exc)(
             f"cannot make the lock client from {where} ({scheme_of(url)}) and "
             f"singleton_lock_redis_options: {exc}"
