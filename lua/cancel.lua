@@ -19,7 +19,10 @@
 -- "void:<request id>" field written in the meta hash makes acquire.lua refuse it if it ever
 -- runs). When another acquire of the same owner has run since (its request id is the one in
 -- the meta hash now), which of the owner's holds came from the cancelled one cannot be told:
--- nothing is dropped, and that hold ends with its lease (the caller is told, 0).
+-- nothing is dropped, and that hold ends with its lease (the caller is told, 0). The client
+-- keeps a cancel it could not send pending, and runs it before the same owner's next acquire,
+-- release or park of the lock (commands.settle), so only another process acting as the same
+-- owner can get there first.
 
 local lock, meta = KEYS[1], KEYS[2]
 local owner, request = ARGV[1], ARGV[2]

@@ -369,7 +369,8 @@ def test_a_background_call_outlives_a_stall_only_when_asked_to(
     make_redis_server: Callable[..., RedisServer],
 ) -> None:
     """A cancel keeps trying while the server does not answer (it may run the lost acquire
-    when it wakes); a plain background call gives up when its time is up."""
+    when it wakes); a plain background call gives up when its time is up, and says so (a
+    pending cancel is forgotten that way)."""
     server = make_redis_server()
     client = redis.Redis(
         port=server.port,
@@ -386,9 +387,23 @@ def test_a_background_call_outlives_a_stall_only_when_asked_to(
         return set_key
 
     lane = LockRuntime.of(client)
+    gave_up: list[str] = []
     with stopped(server):
-        lane.retry(setter("stalled:kept"), "set stalled:kept", 0.5, budget=0.3, while_stalled=True)
-        lane.retry(setter("stalled:dropped"), "set stalled:dropped", 0.5)
+        lane.retry(
+            setter("stalled:kept"),
+            "set stalled:kept",
+            0.5,
+            budget=0.3,
+            while_stalled=True,
+            gave_up=lambda: gave_up.append("kept"),
+        )
+        lane.retry(
+            setter("stalled:dropped"),
+            "set stalled:dropped",
+            0.5,
+            gave_up=lambda: gave_up.append("dropped"),
+        )
         time.sleep(2.0)  # four times as long as either was given
     wait_until(lambda: client.exists("stalled:kept"), timeout=10)
     assert not client.exists("stalled:dropped")
+    assert gave_up == ["dropped"]

@@ -6,6 +6,7 @@ Each test states its expectation in its docstring. Run the whole fault suite alo
 
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import os
 import select
@@ -13,15 +14,24 @@ import signal
 import socket
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import pytest
 import redis
-from lock_helpers import fenced_write, paused_holder_worker, server_stalled, wait_until
+from lock_helpers import (
+    fenced_write,
+    hold_counts,
+    paused_holder_worker,
+    server_stalled,
+    wait_until,
+)
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import LockBackendError, LockLostError, ReentrantLock
+from celery_singleton_lock import LockBackendError, LockLostError, LockSpace, ReentrantLock
+from celery_singleton_lock._lock import scripts
+from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock.testing import RedisServer
 
 pytestmark = [
@@ -36,7 +46,12 @@ FORK = multiprocessing.get_context("fork")
 class FreezableProxy:
     """A TCP proxy on loopback between a client and Redis. ``freeze()`` stops forwarding in
     both directions and keeps every socket open (a stalled path: no reset, no error, silence);
-    ``thaw()`` forwards what was held back, in order."""
+    ``thaw()`` forwards what was held back, in order.
+
+    ``hold_sending(*markers)``: a connection on which the client sends one of ``markers`` (a
+    script's SHA1, say) stalls from that request on, while every other connection forwards.
+    It forwards what it held once its marker is no longer held (``hold_sending`` without it,
+    or ``thaw()``), or never if the proxy closes first."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -46,6 +61,11 @@ class FreezableProxy:
         #: only the replies are held back: requests still reach Redis
         self.replies_frozen = threading.Event()
         self.closed = threading.Event()
+        #: see hold_sending
+        self.markers: tuple[bytes, ...] = ()
+        #: marker -> how many connections it stalled
+        self.stalled: collections.Counter[bytes] = collections.Counter()
+        self._count = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -63,8 +83,17 @@ class FreezableProxy:
 
     def _pump(self, a: socket.socket, b: socket.socket) -> None:
         peers = {a: b, b: a}
+        # What this connection holds back since the client sent a marker (``caught``), and
+        # the last bytes the client sent (a marker split over two reads is still found).
+        held, caught, tail = b"", b"", b""
         try:
             while not self.closed.is_set():
+                if held and caught in self.markers:
+                    time.sleep(0.01)
+                    continue
+                if held:
+                    b.sendall(held)
+                    held = b""
                 if self.frozen.is_set():
                     time.sleep(0.01)
                     continue
@@ -77,6 +106,14 @@ class FreezableProxy:
                     data = sock.recv(65536)
                     if not data:
                         return
+                    if sock is a and self.markers:
+                        seen, tail = tail + data, (tail + data)[-64:]
+                        caught = next((m for m in self.markers if m in seen), b"")
+                        if caught:
+                            held = data
+                            with self._count:
+                                self.stalled[caught] += 1
+                            break
                     peers[sock].sendall(data)
         except OSError:
             return
@@ -90,7 +127,11 @@ class FreezableProxy:
     def hold_replies(self) -> None:
         self.replies_frozen.set()
 
+    def hold_sending(self, *markers: bytes) -> None:
+        self.markers = markers
+
     def thaw(self) -> None:
+        self.markers = ()
         self.frozen.clear()
         self.replies_frozen.clear()
 
@@ -266,6 +307,126 @@ def test_an_acquire_whose_reply_is_held_back_leaves_no_hold(redis_server: RedisS
         assert other.acquire(blocking=False)
         other.release()
     finally:
+        proxy.close()
+
+
+#: how many times the stalled-acquire scenario runs
+LATE_ACQUIRE_RUNS = 50
+
+
+def _take(lock: ReentrantLock) -> bool:
+    """One try at ``lock``; ``False`` also when Redis did not answer in time (a slow moment
+    of a loaded machine: the caller tries again, which settles what this try left open)."""
+    try:
+        return lock.acquire(blocking=False)
+    except LockBackendError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_late_acquire_leaves_no_hold_behind_the_owners_next_release(
+    redis_server: RedisServer,
+) -> None:
+    """The path stalls during an acquire for longer than the socket timeout: its reply is lost
+    and its cancel cannot be sent. The path comes back, and the same owner at once acquires
+    and releases: after ``release()`` returns the lock is free in Redis and another owner
+    takes it, whether the late acquire or its cancel reached Redis first, every time."""
+    proxy = FreezableProxy(redis_server.port)
+    direct = redis_server.client()
+    try:
+        client = redis.Redis(port=proxy.port, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+        warm = ReentrantLock(client, "warm-up", ttl=5)
+        assert warm.acquire()  # connected and scripts loaded before the fault
+        warm.release()
+        ghosts = []
+        for run in range(LATE_ACQUIRE_RUNS):
+            lock = ReentrantLock(client, f"late-{run}", ttl=5, owner="owner")
+            proxy.freeze()
+            with pytest.raises(LockBackendError):
+                lock.acquire(blocking=False)
+            proxy.thaw()  # the late acquire and the cancels go through, in any order
+            assert wait_until(partial(_take, lock), 10, "the owner's acquire")
+            lock.release()
+            left = hold_counts(direct, lock.key)
+            other = ReentrantLock(direct, lock.name, ttl=5, owner="other")
+            if left or not other.acquire(blocking=False):
+                ghosts.append((run, left, direct.pttl(lock.key)))
+            else:
+                other.release()
+        assert ghosts == [], f"{len(ghosts)} of {LATE_ACQUIRE_RUNS} runs left a hold behind"
+        assert not LockRuntime.of(client).cancels.by_owner  # each was settled by its owner
+    finally:
+        proxy.thaw()
+        proxy.close()
+
+
+@pytest.mark.parametrize("api", ["ReentrantLock", "LockSpace", "LockSpace, 2 permits"])
+def test_a_pending_cancel_is_settled_before_the_owners_next_acquire(
+    redis_server: RedisServer, api: str
+) -> None:
+    """The late-acquire ordering, forced: the acquire is held on the stalled path until after
+    its cancel was tried, then reaches Redis and takes the lock, while every cancel stays
+    stalled. The owner's next acquire does not run on top of that hold: it raises
+    ``LockBackendError`` (its pending cancel cannot be sent). Once the cancels can be sent,
+    the owner acquires and releases, and the lock is free in Redis. (A lock object, a lock
+    space as the publish path uses it, and a lock space on a semaphore's permits.)"""
+    proxy = FreezableProxy(redis_server.port)
+    direct = LockSpace(redis_server.client())
+    name = f"forced-late-{api}"
+    permits = 2 if "permits" in api else 1
+    try:
+        client = redis.Redis(port=proxy.port, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+        space = LockSpace(client)
+        lock = ReentrantLock(client, name, ttl=5, owner="owner")
+
+        def acquire() -> bool:
+            if api == "ReentrantLock":
+                return lock.acquire(blocking=False)
+            # the publish path: a hold of a task id, in Redis only
+            return space.take(name, "owner", 5, permits=permits).acquired
+
+        def release() -> None:
+            if api == "ReentrantLock":
+                lock.release()
+            else:
+                assert space.release(name, "owner", 1, permits=permits).owned
+
+        def holds() -> dict[str, int]:
+            """Owner -> hold count over every permit, as Redis has them."""
+            counts: dict[str, int] = {}
+            for state in direct.inspect_permits(name, permits):
+                for owner, count in state.owners.items():
+                    counts[owner] = counts.get(owner, 0) + count
+            return counts
+
+        warm = ReentrantLock(client, "warm-up", ttl=5)
+        assert warm.acquire()  # connected and scripts loaded before the fault
+        warm.release()
+        acquires, cancels = scripts.ACQUIRE.sha.encode(), scripts.CANCEL.sha.encode()
+        proxy.hold_sending(acquires, cancels)
+        with pytest.raises(LockBackendError):
+            acquire()
+        wait_until(lambda: proxy.stalled[cancels], 5, "the cancel to be tried (and stalled)")
+        proxy.hold_sending(cancels)  # the acquire goes through, the cancels stay stalled
+        wait_until(lambda: holds() == {"owner": 1}, 5, "the late acquire")
+        try:
+            acquired = acquire()
+        except LockBackendError:
+            # the pending cancel could not be sent: nothing ran on top of the late hold
+            assert holds() == {"owner": 1}
+        else:
+            assert acquired
+            release()
+            assert holds() == {}, "release() returned, and the lock is held"
+        proxy.thaw()
+        assert wait_until(acquire, 10, "the owner's acquire once the path is clear")
+        release()
+        assert holds() == {}
+        assert not LockRuntime.of(client).cancels.by_owner  # nothing left pending
+        assert direct.take(name, "other", 5, permits=permits).acquired
+        assert direct.release(name, "other", permits=permits).freed
+    finally:
+        proxy.thaw()
         proxy.close()
 
 

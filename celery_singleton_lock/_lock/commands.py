@@ -19,6 +19,7 @@ from . import observe, scripts
 from .deadline import budget
 from .keys import LockKeys
 from .owner import new_request_id
+from .pending import PendingCancel
 from .runtime import LockRuntime, publish_command
 from .scripts import META_RETENTION_MS
 from .sentinel import ACQUIRE_CHECK_INTERVAL
@@ -40,6 +41,7 @@ __all__ = [
     "record_if_held",
     "records",
     "release",
+    "settle",
     "text",
 ]
 
@@ -160,8 +162,17 @@ def acquire(
     run_token: str = "",
     state: str = "",
 ) -> AcquireReply:
-    """Take or re-enter the lock in Redis (``request``: the id that makes a resend harmless)."""
-    LockRuntime.of(client).follow_master(ACQUIRE_CHECK_INTERVAL)  # Sentinel: where is the master
+    """Take or re-enter the lock in Redis (``request``: the id that makes a resend harmless).
+
+    A cancel of this owner's on this lock still pending (an earlier acquire's reply was lost)
+    runs first; when it cannot, nothing is sent and :class:`LockBackendError` is raised."""
+    runtime = LockRuntime.of(client)
+    runtime.follow_master(ACQUIRE_CHECK_INTERVAL)  # Sentinel: where is the master
+    if runtime.cancels.by_owner:  # (empty, the usual case: the one cost on the hot path)
+        try:
+            settle(client, keys, owner, runtime)
+        except RedisError as exc:
+            _raise_backend_error("acquire", keys.name, exc, _settling(keys, owner))
     # try/except rather than backend_errors(): this is the hot path, and a generator-based
     # context manager costs about a microsecond per call.
     try:
@@ -173,7 +184,7 @@ def acquire(
         reply = scripts.ACQUIRE(client, keys.pair, args)
     except RedisError as exc:
         # The reply is lost, not necessarily the acquire: it may have run, or run later.
-        _cancel(client, keys, owner, request, lease_ms)
+        _cancel(client, runtime, PendingCancel(keys, owner, request, lease_ms))
         _raise_backend_error("acquire", keys.name, exc)
     if isinstance(reply, int):
         # a new holder: the reply is its fencing token alone
@@ -187,52 +198,100 @@ def acquire(
     return AcquireReply(False, 0, None, int(reply[1]), text(reply[2]), len(reply) > 3)
 
 
-def _cancel(client: Any, keys: LockKeys, owner: str, request: str, lease_ms: int) -> None:
-    """Make sure the acquire ``request``, whose reply never came, holds nothing (lua/cancel.lua):
-    now if Redis answers within what is left of the operation's deadline (nothing is sent
-    when it has passed), else from the client's renewal lane until it does.
+def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
+    """Run ``cancel`` (lua/cancel.lua) once; it is no longer pending when Redis answered."""
+    args = (cancel.owner, cancel.request, runtime.publish_command, META_RETENTION_MS)
+    if int(scripts.CANCEL(client, cancel.keys.pair, (*args, cancel.lease_ms))):
+        _log_acquire.warning(
+            "the acquire of %s by %s whose reply was lost had taken the lock: undone",
+            cancel.keys.lock,
+            cancel.owner,
+        )
+    runtime.cancels.discard(cancel)
+
+
+def _cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
+    """Make sure the acquire whose reply never came holds nothing (lua/cancel.lua): now if
+    Redis answers within what is left of the operation's deadline (nothing is sent when it
+    has passed), else from the client's renewal lane until it does.
+
+    Until it has run, the cancel is pending in the client's runtime (see :mod:`.pending`):
+    the owner's next acquire, release or park of the lock runs it first. cancel.lua undoes the
+    late acquire only while no other acquire of the owner has run since: an acquire of the
+    owner that ran first would re-enter the late hold, and leave it behind its release.
 
     The lane keeps trying for as long as a hold that acquire could take might live: its lease
     (plus the meta hash's retention, which keeps the cancel's mark) counted from the last
     attempt that timed out, since a server that does not answer (stalled, or a silent path
     that still delivers later) may run the acquire when it wakes, long after it was sent; a
     server that refuses the connection has lost it with the old connection."""
-    args = (owner, request, publish_command(client), META_RETENTION_MS, lease_ms)
-
-    def cancel() -> None:
-        if int(scripts.CANCEL(client, keys.pair, args)):
-            _log_acquire.warning(
-                "the acquire of %s by %s whose reply was lost had taken the lock: undone",
-                keys.lock,
-                owner,
-            )
-
+    # Pending before the first try: another thread acting as the same owner settles it too.
+    runtime.cancels.add(cancel)
     try:
-        cancel()
+        _run_cancel(client, runtime, cancel)
     except RedisError as exc:
         _log_acquire.warning(
             "could not cancel the acquire of %s by %s whose reply was lost (%s: %s); retrying "
-            "in the background",
-            keys.lock,
-            owner,
+            "in the background, and before this owner's next operation on the lock",
+            cancel.keys.lock,
+            cancel.owner,
             type(exc).__name__,
             exc,
         )
-        LockRuntime.of(client).retry(
-            cancel,
-            f"cancel acquire of {keys.lock}",
-            (lease_ms + META_RETENTION_MS) / 1000,
+
+        def in_background() -> None:
+            if not cancel.done:  # (the owner's next operation may have run it)
+                _run_cancel(client, runtime, cancel)
+
+        runtime.retry(
+            in_background,
+            f"cancel acquire of {cancel.keys.lock}",
+            (cancel.lease_ms + META_RETENTION_MS) / 1000,
             budget=budget(),
             while_stalled=True,
+            # What it was to undo has ended with its lease by then: nothing is left to settle.
+            gave_up=lambda: runtime.cancels.discard(cancel, done=False),
         )
+
+
+def settle(client: Any, keys: LockKeys, owner: str, runtime: LockRuntime | None = None) -> None:
+    """Run the cancels still pending for ``owner`` on the lock of ``keys`` (every permit of a
+    semaphore), oldest first, within the current deadline: before the owner's next operation
+    on it. Raises the ``RedisError`` of one that Redis did not answer (it stays pending; the
+    lane goes on trying it too): the operation must not run on top of what it is to undo.
+
+    A late acquire that arrives after its cancel ran is refused by the cancel's mark
+    (``void:<request id>``); one that ran before is undone, as no acquire of the owner can
+    have run since (its next one settles first), unless another process acting as the same
+    owner ran one (only this process's pending cancels are known here)."""
+    if runtime is None:
+        runtime = LockRuntime.of(client)
+    if not runtime.cancels.by_owner:
+        return
+    for cancel in runtime.cancels.of(keys, owner):
+        if not cancel.done:
+            _run_cancel(client, runtime, cancel)
+
+
+def _settling(keys: LockKeys, owner: str) -> str:
+    """The subject of the error of an operation whose pending cancel could not run."""
+    return (
+        f"lock {keys.name!r}: an earlier acquire by owner {owner!r} lost its reply, and its "
+        "cancel, which must run first, did not reach Redis either"
+    )
 
 
 def park(
     client: Any, keys: LockKeys, owner: str, lease_ms: int, info: str = "", state: str = ""
 ) -> bool:
     """Keep ``owner``'s hold in Redis, unrenewed, for ``lease_ms``, its run token cleared (and
-    its info and state replaced, unless empty); ``False`` when the owner did not hold it."""
+    its info and state replaced, unless empty); ``False`` when the owner did not hold it. A
+    pending cancel runs first (see :func:`acquire`)."""
     args = (owner, lease_ms, META_RETENTION_MS, info, state)
+    runtime = LockRuntime.of(client)
+    if runtime.cancels.by_owner:
+        with backend_errors("park", keys.name, _settling(keys, owner)):
+            settle(client, keys, owner, runtime)
     with backend_errors("park", keys.name):
         return bool(int(scripts.PARK(client, keys.pair, args)))
 
@@ -295,11 +354,17 @@ def release(
     deadline cut short) is still raised, and also sent again from the client's renewal lane
     (the same call: it cannot drop a hold twice) until it goes through, for up to
     ``retry_for`` seconds (a hold cannot outlive its lease), or until ``retry_unless()`` says
-    the hold is someone's again (the owner took it anew: its own release settles it)."""
+    the hold is someone's again (the owner took it anew: its own release settles it).
+
+    A pending cancel runs first (see :func:`acquire`); when it cannot, the release is not sent
+    now, but it is in the background with ``retry_for``."""
+    runtime = LockRuntime.of(client)
     args: tuple[Any, ...] = (owner, drop, new_request_id(), META_RETENTION_MS)
-    if publish_command(client) == "spublish":
+    if runtime.publish_command == "spublish":
         args += ("spublish",)
     try:  # not backend_errors(): the hot path (see acquire)
+        if runtime.cancels.by_owner:
+            settle(client, keys, owner, runtime)
         left = int(scripts.RELEASE(client, keys.pair, args))
     except RedisError as exc:
         if retry_for > 0:

@@ -48,9 +48,12 @@ def permit_keys(prefix: str, name: str, permits: int) -> list[LockKeys]:
 
 def owned_by(client: Any, keys: Sequence[LockKeys], owner: str) -> list[int]:
     """The permits (indexes into ``keys``) that ``owner`` holds in Redis now: one pipeline of
-    HEXISTS (all in one hash tag, so one Cluster node answers it)."""
+    HEXISTS (all in one hash tag, so one Cluster node answers it). A cancel of the owner's
+    still pending on a permit runs first (:func:`.commands.settle`): the operation that looks
+    for the owner's permit must not find, or miss, the hold of a lost acquire."""
     subject = f"the permit of owner {owner!r} of semaphore {keys[0].name!r}"
     with commands.backend_errors("find", keys[0].name, subject):
+        commands.settle(client, keys[0], owner)
         pipe = client.pipeline(transaction=False)
         for permit in keys:
             pipe.hexists(permit.lock, owner)

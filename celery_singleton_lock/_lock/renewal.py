@@ -46,9 +46,19 @@ class _Retry:
     attempt against a Redis that hangs holds up the lane's renewals no longer than the
     operation that handed the call over would have waited. ``span``, when given: each attempt
     that times out moves ``give_up_at`` to at least ``span`` seconds later (a server that does
-    not answer may still run what it was sent, later)."""
+    not answer may still run what it was sent, later). ``gave_up``, when given, is called once
+    the lane gives up on the call."""
 
-    __slots__ = ("attempts", "budget", "call", "give_up_at", "next_try", "span", "what")
+    __slots__ = (
+        "attempts",
+        "budget",
+        "call",
+        "gave_up",
+        "give_up_at",
+        "next_try",
+        "span",
+        "what",
+    )
 
     def __init__(
         self,
@@ -57,12 +67,14 @@ class _Retry:
         give_up_at: float,
         budget: float | None = None,
         span: float | None = None,
+        gave_up: Callable[[], None] | None = None,
     ) -> None:
         self.call = call
         self.what = what
         self.give_up_at = give_up_at
         self.budget = budget
         self.span = span
+        self.gave_up = gave_up
         self.next_try = time.monotonic()
         self.attempts = 0
 
@@ -130,16 +142,19 @@ class Lane:
         *,
         budget: float | None = None,
         while_stalled: bool = False,
+        gave_up: Callable[[], None] | None = None,
     ) -> None:
         """Call ``call`` from this lane until it succeeds, for at most ``give_up_after`` s
         (with ``while_stalled``: ``give_up_after`` s after the last attempt that timed out),
-        each attempt bounded by ``budget`` seconds when given."""
+        each attempt bounded by ``budget`` seconds when given; ``gave_up()`` is called when
+        the lane gives up on it."""
         job = _Retry(
             call,
             what,
             time.monotonic() + give_up_after,
             budget,
             give_up_after if while_stalled else None,
+            gave_up,
         )
         with self.cond:
             self._retries.append(job)
@@ -252,7 +267,7 @@ class Lane:
             if job.span is not None and isinstance(exc, RedisTimeoutError):
                 job.give_up_at = max(job.give_up_at, now + job.span)
             if now >= job.give_up_at:
-                self._drop(job)
+                self._drop(job, gave_up=True)
                 log.error("gave up trying to %s after %d attempts: %s", job.what, job.attempts, exc)
             else:
                 # A growing pause, so a Redis that is down is not hammered.
@@ -268,7 +283,7 @@ class Lane:
         now = time.monotonic()
         for job in jobs:
             if now >= job.give_up_at:
-                self._drop(job)
+                self._drop(job, gave_up=True)
                 log.error(
                     "gave up trying to %s after %d attempts: Redis did not answer",
                     job.what,
@@ -277,9 +292,14 @@ class Lane:
             else:
                 job.next_try = max(job.next_try, until)
 
-    def _drop(self, job: _Retry) -> None:
+    def _drop(self, job: _Retry, *, gave_up: bool = False) -> None:
         with self.cond:
             self._retries.remove(job)
+        if gave_up and job.gave_up is not None:
+            try:
+                job.gave_up()
+            except Exception:  # pragma: no cover - a bug guard: the lane must not die
+                log.exception("the give-up handler of %s failed", job.what)
 
     # -- renewing --------------------------------------------------------------------------------
 

@@ -3,9 +3,10 @@
 As Redisson's renewal scheduler and pub/sub service belong to a client, a client's
 :class:`LockRuntime` owns the holds taken through it in this process, its renewal lane (one
 thread, started with the first renewed hold or background call and ended when idle), its wake-up
-subscriptions and the memory of its contended locks, its publish command and, for a Sentinel
-client, when the master was last asked for. Every lock object and lock space of a client finds
-the same runtime with :meth:`LockRuntime.of`.
+subscriptions and the memory of its contended locks, the cancels of its lost acquires still
+pending, its publish command and, for a Sentinel client, when the master was last asked for.
+Every lock object and lock space of a client finds the same runtime with
+:meth:`LockRuntime.of`.
 
 The runtime holds its client weakly, so it never keeps alive a client its user dropped (a held
 lock does, through its hold: rightly). When the client goes, so does its runtime: its idle
@@ -28,6 +29,7 @@ from . import hold as _hold
 from . import owner as _owner
 from .hold import Hold, HoldRegistry
 from .hub import WakeHub
+from .pending import PendingCancels
 from .renewal import Lane
 from .sentinel import MasterFollower, master_pool
 from .wakeup import KEEP_IDLE, Contended, probe_publish_command
@@ -48,6 +50,7 @@ class LockRuntime:
         "_mutex",
         "_publish",
         "_retired",
+        "cancels",
         "contended",
         "holds",
     )
@@ -61,6 +64,8 @@ class LockRuntime:
         self.holds = HoldRegistry()
         #: the locks this process was refused lately (see :class:`~.wakeup.Contended`)
         self.contended = Contended()
+        #: the cancels of lost acquires not known to have run yet (see :mod:`.pending`)
+        self.cancels = PendingCancels()
         self._lane: Lane | None = None
         self._hub: WakeHub | None = None
         self._publish: str | None = None
@@ -115,12 +120,18 @@ class LockRuntime:
         *,
         budget: float | None = None,
         while_stalled: bool = False,
+        gave_up: Callable[[], None] | None = None,
     ) -> None:
         """Call ``call`` from the client's lane until it succeeds, for at most ``give_up_after``
         seconds (see :meth:`~.renewal.Lane.retry`)."""
         with self._mutex:
             self._started_lane().retry(
-                call, what, give_up_after, budget=budget, while_stalled=while_stalled
+                call,
+                what,
+                give_up_after,
+                budget=budget,
+                while_stalled=while_stalled,
+                gave_up=gave_up,
             )
 
     def _retire(self, lane: Lane) -> bool:
