@@ -160,8 +160,9 @@ def test_redelivery_after_child_killed_takes_over_without_waiting_for_lease(
     env: Env, w: WorkerProcess
 ) -> None:
     """acks_late + reject_on_worker_lost, lock_ttl=60: SIGKILL the pool child running the task;
-    the worker's main process releases the lock and the message is redelivered, and the
-    redelivered run starts at once, not after the 60 s lease."""
+    the worker's main process parks the lock for the redelivery (kept, unrenewed, run token
+    cleared) and the message is redelivered, and the redelivered run re-enters it at once, not
+    after the 60 s lease."""
     job = new_job("lost")
     key = env.key("lost", job, 30.0)
     result = env.task("lost").delay(job, 30.0)

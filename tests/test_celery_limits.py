@@ -18,7 +18,8 @@ Each option's rule, as these tests check it:
   task has ``max_retries=0`` and still comes through).
 * ``lock_debounce=1``: only the last of calls made within a second of each other runs, a
   second after it; the replaced ones end SKIPPED naming the task that replaced them. A call
-  made while the job runs replaces nothing: it gets the running job back.
+  made while the job runs replaces nothing: it gets the running job back. A call
+  with a countdown or an eta of its own replaces the waiting one and runs at its own time.
 
 The tasks are the fault tests' app's (``tests/faultapp.py``); the worker is a ``celery
 worker`` subprocess on a redis-server of this module's own.
@@ -27,11 +28,13 @@ worker`` subprocess on a redis-server of this module's own.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import signal
 import time
 from collections.abc import Iterator
 from contextlib import redirect_stdout
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -315,6 +318,39 @@ def test_debounce_does_not_replace_a_running_job(
     assert running.get(timeout=20) == running.id
     assert [s["id"] for s in records(data, "starts", job)] == [running.id]
     assert not debounced.is_locked(job)
+
+
+def test_a_caller_s_countdown_or_eta_replaces_the_debounce_delay(
+    server: RedisServer, app: Celery, worker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """lock_debounce=1: a call with a countdown or an eta of its own still replaces the call
+    waiting, and runs at the caller's time (3 s after the call), not the debounce's (1 s); the
+    publisher says so at DEBUG, naming the call."""
+    caplog.set_level(logging.DEBUG, logger="celery_singleton_lock.debounce")
+    data = server.client(db=DATA_DB)
+    debounced = app.tasks["fault.debounced"]
+    jobs = new_job("debounce-countdown"), new_job("debounce-eta")
+    waiting = [debounced.delay(job, 0) for job in jobs]
+    sent = time.time()
+    later = [
+        debounced.apply_async((jobs[0], 1), countdown=3),
+        debounced.apply_async((jobs[1], 1), eta=datetime.now(UTC) + timedelta(seconds=3)),
+    ]
+    for job, replaced, last in zip(jobs, waiting, later, strict=True):
+        assert last.id != replaced.id
+        assert last.get(timeout=20) == last.id
+        starts = records(data, "starts", job)
+        assert [s["id"] for s in starts] == [last.id]
+        assert starts[0]["t"] >= sent + 2.9  # the caller's 3 s, not the debounce's 1 s
+        assert wait_until(lambda: replaced.state == "SKIPPED", 10), replaced.state  # noqa: B023  # called before the loop moves on
+        assert replaced.info["replaced_by"] == last.id
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "celery_singleton_lock.debounce" and r.levelno == logging.DEBUG
+    ]
+    for what, call in zip(("countdown", "eta"), later, strict=True):
+        assert any(f"[{call.id}]: the caller's {what} replaces lock_debounce" in m for m in said)
 
 
 def test_debounce_with_queue_runs_the_last_call_after_the_running_one(

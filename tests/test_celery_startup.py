@@ -180,6 +180,33 @@ def test_the_setting_s_tasks_are_locked_without_install(
     publisher.close()
 
 
+def test_without_install_a_duplicate_queued_behind_the_first_runs_again(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """What the docs say of the setting alone: a lock_at="publish" task published by a process
+    without install(app) is not kept out of the queue, and a duplicate that reaches the worker
+    after the first run ended (queued behind it, one worker process) is no duplicate to the
+    run-time lock: both run."""
+    base = redis_base(server.port)
+    publisher = Celery("settingsapp-publisher", set_as_current=False)
+    publisher.conf.update(broker_url=f"{base}/0", result_backend=f"{base}/1")
+    data = server.client(db=3)
+    key = uuid.uuid4().hex
+    # both queued before any worker runs: the second reaches the worker after the first ended
+    first = publisher.send_task("settingsapp.report", (key,))
+    second = publisher.send_task("settingsapp.report", (key,))
+    assert first.id != second.id
+    env = {"CSL_SETTINGS_REDIS": base}
+    with SettingsAppWorker(base, tmp_path, concurrency=1, env=env):
+        assert first.get(timeout=15) == key
+        assert second.get(timeout=15) == key
+    assert data.llen(f"runs:{key}") == 2, "the duplicate queued behind the first did not run"
+    publisher.close()
+    for page in ("configuration.md", "django.md"):
+        text = " ".join((ROOT / "docs" / page).read_text(encoding="utf-8").split())
+        assert "only while the job it duplicates still runs" in text, page
+
+
 # -- a run that fails before its body -----------------------------------------------------------
 
 gates = Gates()

@@ -5,20 +5,26 @@ test file would be (a real Redis it starts, a real worker)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
+import json
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery_fixtures import Gates, app_task, celery_env, new_app
+from lock_helpers import wait_until
 
-from celery_singleton_lock import LockedTask, install
+from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock, install
 from celery_singleton_lock._celery import run as run_module
 from celery_singleton_lock._celery.install import is_installed
+from celery_singleton_lock._celery.locking import HEADER
 from celery_singleton_lock._celery.options import options_table
 from celery_singleton_lock._celery.taskkey import MAX_PART, task_lock_name
 from celery_singleton_lock.testing import RedisServer
@@ -31,6 +37,20 @@ _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 def python_blocks(page: Path) -> list[str]:
     return _BLOCK.findall(page.read_text(encoding="utf-8"))
+
+
+def quick_start(page: Path) -> tuple[str, str, str]:
+    """The quick start of the README (and of the getting-started page): ``proj.py``, the command
+    that starts its worker, and the shell lines to paste beside it."""
+    blocks = re.findall(r"^```(\w+)\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M)
+    (proj,) = [
+        b for lang, b in blocks if lang == "python" and 'Celery("proj"' in b and "sleep" in b
+    ]
+    (worker,) = [
+        b for lang, b in blocks if lang == "bash" and b.startswith("celery -A proj worker")
+    ]
+    (paste,) = [b for lang, b in blocks if lang == "bash" and b.startswith("python - <<'EOF'")]
+    return proj, worker, paste
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
@@ -253,8 +273,8 @@ def test_the_site_is_built_offline() -> None:
 
 
 def test_every_cli_flag_the_docs_name_exists() -> None:
-    """Each ``--flag`` the operating page and the README give ``celery locks`` is an option
-    of one of its commands (or of ``python -m celery_singleton_lock``'s ``--url``)."""
+    """Each ``--flag`` the README and the docs give ``celery locks`` is an option of one of
+    its commands (or of ``python -m celery_singleton_lock``'s ``--url``)."""
     from celery_singleton_lock._ops.cli import locks
 
     known = {
@@ -264,13 +284,460 @@ def test_every_cli_flag_the_docs_name_exists() -> None:
         for opt in getattr(param, "opts", [])
         if opt.startswith("--")
     }
-    for page in ("docs/operating.md", "README.md"):
-        text = (ROOT / page).read_text(encoding="utf-8")
+    for path in PAGES:
+        page = path.name
+        text = path.read_text(encoding="utf-8")
         cli_lines = [
             line
             for line in text.splitlines()
             if "locks " in line or "celery_singleton_lock --" in line
         ]
         named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", "\n".join(cli_lines)))
-        assert named, page
+        assert named or page not in {"operating.md", "README.md", "troubleshooting.md"}, page
         assert named <= known, f"{page} names {sorted(named - known)}, not options of `locks`"
+
+
+# -- what the docs list is what the package has ----------------------------------------------------
+
+PACKAGE = ROOT / "celery_singleton_lock"
+
+
+def _section(text: str, heading: str) -> str:
+    """The part of ``text`` under the Markdown heading ``heading``, up to the next heading of
+    that level or above."""
+    level = heading.split(" ", 1)[0]
+    start = text.index(f"\n{heading}\n") + len(heading) + 2
+    ends = [m.start() for m in re.finditer(rf"^#{{1,{len(level)}}} ", text[start:], re.M)]
+    return text[start : start + ends[0]] if ends else text[start:]
+
+
+def _package_sources() -> list[tuple[Path, ast.Module]]:
+    return [(p, ast.parse(p.read_text(encoding="utf-8"))) for p in sorted(PACKAGE.rglob("*.py"))]
+
+
+def _loggers_by_variable(tree: ast.Module) -> dict[str, str]:
+    """``{variable: logger name}`` for a module's ``x = logging.getLogger("...")``."""
+    found = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute)
+            and node.value.func.attr == "getLogger"
+            and node.value.args
+            and isinstance(node.value.args[0], ast.Constant)
+        ):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = str(node.value.args[0].value)
+    return found
+
+
+def _log_calls() -> list[tuple[str, str, str]]:
+    """Every ``(logger name, LEVEL, format string)`` the package logs with a literal format."""
+    calls = []
+    for _, tree in _package_sources():
+        loggers = _loggers_by_variable(tree)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"debug", "info", "warning", "error", "critical"}
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in loggers
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                calls.append(
+                    (loggers[node.func.value.id], node.func.attr.upper(), node.args[0].value)
+                )
+    return calls
+
+
+def test_the_loggers_the_docs_list_are_the_package_s() -> None:
+    """operating.md's Logs section names every logger the package logs with, and no other."""
+    used = set()
+    for path in PACKAGE.rglob("*.py"):
+        used |= set(re.findall(r'getLogger\(f?"celery_singleton_lock\.(\w+)"\)', path.read_text()))
+    listed = set(
+        re.findall(
+            r"^- `(?:celery_singleton_lock)?\.(\w+)`",
+            _section(_page("operating.md"), "## Logs"),
+            re.M,
+        )
+    )
+    assert used and listed == used, (
+        f"listed, not used: {listed - used}; not listed: {used - listed}"
+    )
+
+
+def test_the_metrics_the_docs_list_are_those_metrics_py_defines() -> None:
+    """operating.md's Metrics section lists each metric of metrics.py with its labels (a
+    counter as Prometheus exposes it, ``_total``), every duplicate action the package counts
+    and every refusal reason."""
+    tree = ast.parse((PACKAGE / "metrics.py").read_text(encoding="utf-8"))
+    defined = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in {"Counter", "Histogram"}
+            and isinstance(node.args[0], ast.BinOp)
+            and isinstance(node.args[0].right, ast.Constant)
+        ):
+            name = str(node.args[0].right.value) + ("_total" if node.func.id == "Counter" else "")
+            labels = node.args[2] if len(node.args) > 2 else None
+            defined[name] = (
+                ",".join(str(e.value) for e in labels.elts if isinstance(e, ast.Constant))
+                if isinstance(labels, ast.List)
+                else ""
+            )
+    section = _section(_page("operating.md"), "## Metrics")
+    listed = {
+        name: labels
+        for name, labels in re.findall(r"`([a-z_]+(?:_total|_seconds))(?:\{([a-z,]+)\})?`", section)
+    }
+    assert len(defined) == 9 and listed == defined
+
+    actions: set[str] = set()
+    for _, source in _package_sources():
+        for node in ast.walk(source):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "duplicate"
+                and len(node.args) == 2
+            ):
+                arg = node.args[1]
+                values = [arg.body, arg.orelse] if isinstance(arg, ast.IfExp) else [arg]
+                actions |= {str(v.value) for v in values if isinstance(v, ast.Constant)}
+    assert actions == {"skipped", "retried", "raised", "returned", "replaced"}
+    (duplicates,) = [line for line in section.split("\n- ") if "duplicates_total" in line]
+    assert set(re.findall(r"`(\w+)`", duplicates)) >= actions
+    cooldown = ast.parse((PACKAGE / "_celery" / "cooldown.py").read_text(encoding="utf-8"))
+    reasons = {
+        str(node.value.value)
+        for node in ast.walk(cooldown)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "reason" for t in node.targets)
+        and isinstance(node.value, ast.Constant)
+    }
+    (refusals,) = [line for line in section.split("\n- ") if "refusals_total" in line]
+    assert reasons == {"limit", "cooldown"} and set(re.findall(r"`(\w+)`", refusals)) >= reasons
+
+
+def test_the_scripts_the_docs_list_are_lua_s_files() -> None:
+    """lock.md names every script of lua/, and no other."""
+    text = _page("lock.md")
+    start = text.index("- **Lua scripts**")
+    bullet = text[start : text.index("\n- **", start + 1)]
+    shipped = {p.name for p in (ROOT / "lua").glob("*.lua")}
+    assert "record_if_held.lua" in shipped
+    assert set(re.findall(r"`(\w+\.lua)`", bullet)) == shipped
+
+
+def test_the_sample_locks_list_is_the_cli_s_table() -> None:
+    """operating.md's sample `celery locks list` has the CLI's columns, in its order, and each
+    row fills them."""
+    from celery_singleton_lock._ops.cli import _COLUMNS
+
+    lines = _page("operating.md").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("$ celery -A proj locks list"))
+    header, *rows = lines[at + 1 : next(i for i in range(at + 1, len(lines)) if lines[i][0] == "$")]
+    assert re.split(r"\s{2,}", header) == [title for _, title in _COLUMNS]
+    assert rows and all(len(re.split(r"\s{2,}", row)) == len(_COLUMNS) for row in rows)
+
+
+def test_the_api_reference_documents_the_public_names_only() -> None:
+    """api.md documents every name of ``celery_singleton_lock.__all__`` and, besides, only names
+    of the public modules (``beat``, ``metrics``, ``testing``), each one they export. An entry
+    written under a private path must be an object that the package exports."""
+    import celery_singleton_lock
+
+    public = {getattr(celery_singleton_lock, name): name for name in celery_singleton_lock.__all__}
+    text = _page("api.md")
+    documented = set()
+    for path in re.findall(r"^::: ([\w.]+)$", text, re.M):
+        parts = path.split(".")
+        obj: Any = None
+        for depth in range(len(parts), 0, -1):  # the longest module path, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:depth]))
+            except ImportError:
+                continue
+            for part in parts[depth:]:
+                obj = getattr(obj, part)
+            break
+        if any(p.startswith("_") for p in parts):
+            assert obj in public, f"api.md documents {path}, which is not exported"
+        if obj in public:
+            documented.add(public[obj])
+        elif isinstance(obj, ModuleType):
+            assert path in {f"celery_singleton_lock.{m}" for m in ("metrics", "testing")}, path
+        else:
+            assert path == "celery_singleton_lock.beat.LeaderScheduler", path
+    assert documented == set(celery_singleton_lock.__all__)
+    for module in ("metrics", "testing"):
+        block = text[text.index(f"::: celery_singleton_lock.{module}") :]
+        members = re.findall(r"^        - (\w+)$", block.split(":::", 2)[1], re.M)
+        exported = importlib.import_module(f"celery_singleton_lock.{module}").__all__
+        assert members and set(members) <= set(exported), (module, members)
+
+
+def test_the_memory_figure_is_the_bound_the_test_asserts() -> None:
+    """production.md's figure for 100,000 locks is what tests/test_production.py lets one lock
+    take at most."""
+    source = (ROOT / "tests" / "test_production.py").read_text(encoding="utf-8")
+    lock_max = int(re.search(r"memory_usage\(lock\.key\) <= (\d+)", source).group(1))  # type: ignore[union-attr]
+    meta_max = int(re.search(r"memory_usage\(meta\) <= (\d+)", source).group(1))  # type: ignore[union-attr]
+    total_mb = 100_000 * (lock_max + meta_max) / 1_000_000
+    text = _flat(_page("production.md"))
+    figure = f"and at most {total_mb:.0f} MB"
+    assert f"100,000 locks held at once take about 80 MB of Redis memory, {figure}" in text
+    assert f"at most {lock_max} bytes for the lock hash and {meta_max} for the meta hash" in text
+    assert "under 100 MB" not in text
+
+
+def test_the_meta_hash_outlives_the_lease_as_the_docs_say(redis_client: Any) -> None:
+    """lock.md and production.md: the meta hash outlives the lock's lease by 60 to 90 s (90 past
+    a new holder's lease, 60 past a renewal's), a release leaves it as it is, a force release
+    gives it 60 s."""
+    from celery_singleton_lock._lock.scripts import META_RETENTION_MS
+
+    low, high = META_RETENTION_MS // 1000, META_RETENTION_MS * 3 // 2 // 1000
+    lease_ms = 3_000
+    lock = ReentrantLock(redis_client, "docs-meta", ttl=lease_ms / 1000)
+    meta = lock.key + ":meta"
+    assert lock.acquire()
+    try:
+        assert lease_ms + high * 1000 - 1_000 < redis_client.pttl(meta) <= lease_ms + high * 1000
+        # the heartbeat renews about every ttl/3: the meta hash then lives 60 s past the lease
+        wait_until(lambda: redis_client.pttl(meta) <= lease_ms + low * 1000, 5, "a renewal")
+        assert redis_client.pttl(meta) > lease_ms + low * 1000 - 1_000
+    finally:
+        lock.release()
+    assert not redis_client.exists(lock.key)
+    assert low * 1000 < redis_client.pttl(meta) <= lease_ms + low * 1000
+    space = LockSpace(redis_client)
+    assert space.take("docs-forced", "t", 30).acquired and space.force_release("docs-forced")
+    assert low * 1000 - 1_000 < redis_client.pttl("lock:{docs-forced}:meta") <= low * 1000
+    text = _flat(_page("lock.md"))
+    assert f"it outlives the lock's lease by {low} to {high} s" in text
+    assert (
+        f"for the rest of its lease plus {low} to {high} s ({low} s after a force release)" in text
+    )
+    assert f"the rest of its lease plus {low} to {high} s" in _flat(_page("production.md"))
+    assert "outlives the lock by 60 s" not in text
+
+
+def test_the_lost_lease_lines_troubleshooting_quotes_are_logged_so() -> None:
+    """Each line of troubleshooting.md's LockLostError table is logged by the logger, and at
+    the level, that the table says (its placeholders as the format's)."""
+    section = _section(_page("troubleshooting.md"), "## `LockLostError` in the logs")
+    rows = re.findall(r"^\| `(celery_singleton_lock\.\w+)` (\w+) \| `([^`]+)` \|", section, re.M)
+    assert len(rows) == 5
+    calls = _log_calls()
+    spec = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdifr]")
+    for logger, level, line in rows:
+        pattern = "".join(
+            ".+?" if re.fullmatch(r"<[^>]+>|\.\.\.|N", token) else re.escape(token)
+            for token in re.split(r"(<[^>]+>|\.\.\.|\bN\b)", line)
+        )
+        matches = [
+            (name, lvl) for name, lvl, fmt in calls if re.fullmatch(pattern, spec.sub("%s", fmt))
+        ]
+        assert (logger, level) in matches, (line, matches)
+    assert "a WARNING names the lock and owner;" not in _page("what-happens-when.md")
+
+
+def test_the_prefix_with_url_is_lock_as_the_docs_say(
+    redis_server: RedisServer, redis_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--url`` without ``--prefix`` lists the prefix ``lock``, whatever the app's
+    ``singleton_lock_prefix``; without ``--url`` the app's prefix. The help and the docs say so."""
+    from celery_singleton_lock._ops.cli import locks
+
+    url = redis_server.url
+    assert LockSpace(redis_client).take("docs-plain", "t1", 30).acquired
+    assert LockSpace(redis_client, "custom").take("docs-custom", "t2", 30).acquired
+    app = Celery("docs_prefix", set_as_current=False, broker=url)
+    app.conf.singleton_lock_prefix = "custom"
+
+    def listed(*args: str) -> list[str]:
+        locks.main(
+            args=["list", "--json", *args], obj=SimpleNamespace(app=app), standalone_mode=False
+        )
+        return [view["key"] for view in json.loads(capsys.readouterr().out)]
+
+    try:
+        assert listed("--url", url) == ["lock:{docs-plain}"]
+        assert listed() == ["custom:{docs-custom}"]
+        assert listed("--url", url, "--prefix", "custom") == ["custom:{docs-custom}"]
+    finally:
+        app.close()
+    (prefix,) = [p for p in locks.commands["list"].params if p.name == "prefix"]
+    assert "with --url: lock" in str(prefix.help)
+    assert "with `--url` it is `lock` whatever the app says" in _flat(_page("troubleshooting.md"))
+    assert "with `--url` the prefix is `lock` whatever the app says" in _flat(_page("operating.md"))
+
+
+def test_a_caller_s_countdown_replacing_the_debounce_is_documented() -> None:
+    """limits.md and the option's meaning: a call's own countdown or eta replaces lock_debounce's
+    delay (tests/test_celery_limits.py runs it on a real worker)."""
+    assert (
+        "a call's own `countdown=` or `eta=` replaces this delay for that call" in options_table()
+    )
+    assert "A call's own `countdown=` or `eta=` replaces the debounce's delay" in _flat(
+        _page("limits.md")
+    )
+
+
+# -- the upgrading page's claims ----------------------------------------------------------------
+
+
+def _task_from_block(block: str) -> Any:
+    """The task ``rebuild_index`` that ``block`` defines, as module ``proj.tasks`` would, on an
+    app of its own (not shared with the next app: each block defines it anew)."""
+    real = Celery("docs_upgrading", set_as_current=False)
+    app = SimpleNamespace(task=lambda **options: real.task(shared=False, **options))
+    namespace: dict[str, Any] = {"app": app, "LockedTask": LockedTask, "__name__": "proj.tasks"}
+    exec(compile(block, "upgrading.md block", "exec"), namespace)
+    return namespace["rebuild_index"]
+
+
+def test_the_upgrading_page_s_key_claims_hold() -> None:
+    """upgrading.md: defaults are bound into the key (a new default moves the calls that leave
+    the argument out), a new parameter moves every key, and the page's lock_unique_on example
+    keeps them."""
+    before_block, after_block = [
+        b for b in python_blocks(DOCS / "upgrading.md") if "def rebuild_index" in b
+    ]
+    before, after = _task_from_block(before_block), _task_from_block(after_block)
+    for call in [((1,), {}), ((1, True), {}), ((1,), {"full": True})]:
+        assert before.lock_key_for(*call[0], **call[1]) == after.lock_key_for(*call[0], **call[1])
+    assert after.lock_key_for(1, dry_run=True) == before.lock_key_for(1)
+    without = _task_from_block(after_block.replace(', lock_unique_on=["shop_id", "full"]', ""))
+    assert without.lock_key_for(1) != before.lock_key_for(1)  # a new parameter moves the key
+    new_default = _task_from_block(before_block.replace("full=False", "full=True"))
+    assert new_default.lock_key_for(1) != before.lock_key_for(1)
+    assert new_default.lock_key_for(1, False) == before.lock_key_for(1)
+
+    text = _flat(_page("upgrading.md"))
+    assert "**defaults included**: `f(1)` is keyed as `f(1, full=False)`" in text
+    assert f"**the message header** `{HEADER}`" in text
+    # the meta hash's fields, as lua/acquire.lua's header lists them
+    header = (ROOT / "lua" / "acquire.lua").read_text(encoding="utf-8").split("-- KEYS[1]")[0]
+    fields = []
+    for names in re.findall(r"^--   (\S.*?)\s{2,}", header, re.M):
+        fields += [n.strip() for n in names.split(",")]
+    meta_line = text[text.index("`<key>:meta` with the fields") :].split(" (each is")[0]
+    assert re.findall(r"`([^`]+)`", meta_line)[1:] == [
+        "void:<request id>" if f == "void:<id>" else f for f in fields
+    ]
+
+
+def test_the_new_pages_are_in_the_site_and_the_readme() -> None:
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for page in ("upgrading.md", "when-not-to-use.md"):
+        assert re.search(rf"^  - [^:]+: {page}$", config, re.M), page
+        assert f"(docs/{page})" in readme, page
+
+
+def test_the_getting_started_page_runs_the_readme_s_quick_start() -> None:
+    """docs/index.md shows the README's quick start as it is (tests/test_examples.py runs it)."""
+    proj, worker, paste = quick_start(ROOT / "README.md")
+    assert quick_start(DOCS / "index.md") == (proj, worker, paste)
+
+
+def test_the_cost_when_not_to_use_states_holds_in_the_last_bench_run() -> None:
+    """when-not-to-use.md: the lock costs Redis a multiple of a bare SET NX PX lock's server
+    time, and a locked task runs at a fraction of a plain task's rate."""
+    results = json.loads((DOCS / "bench" / "results.json").read_text(encoding="utf-8"))
+    lock = results["lock"]["uncontended"]["contenders"]
+    assert lock["csl"]["server_ratio_to_floor"] > 2
+    for pool in results["celery"]["pools"].values():
+        contenders = pool["contenders"]
+        assert contenders["locked-run"]["tasks_per_s"] < contenders["plain"]["tasks_per_s"]
+    text = _flat(_page("when-not-to-use.md"))
+    assert "It costs Redis a multiple of the bare lock's server time" in text
+
+
+# -- the troubleshooting page's recipe, on a real worker ------------------------------------------
+
+recipe_gates = Gates()
+recipe_app = new_app("docs_recipe")
+
+
+@app_task(recipe_app, base=LockedTask, name="docs.locked")
+def recipe_locked(key: str) -> str:
+    recipe_gates.enter(key)
+    return key
+
+
+@app_task(recipe_app, base=LockedTask, name="docs.limited", lock_limit=2, lock_unique_on=["key"])
+def recipe_limited(key: str, n: int) -> str:
+    recipe_gates.enter(f"{key}:{n}")
+    return key
+
+
+@app_task(recipe_app, base=LockedTask, name="docs.cooled", lock_cooldown=30)
+def recipe_cooled(key: str) -> str:
+    return key
+
+
+@app_task(
+    recipe_app, base=LockedTask, name="docs.queued", lock_at="queue", lock_retry_countdown=0.2
+)
+def recipe_queued(key: str) -> str:
+    recipe_gates.enter(key)
+    return key
+
+
+@app_task(recipe_app, base=LockedTask, name="docs.debounced", lock_at="publish", lock_debounce=0.5)
+def recipe_debounced(key: str) -> str:
+    return key
+
+
+def test_the_troubleshooting_recipe_finds_who_ran_instead_for_every_skip_reason() -> None:
+    """troubleshooting.md's ``ran_instead(result)`` gives, for a SKIPPED result of every reason
+    (locked, limit, cooldown, queued, replaced), the task that ran or runs in its place; for
+    another state, None."""
+    (block,) = [b for b in python_blocks(DOCS / "troubleshooting.md") if "def ran_instead" in b]
+    namespace: dict[str, Any] = {"rebuild_index": recipe_locked}
+    exec(compile(block.split("\n\n\nresult = ")[0], "troubleshooting.md recipe", "exec"), namespace)
+    ran_instead = namespace["ran_instead"]
+    key = uuid.uuid4().hex
+    with celery_env(recipe_app, recipe_gates) as env:
+        skips: dict[str, tuple[Any, set[str]]] = {}
+
+        first = recipe_locked.delay(key)
+        recipe_gates.wait_started(key)
+        skips["locked"] = (recipe_locked.delay(key), {first.id})
+
+        slots = [recipe_limited.delay(key, n) for n in (1, 2)]
+        for n in (1, 2):
+            recipe_gates.wait_started(f"{key}:{n}")
+        skips["limit"] = (recipe_limited.delay(key, 3), {s.id for s in slots})
+
+        cooled = recipe_cooled.delay(key)
+        assert cooled.get(timeout=10) == key
+        skips["cooldown"] = (recipe_cooled.delay(key), {cooled.id})
+
+        running = recipe_queued.delay(f"{key}:q")
+        recipe_gates.wait_started(f"{key}:q")
+        waiting = recipe_queued.delay(f"{key}:q")  # the one queued copy
+        skips["queued"] = (env.app.send_task("docs.queued", (f"{key}:q",)), {waiting.id})
+
+        replaced, last = recipe_debounced.delay(key), recipe_debounced.delay(key)
+        skips["replaced"] = (replaced, {last.id})
+
+        for reason, (skipped, instead) in skips.items():
+            env.wait_state(skipped.id, "SKIPPED")
+            assert skipped.info["reason"] == reason
+            assert ran_instead(skipped) in instead, (reason, skipped.info)
+        recipe_gates.open_all()
+        assert first.get(timeout=10) == key and last.get(timeout=10) == key
+        assert ran_instead(first) is None
+        assert waiting.get(timeout=10) == running.get(timeout=10) == f"{key}:q"

@@ -6,7 +6,9 @@ A listed task's class is swapped, at app finalization, for a subclass that puts
 run-time lock has to wrap the body: a signal receiver cannot stop a run). A
 ``before_task_publish`` receiver takes the publish-time lock for messages that did not come
 through ``apply_async``; it cannot stop a duplicate from being sent (Celery swallows receiver
-errors), so such a duplicate is skipped by the worker's run-time check instead.
+errors), so such a duplicate is left to the worker's run-time check: skipped while the job it
+duplicates still holds the lock (queued or running), run again if it reaches a worker after
+that job ended.
 """
 
 from __future__ import annotations

@@ -133,8 +133,9 @@ class LockOptions:
         default=True,
         metadata=_about(
             "`True`",
-            "with `lock_cooldown`: a run that failed (raised, or its worker process died) "
-            "starts the cooldown too; `False`: only a run that returned does",
+            "with `lock_cooldown`: a run that failed (raised, hit its hard time limit, or its "
+            "pool process was killed) starts the cooldown too; `False`: only a run that "
+            "returned does (a whole worker killed starts none: its lock ends with its lease)",
             _flag,
         ),
     )
@@ -144,7 +145,8 @@ class LockOptions:
             "`None`",
             'with `"publish"` or `"queue"`: each call is sent to run this many seconds later, '
             "and a call within that time replaces the one still waiting (the replaced one is "
-            "skipped when it arrives; the call returns the job that will run)",
+            "skipped when it arrives; the call returns the job that will run); a call's own "
+            "`countdown=` or `eta=` replaces this delay for that call",
             _no_cooldown_or_seconds,
         ),
     )

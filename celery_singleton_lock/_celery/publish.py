@@ -3,7 +3,9 @@
 Two ways in, one set of rules: :func:`publish_once` is ``LockedTask.apply_async`` (it can veto
 the send: a duplicate sends nothing), :func:`take_for_message` is the ``before_task_publish``
 receiver of ``install()`` for messages sent by name (``send_task``, beat), which cannot veto
-(Celery swallows receiver errors), so a duplicate is skipped by the worker's run-time check.
+(Celery swallows receiver errors), so a duplicate is sent, and left to the worker's run-time
+check: skipped while the job it duplicates still holds the lock (queued or running), run again
+when it reaches a worker after that job ended.
 Both hold the lock for the time the message may wait (:func:`queue_lease`) and name it in the
 message's :data:`HEADER`, so the worker never computes the key again.
 """
@@ -35,6 +37,7 @@ from .revoked import free_revoked_holder
 __all__ = ["HEADER", "publish_once", "queue_lease", "seconds_until", "take_for_message"]
 
 log = logging.getLogger("celery_singleton_lock.publish")
+log_debounce = logging.getLogger("celery_singleton_lock.debounce")
 
 #: ``send(task_id, options)``: the plain ``Task.apply_async`` with the other arguments bound
 Send = Callable[[str, dict[str, Any]], Any]
@@ -99,8 +102,19 @@ def publish_once(
     task_id = task_id or str(uuid.uuid4())
     name = locking.message_lock(locking.lock_name(task.name, args, kwargs))
     debounce = locking.options.lock_debounce
-    if debounce is not None and options.get("eta") is None and options.get("countdown") is None:
-        options["countdown"] = debounce
+    if debounce is not None:
+        if options.get("eta") is None and options.get("countdown") is None:
+            options["countdown"] = debounce
+        elif task_id != task.request.id:  # (a retry's countdown is not the caller's choice)
+            # The caller's own delay wins, as Celery users expect of countdown= and eta=; the
+            # call still replaces a waiting one. Said once per call, at DEBUG: it is no error.
+            log_debounce.debug(
+                "%s[%s]: the caller's %s replaces lock_debounce (%s s) for this call",
+                task.name,
+                task_id,
+                "eta" if options.get("eta") is not None else "countdown",
+                debounce,
+            )
     lease = queue_lease(
         locking.queue_ttl(app), options.get("expires"), options.get("eta"), options.get("countdown")
     )
@@ -198,7 +212,8 @@ def take_for_message(
 ) -> None:
     """The publish lock of a message sent by name (``before_task_publish``): taken when free,
     and named in the message's headers; a duplicate is only logged (it cannot be stopped
-    here: the worker skips it)."""
+    here: a worker skips it while the job it duplicates still holds the lock, and runs it
+    again once that job has ended)."""
     locking: TaskLocking = task.locking
     app = task.app
     try:
@@ -223,7 +238,8 @@ def take_for_message(
     if not reply.acquired:
         log.warning(
             "%s[%s] was published by name (send_task or beat) while task %s holds %s; it "
-            "cannot be stopped at publish, the worker will skip it",
+            "cannot be stopped at publish: a worker skips it while that task holds the lock, "
+            "and runs it again if it arrives after that task ended",
             task.name,
             task_id,
             reply.holder,

@@ -44,7 +44,8 @@ def _start(app: Any, what: str) -> None:
             log.warning(
                 "singleton_lock_tasks: locking %s in this %s, but the app module does not "
                 "call install(app): a process that publishes %s without it sends duplicates, "
-                "which are skipped here at run time instead of kept out at publish; call "
+                "which are skipped here only while the job they duplicate still runs (one "
+                "that arrives after it ended runs again) instead of kept out at publish; call "
                 "install(app) where the app is defined",
                 ", ".join(sorted(tasks)),
                 what,

@@ -41,9 +41,9 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     """A Celery task that never runs twice at once for the same arguments.
 
     The options (``lock_at``, ``lock_limit``, ``lock_cooldown``, ``lock_debounce``, ...) are
-    decorator keywords or class attributes, each defined once, with its default and meaning,
-    as a field of :class:`~._celery.options.LockOptions` (the README's options table is made
-    from it). They are checked when the class is made: a wrong value, a combination that
+    decorator keywords or class attributes, each defined once, with its default and meaning
+    (the options table of the README and of the docs' Configuration page is made from that
+    definition). They are checked when the class is made: a wrong value, a combination that
     makes no sense or a misspelt ``lock_*`` name raises, naming the task and the option.
 
     Inside a run, ``self.lock`` is the held :class:`ReentrantLock` (with ``lock_limit`` above

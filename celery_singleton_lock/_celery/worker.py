@@ -2,8 +2,11 @@
 
 Only the main process hears of a pool child killed (SIGKILL, OOM), a hard time limit or a
 terminating revoke; Celery then calls the request's ``on_failure`` / ``on_timeout`` there (and
-sends ``task_revoked``, see :mod:`.revoked`). Releasing at once lets a redelivered message
-(``reject_on_worker_lost``) take over without waiting for a whole lease.
+sends ``task_revoked``, see :mod:`.revoked`). It releases the lock at once, or keeps it for what
+comes next: for the task's ``lock_cooldown`` (a run that died counts as failed), or, when the
+message goes back to the queue (``acks_late`` with ``reject_on_worker_lost``), parked for its
+redelivery, which re-enters it at once with no gap for a duplicate. A whole worker killed runs
+none of this: its locks end with their leases.
 """
 
 from __future__ import annotations

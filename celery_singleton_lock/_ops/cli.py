@@ -129,7 +129,11 @@ def _run(ctx: click.Context, action: str, url: str | None, prefix: str | None, *
 
 
 _url = click.option("--url", default=None, help="Redis URL (default: the Celery app's settings)")
-_prefix = click.option("--prefix", default=None, help="key prefix (default: singleton_lock_prefix)")
+_prefix = click.option(
+    "--prefix",
+    default=None,
+    help="key prefix (default: the app's singleton_lock_prefix; with --url: lock)",
+)
 _json = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 _match = click.option("--match", default="*", show_default=True, help="glob on the lock name")
 
