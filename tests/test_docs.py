@@ -24,7 +24,7 @@ from lock_helpers import wait_until
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock, install
 from celery_singleton_lock._celery import run as run_module
 from celery_singleton_lock._celery.install import is_installed
-from celery_singleton_lock._celery.locking import HEADER
+from celery_singleton_lock._celery.locking import HEADER, PERMITS_HEADER, PREFIX_HEADER
 from celery_singleton_lock._celery.options import options_table
 from celery_singleton_lock._celery.taskkey import MAX_PART, task_lock_name
 from celery_singleton_lock.testing import RedisServer
@@ -625,7 +625,7 @@ def test_the_upgrading_page_s_key_claims_hold() -> None:
 
     text = _flat(_page("upgrading.md"))
     assert "**defaults included**: `f(1)` is keyed as `f(1, full=False)`" in text
-    assert f"**the message header** `{HEADER}`" in text
+    assert f"**the message headers** `{HEADER}`, `{PREFIX_HEADER}` and `{PERMITS_HEADER}`" in text
     # the meta hash's fields, as lua/acquire.lua's header lists them
     header = (ROOT / "lua" / "acquire.lua").read_text(encoding="utf-8").split("-- KEYS[1]")[0]
     fields = []
