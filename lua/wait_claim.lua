@@ -13,7 +13,8 @@
 -- ARGV[2]  the wait token the message carries
 -- ARGV[3]  the message's own mark
 --
--- Returns {1, ""}: this message claimed the wait (now or before) and runs the copy;
+-- Returns {1, ""}: this message claimed the wait and runs the copy; {1, "again"}: it had
+--                  claimed it before (it is delivered again) and runs the copy;
 --         {0, ""}: the copy waits no more (its run ended, its wait was dropped or ran out);
 --         {2, ""}: another message claimed this wait, or the copy waits again with another
 --                  token;
@@ -35,6 +36,6 @@ if token == ARGV[2] then
     return {1, ''}
 end
 if token == claim then
-    return {1, ''}
+    return {1, 'again'}
 end
 return {2, ''}

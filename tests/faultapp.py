@@ -109,6 +109,11 @@ def _enter(task: Any, job: str) -> float:
     return start
 
 
+def records_of(app: Celery, kind: str, job: str) -> list[dict[str, Any]]:
+    """The JSON items the tasks recorded (``starts``, ``intervals``, ...) for ``job``."""
+    return [json.loads(item) for item in data(app).lrange(f"{kind}:{job}", 0, -1)]
+
+
 def _leave(task: Any, job: str, start: float, **extra: Any) -> None:
     item = {"id": task.request.id, "pid": os.getpid(), "start": start, "end": time.time()}
     item.update(extra)
@@ -461,6 +466,15 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     def queue_patient(self: Any, job: str, seconds: float = 0.0) -> str:
         """A queued copy's fallback comes back in 30 s: only a wake starts it sooner."""
         return _recorded(self, job, seconds)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.queue_lost", lock_at="queue", lock_ttl=4,
+        acks_late=True, reject_on_worker_lost=True, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def queue_lost(self: Any, job: str, seconds: float = 0.0, again: float = 0.0) -> str:
+        """Sleeps ``seconds``, or ``again`` when this task id started before (a redelivery)."""
+        before = [s for s in records_of(self.app, "starts", job) if s["id"] == self.request.id]
+        return _recorded(self, job, again if before else seconds)
 
     @_app_task(
         app, base=LockedTask, bind=True, name="fault.queue_limited", lock_at="queue",

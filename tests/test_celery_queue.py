@@ -227,6 +227,27 @@ def test_a_waiting_copy_leaves_the_pool_to_other_jobs(
 # -- a worker dies -------------------------------------------------------------------------
 
 
+def test_a_woken_copy_killed_while_it_runs_is_delivered_again_and_runs(
+    server: RedisServer, app: Celery, worker: Any
+) -> None:
+    """acks_late + reject_on_worker_lost: the woken copy's pool process is killed while it
+    runs; its message, delivered again, still holds its claim on the wait and runs the copy
+    (the copy's other message, its fallback, ends unrun)."""
+    data = server.client(db=DATA_DB)
+    task = app.tasks["fault.queue_lost"]
+    job = new_job("wake-lost")
+    running = task.delay(job, 2.0)
+    _started(data, job)
+    waiting = task.delay(job, 60.0, 0.0)
+    _parked(waiting)
+    _started(data, job, 2)  # woken when the run ended
+    os.kill(records(data, "starts", job)[1]["pid"], signal.SIGKILL)
+    assert waiting.get(timeout=30) == waiting.id
+    assert running.get(timeout=5) == running.id
+    assert [s["id"] for s in records(data, "starts", job)] == [running.id, *[waiting.id] * 2]
+    assert wait_until(lambda: _left_nothing(server, task, job), 10)
+
+
 def _two_workers(server: RedisServer, tmp_path: Path, **options: Any) -> tuple[Any, Any, str, str]:
     """A one-process worker for the run (queue ``a``) and one for the queued copy (``b``)."""
     a, b = _queue(), _queue()

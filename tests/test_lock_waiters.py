@@ -59,7 +59,7 @@ def test_one_message_claims_a_wait(redis_client: Any) -> None:
     lock = _held(redis_client, "job")
     assert space.add_waiter("job", "q1", "t1\npayload", 60)
     assert space.claim_waiter("job", "q1", "t1", "wake") == (CLAIMED, "")
-    assert space.claim_waiter("job", "q1", "t1", "wake") == (CLAIMED, "")  # its own resend
+    assert space.claim_waiter("job", "q1", "t1", "wake") == (CLAIMED, "again")  # its resend
     assert space.claim_waiter("job", "q1", "t1", "fallback") == (CLAIMED_ELSEWHERE, "")
     assert space.waiters("job") == {}  # claimed: no run's end wakes it again
     # the claimer waits again (the lock is still held): the older token claims nothing

@@ -70,17 +70,23 @@ def held_lock(lock: ReentrantLock | Semaphore) -> ReentrantLock:
 
 
 def still_queued(
-    task: Any, request: Any, space: LockSpace, queued: str, wait: Wait | None = None
+    task: Any,
+    request: Any,
+    space: LockSpace,
+    queued: str,
+    wait: Wait | None = None,
+    again: bool = False,
 ) -> None:
     """Make sure this message is the job's one queued copy: re-enter its queued lock (or take
     it, when its hold ran out while the message waited). Held by another task, this message
     is not that copy: a later call replaced it (``lock_debounce``), or it is a duplicate that a
     publish by name (``send_task``, beat) could not stop; either way it is skipped. ``wait``:
-    the wait this message claimed, which ends with it then."""
+    the wait this message claimed, which ends with it then (``again``: it had claimed it
+    before, and is delivered again after its run began)."""
     lease = task.locking.queue_ttl(task.app)
     info = holder_info(task.name, request.id, "queued")
     debounced = task.locking.options.lock_debounce is not None
-    if wait is not None and debounced:
+    if wait is not None and debounced and not again:
         # A copy that waited: its queued lock is still its own, or a later call replaced it
         # meanwhile (and may have run already, leaving that lock free): only kept, not taken.
         if space.park(queued, request.id, lease, info=info):

@@ -288,9 +288,9 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
             run = _runs[request] = TaskRun(None, task)
             return run
         if queued:
-            if wait is not None:  # a wake or a fallback: only the first of them runs the copy
-                claim_wait(task, request, space, name, message_lock, wait)
-            still_queued(task, request, space, message_lock, wait)
+            # a wake or a fallback: only the first of them runs the copy
+            again = wait is not None and claim_wait(task, request, space, name, message_lock, wait)
+            still_queued(task, request, space, message_lock, wait, again)
         lock = run_lock(task, space, name, task_id)
         reply = lock.try_acquire()
         # A holder revoked while queued will never let go by itself: free it.

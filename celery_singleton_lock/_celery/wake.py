@@ -111,13 +111,15 @@ def request_wait(request: Any) -> Wait | None:
 
 def claim_wait(
     task: Any, request: Any, space: LockSpace, name: str, message_lock: str, wait: Wait
-) -> None:
-    """Go on only if this message claims the copy's wait; else end it: as replaced (SKIPPED)
-    when a later call replaced the copy while it waited (``lock_debounce``), else without a
-    trace (its other message runs the copy, or ran it, or the copy's wait was dropped)."""
-    code, by = space.claim_waiter(name, request.id, wait.token, wait.mark)
+) -> bool:
+    """Go on only if this message claims the copy's wait (``True``: it had claimed it before,
+    and is delivered again); else end it: as replaced (SKIPPED) when a later call replaced the
+    copy while it waited (``lock_debounce``), else without a trace (its other message runs
+    the copy, or ran it, or the copy's wait was dropped)."""
+    code, again = space.claim_waiter(name, request.id, wait.token, wait.mark)
     if code == CLAIMED:
-        return
+        return again == "again"
+    by = again
     if code == WAIT_REPLACED:
         skip_replaced(task, request, space.keys(message_lock).lock, by)
     log.info(

@@ -331,8 +331,9 @@ def wait_park(
 
 def wait_claim(client: Any, keys: LockKeys, waiter: str, token: str, mark: str) -> tuple[int, str]:
     """Claim ``waiter``'s wait ``token`` beside the lock ``keys`` for the message marked
-    ``mark``: :data:`CLAIMED`, :data:`WAIT_OVER`, :data:`CLAIMED_ELSEWHERE`, or
-    :data:`WAIT_REPLACED` with the task id that replaced the waiter (see lua/wait_claim.lua)."""
+    ``mark``: :data:`CLAIMED` (with ``"again"`` when this message had claimed it before),
+    :data:`WAIT_OVER`, :data:`CLAIMED_ELSEWHERE`, or :data:`WAIT_REPLACED` with the task id
+    that replaced the waiter (see lua/wait_claim.lua)."""
     subject = f"the wait of {waiter!r} beside lock {keys.name!r}"
     with backend_errors("claim", keys.name, subject):
         code, by = scripts.WAIT_CLAIM(client, (keys.records(WAITERS),), (waiter, token, mark))

@@ -221,7 +221,8 @@ class LockSpace:
 
     def claim_waiter(self, name: str, waiter: str, token: str, mark: str) -> tuple[int, str]:
         """Claim the wait ``token`` of ``waiter`` beside ``name`` for the message ``mark``:
-        :data:`~.commands.CLAIMED` (now, or before by this same message),
+        :data:`~.commands.CLAIMED` (with ``"again"`` when this same message claimed it
+        before),
         :data:`~.commands.WAIT_OVER`, :data:`~.commands.CLAIMED_ELSEWHERE`, or
         :data:`~.commands.WAIT_REPLACED` and the task id that replaced the waiter (see
         :meth:`replace_waiter`)."""
