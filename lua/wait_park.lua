@@ -15,7 +15,7 @@
 -- ARGV[2]   its record: the wait token (unique per wait), a newline, what the wake sends
 -- ARGV[3]   how long the records live at least after this write, ms
 -- ARGV[4]   "1": write the record even when a slot is free (the copy found one free and lost
---           it again too often meanwhile; its fallback comes back at once)
+--           it again too often meanwhile; it sends its own wake at once)
 --
 -- Returns {1, pttl} when the record was written: pttl = ms left on the lease that frees
 -- first (0 when a slot is free, -1 when no slot has a lease); {0, 0} when a slot is free and

@@ -64,7 +64,7 @@ WAIT_HEADER = "singleton_lock_wait"
 FALLBACK_MARGIN = 0.1
 
 #: a copy that finds a slot free, and then loses it again, this many times in a row waits
-#: anyway (its fallback comes back at once): a bound, not a busy loop
+#: anyway, woken at once: a bound, not a busy loop
 PARK_TRIES = 3
 
 
@@ -204,6 +204,10 @@ def wait_for_run(
             force=attempt == PARK_TRIES - 1,
         )
         if parked:
+            if parked.pttl == 0:
+                # Written although a slot is free (lost to another taker each time): its wake
+                # goes now, so it tries again from the queue, not from this pool process.
+                _send_wake(task, name, record)
             break
         reply = lock.try_acquire()  # the run ended just now: try again at once
         if reply.acquired:
