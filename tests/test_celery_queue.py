@@ -13,9 +13,13 @@ The rules, as these tests check them (the tasks are the fault tests' app's, with
   wakes it at once), not when the whole worker of the run is (it starts when the run's lease
   runs out), not when the worker that holds its delayed message is (the run's end wakes it),
   not when both are (its message comes back after the broker's visibility timeout);
+* a woken copy whose pool process is killed while it runs (``acks_late``) is delivered again
+  and runs, its other message unrun;
 * a debounced queued copy replaced while it waits ends SKIPPED ("replaced") when woken, and
   the call that replaced it starts when the run ends; a revoked one never runs, and its wait
-  ends with it; a pickled task's copy comes back with what JSON could not carry.
+  ends with it; a pickled task's copy comes back with what JSON could not carry;
+* the wake costs a ``lock_at="queue"`` run one Redis script more (the read at its end), and
+  the other modes nothing.
 
 The slow test measures the queued copy's start after a 20 s body with the default lease
 (``singleton_lock_ttl``, 30 s) and prints it.
