@@ -6,8 +6,8 @@ per process, woken by push, with fencing tokens; and on it a Celery ``Task`` bas
 
 :class:`LockSpace` acts on locks held elsewhere (a queued message's, an operator's view); every
 type a public method returns (:class:`AcquireReply`, :class:`ReleaseReply`, :class:`LockState`,
-:class:`LockKeys`, :class:`RecordReply`) is importable from here. The settings are read once per
-app at its first use; :func:`reload_settings` reads them again.
+:class:`LockKeys`, :class:`RecordReply`, :class:`WaitReply`) is importable from here. The
+settings are read once per app at its first use; :func:`reload_settings` reads them again.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from ._lock import (
     ReentrantLock,
     ReleaseReply,
     Semaphore,
+    WaitReply,
 )
 
 try:
@@ -62,6 +63,7 @@ __all__ = [
     "ReleaseReply",
     "Semaphore",
     "TaskLockedError",
+    "WaitReply",
     "install",
     "reload_settings",
 ]

@@ -48,6 +48,9 @@ BEAT_ENV = "CSL_FAULT_BEAT"
 TTL_ENV = "CSL_FAULT_TTL"
 #: a port: the app's singleton_lock_metrics_port (tests/test_metrics.py)
 METRICS_ENV = "CSL_FAULT_METRICS_PORT"
+#: "1": the worker accepts pickled messages too (fault.queue_pickled; a worker run as root
+#: also needs C_FORCE_ROOT for that)
+PICKLE_ENV = "CSL_FAULT_PICKLE"
 
 BROKER_DB, RESULT_DB, LOCK_DB, DATA_DB = 0, 1, 2, 3
 HEARTBEAT_THREAD = "celery-singleton-lock-heartbeat"
@@ -107,6 +110,11 @@ def _enter(task: Any, job: str) -> float:
     }
     data(task.app).eval(_ENTER, 3, f"cur:{job}", f"max:{job}", f"starts:{job}", json.dumps(item))
     return start
+
+
+def records_of(app: Celery, kind: str, job: str) -> list[dict[str, Any]]:
+    """The JSON items the tasks recorded (``starts``, ``intervals``, ...) for ``job``."""
+    return [json.loads(item) for item in data(app).lrange(f"{kind}:{job}", 0, -1)]
 
 
 def _leave(task: Any, job: str, start: float, **extra: Any) -> None:
@@ -463,6 +471,63 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     def queued(self: Any, job: str, seconds: float = 0.0) -> str:
         return _recorded(self, job, seconds)
 
+    # lock_at="queue" with the default lock_on_locked (a refused queued copy waits for the run
+    # to end, tests/test_celery_queue.py): a lease shorter than the bodies the tests give them,
+    # the app's lease (singleton_lock_ttl), and debounced.
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.queue_wake", lock_at="queue", lock_ttl=4,
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def queue_wake(self: Any, job: str, seconds: float = 0.0) -> str:
+        return _recorded(self, job, seconds)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.queue_default", lock_at="queue",
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def queue_default(self: Any, job: str, seconds: float = 0.0) -> str:
+        return _recorded(self, job, seconds)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.queue_patient", lock_at="queue",
+        lock_ttl=30, lock_retry_countdown=30, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def queue_patient(self: Any, job: str, seconds: float = 0.0) -> str:
+        """A queued copy's fallback comes back in 30 s: only a wake starts it sooner."""
+        return _recorded(self, job, seconds)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.queue_lost", lock_at="queue", lock_ttl=4,
+        acks_late=True, reject_on_worker_lost=True, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def queue_lost(self: Any, job: str, seconds: float = 0.0, again: float = 0.0) -> str:
+        """Sleeps ``seconds``, or ``again`` when this task id started before (a redelivery)."""
+        before = [s for s in records_of(self.app, "starts", job) if s["id"] == self.request.id]
+        return _recorded(self, job, again if before else seconds)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.queue_limited", lock_at="queue",
+        lock_limit=2, lock_ttl=4, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def queue_limited(self: Any, job: str, seconds: float = 0.0) -> str:
+        return _recorded(self, job, seconds)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.queue_pickled", lock_at="queue",
+        lock_ttl=4, serializer="pickle", lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def queue_pickled(self: Any, job: str, seconds: float = 0.0, extra: Any = None) -> str:
+        """``extra``: what JSON cannot carry (a set); its type and items come back."""
+        _recorded(self, job, seconds)
+        return f"{type(extra).__name__}:{sorted(extra or ())}"
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.queue_debounced", lock_at="queue",
+        lock_debounce=0.5, lock_ttl=4, lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def queue_debounced(self: Any, job: str, seconds: float = 0.0) -> str:
+        return _recorded(self, job, seconds)
+
     @_app_task(
         app, base=LockedTask, bind=True, name="fault.debounced", lock_at="publish",
         lock_debounce=1.0, lock_unique_on=["job"], shared=False,
@@ -523,6 +588,8 @@ if os.environ.get(URL_ENV):
         visibility=float(_vis) if _vis else None,
         beat=os.environ.get(BEAT_ENV) == "1",
     )
+    if os.environ.get(PICKLE_ENV) == "1":
+        app.conf.accept_content = ["json", "pickle"]
     if os.environ.get(TTL_ENV):
         app.conf.singleton_lock_ttl = float(os.environ[TTL_ENV])
     if os.environ.get(METRICS_ENV):

@@ -20,6 +20,7 @@ from typing import Any
 
 from celery.exceptions import Ignore
 
+from .._errors import LockBackendError
 from .._lock import LockSpace, get_observer
 from .info import HoldState, release_if_in
 from .locking import store_skipped
@@ -37,6 +38,14 @@ def replace_waiting(task: Any, space: LockSpace, name: str, holder: str, by: str
     cooldown), so the call ``by`` can take it; returns whether it was freed."""
     if not release_if_in(space, name, holder, (HoldState.QUEUED,)):
         return False  # a run holds it (or its cooldown): nothing waits to be replaced
+    locking = task.locking
+    if locking.options.lock_at == "queue":
+        # A copy that waits beside the running job (see .wake) learns it was replaced from
+        # its record, when its wake or fallback starts, and no run's end wakes it again.
+        try:
+            space.replace_waiter(locking.run_lock(name), holder, by)
+        except LockBackendError as exc:  # its message finds its queued lock gone instead
+            log.warning("could not mark task %s as replaced by %s: %s", holder, by, exc)
     log.info(
         "%s: task %s replaces task %s, which was still waiting (lock_debounce)",
         task.name,

@@ -106,7 +106,7 @@ class LockOptions:
             '`"run"`',
             '`"run"`: held while the task runs. `"publish"`: taken at publish, held through the '
             'end of the run. `"queue"`: one copy queued and one running; the queued copy starts '
-            "when the running one ends (it waits or retries, never skipped)",
+            "when the running one ends (it waits without a pool process, never skipped)",
             _choice("run", "publish", "queue"),
         ),
     )
@@ -206,7 +206,8 @@ class LockOptions:
         default=10.0,
         metadata=_about(
             "`10` s",
-            'for `"wait"`: block up to this long, then skip (with `"queue"`: then retry)',
+            'for `"wait"`: block up to this long, then skip (with `"queue"`: then wait for '
+            "the run's end without a pool process)",
             _seconds,
         ),
     )
@@ -217,7 +218,9 @@ class LockOptions:
             'for `"retry"`: the countdown of each retry (a fixed number replaces the growing '
             "backoff); these retries count against `max_retries` (Celery's default of 3 covers "
             "3.5 to 7 s of backoff), and when they run out the duplicate ends `SKIPPED` "
-            '(with `"queue"` they do not count: a queued copy is never dropped)',
+            '(with `"queue"`: the countdown of the queued copy\'s fallback, by default the '
+            "holder's remaining lease, which the run's end makes moot; these do not count: a "
+            "queued copy is never dropped)",
             _seconds_or_none,
         ),
     )

@@ -9,15 +9,16 @@ With ``lock_at="queue"`` a job has two locks: its *queued* lock (the job's lock 
 its lock itself, held by the one run. A run takes the job's lock first and only then lets the
 queued lock go, so a publish that comes meanwhile is still handed the message that is about
 to start, and a new copy can be queued the moment it has. A queued copy that finds the job
-running is never dropped: it waits (``lock_on_locked="wait"``) or comes back later as a retry
-that keeps its queued lock, whatever ``lock_on_locked`` says, and its lock retries do not
-count against ``max_retries``.
+running is never dropped: it waits beside the job's lock for the run to end, without a pool
+process, and starts when it does (:mod:`.wake`); with ``lock_on_locked="wait"`` it blocks for
+``lock_wait_timeout`` first. Its lock retries keep its queued lock, whatever
+``lock_on_locked`` says, and do not count against ``max_retries``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn
+from typing import Any
 
 from celery.exceptions import Ignore
 
@@ -33,8 +34,9 @@ from .._lock import (
 from .debounce import skip_replaced
 from .info import HoldState, holder_info
 from .locking import store_skipped
+from .wake import Wait, end_claim
 
-__all__ = ["held_lock", "leave_queue", "run_lock", "still_queued", "wait_in_queue"]
+__all__ = ["held_lock", "leave_queue", "run_lock", "still_queued"]
 
 log = logging.getLogger("celery_singleton_lock.run")
 
@@ -74,18 +76,37 @@ def held_lock(lock: ReentrantLock | Semaphore) -> ReentrantLock:
     return lock
 
 
-def still_queued(task: Any, request: Any, space: LockSpace, queued: str) -> None:
+def still_queued(
+    task: Any,
+    request: Any,
+    space: LockSpace,
+    queued: str,
+    wait: Wait | None = None,
+    again: bool = False,
+) -> None:
     """Make sure this message is the job's one queued copy: re-enter its queued lock (or take
     it, when its hold ran out while the message waited). Held by another task, this message
     is not that copy: a later call replaced it (``lock_debounce``), or it is a duplicate that a
-    publish by name (``send_task``, beat) could not stop; either way it is skipped."""
+    publish by name (``send_task``, beat) could not stop; either way it is skipped. ``wait``:
+    the wait this message claimed, which ends with it then (``again``: it had claimed it
+    before, and is delivered again after its run began)."""
     lease = task.locking.queue_ttl(task.app)
     info = holder_info(task.name, request.id)
-    reply = space.take(queued, request.id, lease, info=info, state=HoldState.QUEUED)
+    debounced = task.locking.options.lock_debounce is not None
+    if wait is not None and debounced and not again:
+        # A copy that waited: its queued lock is still its own, or a later call replaced it
+        # meanwhile (and may have run already, leaving that lock free): only kept, not taken.
+        if space.park(queued, request.id, lease, info=info, state=HoldState.QUEUED):
+            return
+        reply = AcquireReply(False, holder=space.inspect(queued).holder or "")
+    else:
+        reply = space.take(queued, request.id, lease, info=info, state=HoldState.QUEUED)
     if reply.acquired:
         return
     key = space.keys(queued).lock
-    if task.locking.options.lock_debounce is not None:
+    if wait is not None:
+        end_claim(space, task.locking.run_lock(queued), request.id, wait)
+    if debounced:
         skip_replaced(task, request, key, reply.holder)
     log.info(
         "skipped %s[%s]: task %s is this job's queued copy (lock %s)",
@@ -114,19 +135,3 @@ def leave_queue(task: Any, space: LockSpace, queued: str, task_id: str) -> None:
             space.keys(queued).lock,
             exc,
         )
-
-
-def wait_in_queue(task: Any, request: Any, refusal: AcquireReply, countdown: float) -> NoReturn:
-    """The job runs elsewhere: come back in ``countdown`` seconds as a retry that keeps the
-    queued lock (it is re-entered when the retry is published). The retry's limit is raised
-    past this retry, so a queued copy is never dropped for running out of retries."""
-    log.info(
-        "%s[%s] waits in the queue: task %s runs this job (%.1f s left on its lease); "
-        "trying again in %.1f s",
-        task.name,
-        request.id,
-        refusal.holder,
-        max(refusal.pttl, 0) / 1000,
-        countdown,
-    )
-    raise task.retry(countdown=countdown, max_retries=request.retries + 1)

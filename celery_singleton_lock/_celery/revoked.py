@@ -16,6 +16,7 @@ from celery import signals, states
 from .._lock import LockSpace
 from .info import HoldState, release_if_in
 from .locking import HEADER
+from .wake import request_wait
 from .worker import release_for_request
 
 __all__ = ["connect_revoke_receiver", "free_revoked_holder"]
@@ -63,6 +64,8 @@ def _on_task_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> 
         request.kwargs,
         request.get(HEADER) if hasattr(request, "get") else None,
         "revoke" + (" (terminated)" if kwargs.get("terminated") else ""),
+        # a queued copy's wake or fallback: the copy will not run, its wait ends
+        wait=request_wait(request),
     )
 
 

@@ -16,12 +16,12 @@ import logging
 import random
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from .._errors import LockBackendError, TaskLockedError
-from .._lock import AcquireReply, ReentrantLock, get_observer
+from .._lock import AcquireReply, LockSpace, ReentrantLock, Semaphore, get_observer
 from .canvas import chord_member_of
 from .cooldown import cooldown_after, refusal_reason, start_cooldown
 from .debounce import skip_replaced
@@ -29,9 +29,18 @@ from .info import HoldState, holder_info
 from .locking import HEADER, SKIPPED, TaskLocking, proceed_without_lock, store_skipped
 from .options import LockOptions
 from .publish import seconds_until
-from .queued import held_lock, leave_queue, run_lock, still_queued, wait_in_queue
+from .queued import held_lock, leave_queue, run_lock, still_queued
 from .revoked import free_revoked_holder
 from .settings import DEFAULTS
+from .wake import (
+    Wait,
+    claim_wait,
+    end_claim,
+    request_wait,
+    retry_in_queue,
+    wait_for_run,
+    wake_waiting,
+)
 
 __all__ = [
     "SKIPPED",
@@ -72,16 +81,28 @@ def lock_retry_delay(retries: int, holder_lease: float) -> float:
 _runs: weakref.WeakKeyDictionary[Any, TaskRun] = weakref.WeakKeyDictionary()
 
 
+class QueuedJob(NamedTuple):
+    """The job of a ``lock_at="queue"`` run: its lock space and name, whose waiting copy the
+    run's end wakes, and the wait this run claimed (it was that copy), which ends with it."""
+
+    space: LockSpace
+    name: str
+    wait: Wait | None
+
+
 class TaskRun:
     """One run of a locked task, from its lock's check to its end; ``lock`` is its hold on its
     job's lock (``None`` when the run holds none: released on start, or going on without
-    Redis)."""
+    Redis); ``queued``: with ``lock_at="queue"``, its job (see :class:`QueuedJob`)."""
 
-    __slots__ = ("body_started", "finished", "lock", "parked", "task")
+    __slots__ = ("body_started", "finished", "lock", "parked", "queued", "task")
 
-    def __init__(self, lock: ReentrantLock | None, task: Any) -> None:
+    def __init__(
+        self, lock: ReentrantLock | None, task: Any, queued: QueuedJob | None = None
+    ) -> None:
         self.lock = lock
         self.task = task
+        self.queued = queued
         self.finished = False
         self.parked = False
         #: the task class's __call__ chain has reached the body: a call of the task from now
@@ -95,7 +116,8 @@ class TaskRun:
 
     def finish(self, why: str, failed: bool) -> None:
         """Release every hold of the task id (its run's and its publish's), or keep them for
-        the task's ``lock_cooldown``; ``failed``: the run raised. Idempotent."""
+        the task's ``lock_cooldown``; ``failed``: the run raised. With ``lock_at="queue"``,
+        then wake the copy that waits for this end. Idempotent."""
         if self.finished or self.parked or self.lock is None:
             return
         self.finished = True
@@ -119,6 +141,11 @@ class TaskRun:
                 self.lock.key,
                 self.lock.owner,
             )
+        queued = self.queued
+        if queued is not None:
+            # After the release: a copy that checked the lock before it saw it held, and so
+            # wrote its wait record before this read.
+            wake_waiting(self.task, queued.space, queued.name, self.lock.owner, queued.wait)
 
     def park(self, delay: float) -> None:
         """Keep the hold, unrenewed, for a retry due in ``delay`` seconds."""
@@ -134,6 +161,11 @@ class TaskRun:
             log_release.error("could not keep %s for the retry: %s", self.lock.key, exc)
             kept = False
         self.parked = True
+        queued = self.queued
+        if queued is not None and queued.wait is not None:
+            # A woken copy that retries: its retry waits for nothing (it carries no wait of
+            # its own), so the claim of the wait it was woken for ends here.
+            end_claim(queued.space, queued.name, self.lock.owner, queued.wait)
         if not kept:
             log_release.warning(
                 "the lock %s was lost before the retry of task %s was queued",
@@ -244,6 +276,8 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
     message_lock = _message_lock_name(task, request, args, kwargs)
     name = locking.run_lock(message_lock)
     task_id = request.id
+    queued = options.lock_at == "queue"
+    wait = request_wait(request) if queued else None
     try:
         space = locking.space(app)
         if options.lock_at == "publish" and options.lock_release_on_start:
@@ -254,8 +288,10 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
                     skip_replaced(task, request, space.keys(name).lock, holder)
             run = _runs[request] = TaskRun(None, task)
             return run
-        if options.lock_at == "queue":
-            still_queued(task, request, space, message_lock)
+        if queued:
+            # a wake or a fallback: only the first of them runs the copy
+            again = wait is not None and claim_wait(task, request, space, name, message_lock, wait)
+            still_queued(task, request, space, message_lock, wait, again)
         lock = run_lock(task, space, name, task_id)
         reply = lock.try_acquire()
         # A holder revoked while queued will never let go by itself: free it.
@@ -274,10 +310,7 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
             return run
         raise
     if reply.acquired:
-        if options.lock_at == "queue":
-            leave_queue(task, space, message_lock, task_id)
-        run = _runs[request] = TaskRun(held_lock(lock), task)
-        return run
+        return _entered(task, request, space, lock, message_lock, wait)
     if reply.other_run:
         log_run.warning(
             "not running %s[%s]: this message was delivered again while its first run is "
@@ -291,9 +324,37 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
         # its own publish hold was taken over by a later call (or ran out)
         skip_replaced(task, request, lock.key, reply.holder)
     reason = refusal_reason(task, space, name, reply.holder, options.lock_limit)
-    if options.lock_at == "queue":
-        wait_in_queue(task, request, reply, _retry_countdown(options, request, reply))
+    if queued:
+        if request.is_eager:
+            retry_in_queue(task, request, reply, _retry_countdown(options, request, reply))
+        try:
+            wait_for_run(task, request, space, name, lock, reply)  # raises its retry, or:
+        except LockBackendError as exc:
+            if proceed_without_lock(app, task.name, "run", exc):
+                run = _runs[request] = TaskRun(None, task)
+                return run
+            raise
+        return _entered(task, request, space, lock, message_lock, wait)  # a slot came free
     _locked_out(task, request, lock.key, reply, reason)
+
+
+def _entered(
+    task: Any,
+    request: Any,
+    space: LockSpace,
+    lock: ReentrantLock | Semaphore,
+    message_lock: str,
+    wait: Wait | None,
+) -> TaskRun:
+    """The run took its job's lock: with ``lock_at="queue"`` it lets the queued lock go, and
+    its end wakes the copy queued next."""
+    locking: TaskLocking = task.locking
+    queued = None
+    if locking.options.lock_at == "queue":
+        leave_queue(task, space, message_lock, request.id)
+        queued = QueuedJob(space, locking.run_lock(message_lock), wait)
+    run = _runs[request] = TaskRun(held_lock(lock), task, queued)
+    return run
 
 
 def _retry_countdown(options: LockOptions, request: Any, refusal: AcquireReply) -> float:

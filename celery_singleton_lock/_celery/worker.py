@@ -21,6 +21,7 @@ from kombu.utils.imports import symbol_by_name
 from .cooldown import cooldown_after
 from .info import HoldState, holder_info
 from .locking import HEADER, TaskLocking
+from .wake import WAIT_HEADER, Wait, wait_of, wake_waiting
 
 __all__ = ["LOCKED_REQUEST", "LockedRequest", "release_for_request", "with_locked_request"]
 
@@ -38,9 +39,13 @@ def release_for_request(
     why: str,
     requeued: bool = False,
     ran: bool = False,
+    wait: Wait | None = None,
 ) -> None:
     """Release every hold of ``task_id`` on its job's lock, from the worker's main process
-    (its pool child died, hit the hard time limit, or the task was revoked).
+    (its pool child died, hit the hard time limit, or the task was revoked). With
+    ``lock_at="queue"``, a run freed this way wakes the copy that waits for its end, as a run
+    that returns does; ``wait``: the wait the message carried (a queued copy's wake or
+    fallback), which ends with it.
 
     ``requeued``: the message goes back to the queue (``reject_on_worker_lost``): the hold is
     parked for its redelivery instead (kept, not renewed, run token cleared), so the
@@ -79,6 +84,8 @@ def release_for_request(
         # Resent from the background when Redis fails (a transient Cluster state, a dropped
         # connection), for as long as the run's lease could keep the hold.
         reply = space.release(name, task_id, retry_for=locking.ttl(app), permits=permits)
+        if message != name and (reply.freed or wait is not None):
+            wake_waiting(task, space, name, task_id, wait, wake=reply.freed)
     except Exception as exc:
         log.error(
             "could not release the lock of %s[%s] after %s: %s; it frees itself when its "
@@ -97,15 +104,17 @@ class LockedRequest(Request):  # type: ignore[misc]  # celery ships no type info
     """The request class of :class:`~._celery.task.LockedTask` in the worker's main process."""
 
     def _release(self, why: str, requeued: bool = False) -> None:
+        message = self.request_dict
         release_for_request(
             self.task,
             self.id,
             self.args,
             self.kwargs,
-            self.request_dict.get(HEADER),
+            message.get(HEADER),
             why,
             requeued,
             ran=True,
+            wait=wait_of(message.get(WAIT_HEADER), message.get("retries")),
         )
 
     def on_timeout(self, soft: bool, timeout: float) -> None:

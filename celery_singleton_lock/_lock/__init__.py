@@ -21,7 +21,18 @@ from __future__ import annotations
 
 from .checks import MAX_LEASE_SECONDS, check_duration
 from .client import RedisClient
-from .commands import ALL_HOLDS, AcquireReply, LockState, RecordReply, ReleaseReply, text
+from .commands import (
+    ALL_HOLDS,
+    CLAIMED,
+    WAIT_OVER,
+    WAIT_REPLACED,
+    AcquireReply,
+    LockState,
+    RecordReply,
+    ReleaseReply,
+    WaitReply,
+    text,
+)
 from .deadline import DeadlineRetry
 from .keys import LockKeys, check_prefix
 from .observe import LockObserver, get_observer, set_observer
@@ -32,7 +43,10 @@ from .space import LockSpace
 
 __all__ = [
     "ALL_HOLDS",
+    "CLAIMED",
     "MAX_LEASE_SECONDS",
+    "WAIT_OVER",
+    "WAIT_REPLACED",
     "AcquireReply",
     "DeadlineRetry",
     "LockKeys",
@@ -44,6 +58,7 @@ __all__ = [
     "ReentrantLock",
     "ReleaseReply",
     "Semaphore",
+    "WaitReply",
     "check_duration",
     "check_prefix",
     "get_observer",

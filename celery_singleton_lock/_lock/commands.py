@@ -8,7 +8,7 @@ Everything above it (the lock object, :class:`~._lock.space.LockSpace`) reads th
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, NoReturn
 
@@ -26,11 +26,17 @@ from .sentinel import ACQUIRE_CHECK_INTERVAL
 
 __all__ = [
     "ALL_HOLDS",
+    "CLAIMED",
+    "CLAIMED_ELSEWHERE",
     "META_RETENTION_MS",
+    "WAITERS",
+    "WAIT_OVER",
+    "WAIT_REPLACED",
     "AcquireReply",
     "LockState",
     "RecordReply",
     "ReleaseReply",
+    "WaitReply",
     "acquire",
     "backend_errors",
     "force_release",
@@ -43,6 +49,10 @@ __all__ = [
     "release",
     "settle",
     "text",
+    "wait_claim",
+    "wait_end",
+    "wait_mark",
+    "wait_park",
 ]
 
 
@@ -336,6 +346,88 @@ def records(client: Any, keys: LockKeys, kind: str) -> dict[str, str]:
     with backend_errors("read the records of", keys.name):
         raw = client.hgetall(keys.records(kind))
     return {text(field): text(value) for field, value in raw.items()}
+
+
+class WaitReply(NamedTuple):
+    """What :func:`wait_park` did (lua/wait_park.lua's reply, typed)."""
+
+    #: the record was written: the lock was held (or the write was forced)
+    waiting: bool
+    #: when written: milliseconds left on the lease that frees first (0: a slot is free, -1:
+    #: no lease)
+    pttl: int = 0
+
+    def __bool__(self) -> bool:
+        return self.waiting
+
+
+#: :func:`wait_claim`'s answers: this message claimed the wait; the copy waits no more; another
+#: message claimed it (or the copy waits again with another token); the copy was replaced
+CLAIMED, WAIT_OVER, CLAIMED_ELSEWHERE, WAIT_REPLACED = 1, 0, 2, 3
+
+
+#: the kind of records (:meth:`LockKeys.records`) the waiters of a lock keep beside it
+WAITERS = "wait"
+
+
+def wait_park(
+    client: Any,
+    keys: LockKeys,
+    locks: Sequence[str],
+    waiter: str,
+    record: str,
+    keep_ms: int,
+    force: bool = False,
+) -> WaitReply:
+    """Write ``waiter``'s ``record`` into the wait records of the lock ``keys`` while every
+    one of ``locks`` (its slots) is held, checked in the same step; ``force`` writes it even
+    when a slot is free. The records live at least ``keep_ms`` from now."""
+    subject = f"the wait record of {waiter!r} beside lock {keys.name!r}"
+    with backend_errors("write", keys.name, subject):
+        code, pttl = scripts.WAIT_PARK(
+            client,
+            (keys.records(WAITERS), *locks),
+            (waiter, record, keep_ms, "1" if force else ""),
+        )
+    return WaitReply(int(code) == 1, int(pttl))
+
+
+def wait_claim(client: Any, keys: LockKeys, waiter: str, token: str, mark: str) -> tuple[int, str]:
+    """Claim ``waiter``'s wait ``token`` beside the lock ``keys`` for the message marked
+    ``mark``: :data:`CLAIMED` (with ``"again"`` when this message had claimed it before),
+    :data:`WAIT_OVER`, :data:`CLAIMED_ELSEWHERE`, or :data:`WAIT_REPLACED` with the task id
+    that replaced the waiter (see lua/wait_claim.lua)."""
+    subject = f"the wait of {waiter!r} beside lock {keys.name!r}"
+    with backend_errors("claim", keys.name, subject):
+        code, by = scripts.WAIT_CLAIM(client, (keys.records(WAITERS),), (waiter, token, mark))
+    return int(code), text(by)
+
+
+def wait_mark(client: Any, keys: LockKeys, waiter: str, by: str) -> bool:
+    """Mark ``waiter``'s wait beside the lock ``keys`` as replaced by task ``by``, if it has
+    one (see lua/wait_mark.lua)."""
+    subject = f"the wait of {waiter!r} beside lock {keys.name!r}"
+    with backend_errors("mark", keys.name, subject):
+        return bool(int(scripts.WAIT_MARK(client, (keys.records(WAITERS),), (waiter, by))))
+
+
+def wait_end(
+    client: Any,
+    keys: LockKeys,
+    waiter: str = "",
+    token: str = "",
+    claim: str = "",
+    *,
+    listing: bool = True,
+) -> dict[str, str]:
+    """Drop ``waiter``'s record beside the lock ``keys`` while it is the wait ``token`` or its
+    ``claim``, and (with ``listing``) return the records of the waiters that are not claimed:
+    task id -> record."""
+    with backend_errors("read", keys.name, f"the waiters beside lock {keys.name!r}"):
+        reply = scripts.WAIT_END(
+            client, (keys.records(WAITERS),), (waiter, token, claim, "1" if listing else "")
+        )
+    return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
 
 
 def release(

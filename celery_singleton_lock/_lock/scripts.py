@@ -33,6 +33,10 @@ __all__ = [
     "RECORD_IF_HELD",
     "RELEASE",
     "RENEW",
+    "WAIT_CLAIM",
+    "WAIT_END",
+    "WAIT_MARK",
+    "WAIT_PARK",
     "Script",
 ]
 
@@ -103,3 +107,7 @@ FORCE_RELEASE = Script("force_release.lua", idempotent=False)
 PARK = Script("park.lua", idempotent=True)
 CANCEL = Script("cancel.lua", idempotent=True)  # clears the request id it matched
 RECORD_IF_HELD = Script("record_if_held.lua", idempotent=True)  # writes the same record again
+WAIT_PARK = Script("wait_park.lua", idempotent=True)  # writes the same record again
+WAIT_CLAIM = Script("wait_claim.lua", idempotent=True)  # a resend finds its own claim
+WAIT_END = Script("wait_end.lua", idempotent=True)  # deletes only what is still there
+WAIT_MARK = Script("wait_mark.lua", idempotent=True)  # writes the same mark again

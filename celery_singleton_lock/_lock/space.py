@@ -220,6 +220,61 @@ class LockSpace:
         with bounded(self.backend_timeout):
             return commands.records(self.client, self.keys(name), kind)
 
+    def add_waiter(
+        self,
+        name: str,
+        waiter: str,
+        record: str,
+        keep: float,
+        *,
+        permits: int = 1,
+        force: bool = False,
+    ) -> commands.WaitReply:
+        """Write ``waiter``'s ``record`` beside the lock ``name`` (``permits`` slots) while
+        every slot is held, checked in the same step (``force``: even when one is free); the
+        records live at least ``keep`` seconds from now. A run that ends reads them with
+        :meth:`waiters` after its release, so either this call finds a slot free or that read
+        finds the record."""
+        keep_ms = check_lease_ms(keep)
+        locks = [keys.lock for keys in permit_keys(self.prefix, name, check_permits(permits))]
+        with bounded(self.backend_timeout):
+            return commands.wait_park(
+                self.client, self.keys(name), locks, waiter, record, keep_ms, force
+            )
+
+    def claim_waiter(self, name: str, waiter: str, token: str, mark: str) -> tuple[int, str]:
+        """Claim the wait ``token`` of ``waiter`` beside ``name`` for the message ``mark``:
+        :data:`~.commands.CLAIMED` (with ``"again"`` when this same message claimed it
+        before),
+        :data:`~.commands.WAIT_OVER`, :data:`~.commands.CLAIMED_ELSEWHERE`, or
+        :data:`~.commands.WAIT_REPLACED` and the task id that replaced the waiter (see
+        :meth:`replace_waiter`)."""
+        with bounded(self.backend_timeout):
+            return commands.wait_claim(self.client, self.keys(name), waiter, token, mark)
+
+    def replace_waiter(self, name: str, waiter: str, by: str) -> bool:
+        """``waiter``, waiting beside ``name``, was replaced by task ``by``: its next message
+        learns so from its claim, and no run's end wakes it. ``False``: it had no record."""
+        with bounded(self.backend_timeout):
+            return commands.wait_mark(self.client, self.keys(name), waiter, by)
+
+    def waiters(
+        self,
+        name: str,
+        *,
+        drop: str = "",
+        token: str = "",
+        claim: str = "",
+        listing: bool = True,
+    ) -> dict[str, str]:
+        """The records of the waiters beside ``name`` that no message claimed (with
+        ``listing``), after dropping the record of ``drop`` if it is still the wait ``token``
+        or its ``claim``: one round trip."""
+        with bounded(self.backend_timeout):
+            return commands.wait_end(
+                self.client, self.keys(name), drop, token, claim, listing=listing
+            )
+
     def force_release(
         self,
         name: str,
