@@ -15,7 +15,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from ._celery import LockedTask, install
-from ._celery.settings import reload_settings
+from ._celery.config import reload_settings
 from ._errors import (
     AlreadyQueuedError,
     ChordDuplicateError,

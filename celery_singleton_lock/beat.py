@@ -42,8 +42,7 @@ from celery.beat import Scheduler
 from kombu.utils.imports import symbol_by_name
 from redis.exceptions import RedisError
 
-from ._celery.client import lock_space
-from ._celery.settings import setting
+from ._celery.config import LockConfig
 from ._errors import LockError, LockLostError
 from ._lock import ReentrantLock
 
@@ -81,7 +80,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
     def __new__(cls, app: Any, *args: Any, **kwargs: Any) -> Any:
         target: type = cls
         if "_leader_wraps" not in cls.__dict__:
-            target = _combine(cls, setting(app, "singleton_lock_beat_scheduler"))
+            target = _combine(cls, LockConfig.of(app).beat_scheduler)
         # An instance of the combined class, which Python then initializes (once: it is an
         # instance of cls).
         return super().__new__(target)
@@ -90,10 +89,11 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         self._leader: ReentrantLock | None = None
         name = f"beat:{app.main or 'celery'}"
         # the app's lock space: its client, prefix and backend deadline
-        self._space = lock_space(app)
+        config = LockConfig.of(app)
+        self._space = config.space()
         self._lock_name = name
         self._lock_key = self._space.keys(name).lock
-        self._ttl: float = setting(app, "singleton_lock_ttl")
+        self._ttl: float = config.ttl
         self._me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         #: a new owner token for every term as leader: a term never re-enters a hold of an
         #: earlier one that Redis still keeps (a release that could not be sent)

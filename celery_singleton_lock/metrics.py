@@ -36,6 +36,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'celery-singleton-lock[prometheus]'"
     ) from exc
 
+from ._celery.hold import set_job_observer
 from ._lock import set_observer
 
 __all__ = ["PREFIX", "LockMetrics", "disable", "enable", "serve"]
@@ -141,13 +142,15 @@ def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
     with _enable_lock:
         if _enabled is None:
             _enabled = LockMetrics(REGISTRY if registry is None else registry)
-        set_observer(_enabled)
+        set_observer(_enabled)  # the lock's events
+        set_job_observer(_enabled)  # the Celery layer's
         return _enabled
 
 
 def disable() -> None:
     """Stop counting (the metrics keep their values)."""
     set_observer(None)
+    set_job_observer(None)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> Any:

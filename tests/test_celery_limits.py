@@ -48,8 +48,8 @@ from lock_helpers import lease_end, server_time, wait_until
 from redis.backoff import NoBackoff
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace, ReentrantLock
-from celery_singleton_lock._celery.cooldown import start_cooldown
-from celery_singleton_lock._celery.info import HoldState, holder_info
+from celery_singleton_lock._celery.hold import HoldState, holder_info
+from celery_singleton_lock._celery.parts import Cooldown
 from celery_singleton_lock._lock import DeadlineRetry
 from celery_singleton_lock._ops.cli import main as cli_main
 from celery_singleton_lock._ops.locks import find_locks
@@ -568,8 +568,7 @@ def test_a_cooldown_redis_cannot_start_leaves_the_lock_to_its_lease(
     os.kill(server.process.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        # a stand-in for the task: start_cooldown reads its name only
-        assert start_cooldown(SimpleNamespace(name="proj.report"), lock, 3.0)
+        assert Cooldown(3.0, on_failure=True).start("proj.report", lock, 3.0)
         assert time.monotonic() - started < 2.5
     finally:
         os.kill(server.process.pid, signal.SIGCONT)

@@ -30,13 +30,11 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from celery import signals
 from celery.app.task import Context
 
 from .._errors import AlreadyQueuedError, ChordDuplicateError
-from .client import lock_space
-from .info import HoldState
-from .locking import MessageLock
+from .config import LockConfig
+from .hold import HoldState, MessageLock
 
 __all__ = [
     "CANVAS_OPTIONS",
@@ -44,6 +42,7 @@ __all__ = [
     "canvas_member",
     "chord_member_of",
     "fail_member",
+    "note_chord_member",
     "refuse_chord_member",
     "sent_by_worker",
 ]
@@ -132,7 +131,7 @@ def _sent_headers() -> OrderedDict[str, list[tuple[str, MessageLock]]]:
     return headers
 
 
-def _after_publish(
+def note_chord_member(
     sender: Any = None,
     body: Any = None,
     headers: Mapping[str, Any] | None = None,
@@ -162,11 +161,6 @@ def _after_publish(
     sent[group_id].append((task_id, lock))
 
 
-signals.after_task_publish.connect(
-    _after_publish, weak=False, dispatch_uid="celery_singleton_lock.canvas"
-)
-
-
 def refuse_chord_member(
     task: Any, options: Mapping[str, Any], holder: str, ttl: float, key: str
 ) -> NoReturn:
@@ -187,13 +181,8 @@ def refuse_chord_member(
         for task_id, lock in sent:
             try:
                 # Each member's own lock space: the members may be tasks of other classes.
-                space = lock_space(app, lock.prefix)
-                space.force_release(
-                    lock.name,
-                    holder=task_id,
-                    states=(HoldState.QUEUED,),
-                    permits=lock.permits,
-                )
+                job = LockConfig.of(app).space(lock.prefix).named(lock.name, lock.permits)
+                job.force_release(holder=task_id, states=(HoldState.QUEUED,))
             except Exception as exc:  # the lock frees itself when its queue lease ends
                 log.error("could not free %s of revoked task %s: %r", lock.name, task_id, exc)
     in_header = any(task_id == holder for task_id, _ in sent)

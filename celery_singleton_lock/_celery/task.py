@@ -1,19 +1,18 @@
 """``LockedTask``: run-time singletons and publish-time dedup for Celery tasks.
 
 A thin class of hooks, as Celery's own ``contrib/abortable.py`` is: each hook hands its part of
-the task's life to the module that owns it.
+the task's life to the class's mode (:mod:`.modes`, made with the class).
 
-* publish (:mod:`.publish`): ``apply_async``. Signal receivers cannot veto a publish (their
-  exceptions are swallowed), so the dedup that must *not send* lives here.
+* publish: ``apply_async`` (a signal receiver cannot veto a publish: Celery swallows its
+  errors), so the dedup that must *not send* lives here.
 * run and retry (:mod:`.run`): ``__call__`` takes the lock before the body and releases it as
   the body returns, before the result is stored; ``retry`` parks it for the retry. Whatever
   the class's ``__call__`` chain (a base class that pushes an app context or a DB session and
   calls ``self.run``, before or after ``LockedTask`` in the MRO), the lock is taken before the
   first ``__call__`` of the chain and the rest of the chain runs inside it.
 * the worker's request (:mod:`.worker`): a task class's own ``Request`` is composed with
-  ``LockedRequest``, never replaced by it.
-* pool child killed, hard time limit, revoke: the worker's main process releases
-  (:mod:`.worker`, :mod:`.revoked`), without waiting for the lease.
+  ``LockedRequest``, never replaced by it; it releases for a pool process killed or out of
+  time, without waiting for the lease.
 * ``after_return``: an idempotent safety net.
 """
 
@@ -28,9 +27,9 @@ from typing import Any, ClassVar
 from celery import Task, states
 
 from .._lock import LockKeys
+from . import wiring
 from .locking import TaskLocking
 from .options import LockOptions
-from .publish import publish_once
 from .run import current_run, retry_keeping_lock, run_locked
 from .worker import LOCKED_REQUEST, with_locked_request
 
@@ -75,6 +74,12 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         own_request = _own_request(cls)
         if own_request is not None:
             cls.Request = with_locked_request(own_request, cls.__qualname__)
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """A locked task bound to an app needs the worker's receivers: connected now (once)."""
+        wiring.connect()
+        super().on_bound(app)
 
     # -- the job's lock, from outside a run ----------------------------------------------------
 
@@ -132,7 +137,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if not self.locking.at_publish or self._get_app().conf.task_always_eager:
             return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         callbacks = bool(link or link_error or options.get("chain") or options.get("chord"))
-        return publish_once(
+        return self.locking.mode.publish(
             self,
             lambda new_id, opts: send(
                 args, kwargs, new_id, producer, link, link_error, shadow, **opts

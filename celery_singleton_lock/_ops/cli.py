@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from .._celery.install import connect_command_hooks
 from . import locks as ops
 
 __all__ = ["locks", "main"]
@@ -58,10 +59,10 @@ def _client_from(ctx: click.Context, url: str | None) -> tuple[Any, str]:
         return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5), "lock"
     if app is None:
         raise click.UsageError("give --url redis://host:port/db, or run as `celery -A proj locks`")
-    from .._celery.client import get_client
-    from .._celery.settings import setting
+    from .._celery.config import LockConfig
 
-    return get_client(app), str(setting(app, "singleton_lock_prefix"))
+    config = LockConfig.of(app)
+    return config.client, config.prefix
 
 
 def _run(ctx: click.Context, action: str, url: str | None, prefix: str | None, **kw: Any) -> None:
@@ -230,3 +231,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args and args[0].startswith("--url="):
         args = [*args[1:2], args[0], *args[2:]]
     locks.main(args=args, prog_name="python -m celery_singleton_lock")
+
+
+# The `celery` command imports this module for its `locks` command (an entry point: for every
+# `celery ...` run). What that changes, and only at a worker's or beat's start: the settings are
+# checked, and the `singleton_lock_tasks` setting's tasks are locked without an install() call.
+connect_command_hooks()

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from .._celery.info import HoldState
+from .._celery.hold import HoldState
 from .._lock import LockSpace, LockState
 
 __all__ = ["LockView", "find_locks", "purge", "release", "show"]

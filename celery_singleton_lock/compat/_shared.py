@@ -15,8 +15,9 @@ import contextvars
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from .._celery.config import reload_settings
 from .._celery.locking import TaskLocking
-from .._celery.settings import REDIS_SCHEMES, check_seconds, is_set, reload_settings
+from .._celery.settings import REDIS_SCHEMES, check_seconds, given
 
 __all__ = [
     "ShimLocking",
@@ -67,7 +68,7 @@ class ShimLocking(TaskLocking):
     __slots__ = ("peer_queue_ttl",)
 
     def __init__(self, base: TaskLocking, peer_queue_ttl: Callable[[Any], float | None]) -> None:
-        super().__init__(base.options, base.signature)
+        super().__init__(base.options, base.signature, base.strict)
         self.peer_queue_ttl = peer_queue_ttl
 
     def queue_ttl(self, app: Any) -> float:
@@ -87,7 +88,7 @@ def adopt_defaults(app: Any, defaults: Mapping[str, Any]) -> None:
     which setting to set)."""
     adopted = {}
     for name, value in defaults.items():
-        if value is None or value == {} or is_set(app, name):
+        if value is None or value == {} or given(app.conf, name) is not None:
             continue
         if name == "singleton_lock_redis_url" and (
             not isinstance(value, str) or value.split(":", 1)[0].lower() not in REDIS_SCHEMES

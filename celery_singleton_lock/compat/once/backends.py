@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..._celery.client import lock_space
+from ..._celery.config import LockConfig
 from ..._errors import MisconfiguredError
 from ..._lock import LockSpace
 from .._shared import check_seconds
@@ -77,7 +77,7 @@ def _file_refusal() -> str:
 def import_backend(config: Mapping[str, Any], app: Any) -> Redis:
     """The backend ``config`` (the ``ONCE`` setting) names, serving ``app``'s locks."""
     check_backend(config)
-    return Redis(lock_space(app))
+    return Redis(LockConfig.of(app).space())
 
 
 def check_backend(config: Mapping[str, Any]) -> None:

@@ -6,7 +6,8 @@ import importlib
 from json import JSONEncoder
 from typing import Any
 
-from ..._celery.settings import is_set, setting
+from ..._celery.config import LockConfig
+from ..._celery.settings import given
 from ..._errors import MisconfiguredError
 from ..._lock import check_prefix
 from .._shared import check_seconds
@@ -39,8 +40,8 @@ class Config:
 
         Read here too, not only from the app's defaults that binding a Singleton task
         adopts: ``clear_locks(app)`` may run in a process that never bound one."""
-        if is_set(self.app, "singleton_lock_prefix"):
-            prefix: str = setting(self.app, "singleton_lock_prefix")
+        if given(self.app.conf, "singleton_lock_prefix") is not None:
+            prefix: str = LockConfig.of(self.app).prefix
             return prefix
         return self.default_key_prefix
 

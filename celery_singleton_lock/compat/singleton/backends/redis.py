@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from ...._celery.client import lock_space
+from ...._celery.config import LockConfig
 from ...._lock import LockSpace, check_prefix
 from ...._ops.locks import purge
 from ..._shared import check_seconds
@@ -42,7 +42,7 @@ class RedisBackend(BaseBackend):
 
     @classmethod
     def for_app(cls, app: Any) -> RedisBackend:
-        return cls(space=lock_space(app, Config(app).key_prefix))
+        return cls(space=LockConfig.of(app).space(Config(app).key_prefix))
 
     def lock(self, lock: str, task_id: str, expiry: float | None = None) -> bool:
         lease = UNSET_EXPIRY if expiry is None else check_seconds("expiry", expiry)
