@@ -188,11 +188,8 @@ def refuse_chord_member(
             try:
                 # Each member's own lock space: the members may be tasks of other classes.
                 space = lock_space(app, lock.prefix)
-                space.force_release(
-                    lock.name,
-                    holder=task_id,
-                    states=(HoldState.QUEUED,),
-                    permits=lock.permits,
+                space.named(lock.name, lock.permits).force_release(
+                    holder=task_id, states=(HoldState.QUEUED,)
                 )
             except Exception as exc:  # the lock frees itself when its queue lease ends
                 log.error("could not free %s of revoked task %s: %r", lock.name, task_id, exc)

@@ -13,8 +13,9 @@ import logging
 from typing import Any
 
 from .._errors import LockBackendError
-from .._lock import LockSpace, ReentrantLock, get_observer
+from .._lock import LockSpace, ReentrantLock
 from .info import HoldState, holder_info
+from .observer import get_observer
 
 __all__ = [
     "cooldown_after",
@@ -63,7 +64,7 @@ def cooling_down(space: LockSpace, name: str, holder: str, permits: int = 1) -> 
     for a queued or running job: one read, made only for a refusal of a task with a cooldown
     (to say so and count it)."""
     try:
-        states = [space.inspect(name)] if permits == 1 else space.inspect_permits(name, permits)
+        states = space.named(name, permits).inspect()
         for state in states:
             if state.holder == holder:
                 return state.state == HoldState.COOLDOWN

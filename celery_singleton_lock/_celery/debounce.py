@@ -21,9 +21,10 @@ from typing import Any
 from celery.exceptions import Ignore
 
 from .._errors import LockBackendError
-from .._lock import LockSpace, get_observer
+from .._lock import LockSpace
 from .info import HoldState, release_if_in
 from .locking import store_skipped
+from .observer import get_observer
 
 __all__ = ["REPLACED", "replace_waiting", "skip_replaced"]
 
@@ -43,7 +44,7 @@ def replace_waiting(task: Any, space: LockSpace, name: str, holder: str, by: str
         # A copy that waits beside the running job (see .wake) learns it was replaced from
         # its record, when its wake or fallback starts, and no run's end wakes it again.
         try:
-            space.replace_waiter(locking.run_lock(name), holder, by)
+            space.named(locking.run_lock(name)).replace_waiter(holder, by)
         except LockBackendError as exc:  # its message finds its queued lock gone instead
             log.warning("could not mark task %s as replaced by %s: %s", holder, by, exc)
     log.info(

@@ -38,11 +38,8 @@ def _release_dropped(consumer: Any, message: Any, why: str) -> None:
     name = lock.name
     try:
         space = lock_space(app, lock.prefix)
-        freed = space.force_release(
-            name,
-            holder=task_id,
-            states=(HoldState.QUEUED, HoldState.REQUEUED),
-            permits=lock.permits,
+        freed = space.named(name, lock.permits).force_release(
+            holder=task_id, states=(HoldState.QUEUED, HoldState.REQUEUED)
         )
     except Exception as exc:
         log.error(

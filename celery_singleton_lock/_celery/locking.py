@@ -193,7 +193,7 @@ class TaskLocking:
         ``lock_limit`` says more), then with ``lock_at="queue"`` its queued lock."""
         space = self.space(app)
         limit = self.options.lock_limit
-        states = [space.inspect(name)] if limit == 1 else space.inspect_permits(name, limit)
+        states = space.named(name, limit).inspect()
         if self.options.lock_at == "queue":
             states.append(space.inspect(self.message_lock(name)))
         return states

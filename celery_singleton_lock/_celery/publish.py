@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._errors import AlreadyQueuedError, LockBackendError, MisconfiguredError
-from .._lock import MAX_LEASE_SECONDS, get_observer
+from .._lock import MAX_LEASE_SECONDS
 from .canvas import (
     canvas_member,
     chord_member_of,
@@ -32,6 +32,7 @@ from .cooldown import refusal_reason
 from .debounce import replace_waiting
 from .info import HoldState, holder_info
 from .locking import HEADER, MessageLock, TaskLocking, proceed_without_lock
+from .observer import get_observer
 from .revoked import free_revoked_holder
 
 __all__ = ["HEADER", "publish_once", "queue_lease", "seconds_until", "take_for_message"]
@@ -125,7 +126,7 @@ def publish_once(
     state = "" if task_id == task.request.id else HoldState.QUEUED
     try:
         space = locking.space(app)
-        reply = space.take(name, task_id, lease, info=info, state=state, permits=permits)
+        reply = space.named(name, permits).take(task_id, lease, info=info, state=state)
         if not reply.acquired and (
             free_revoked_holder(task, space, name, reply.holder)
             or (
@@ -134,7 +135,7 @@ def publish_once(
                 and replace_waiting(task, space, name, reply.holder, by=task_id)
             )
         ):
-            reply = space.take(name, task_id, lease, info=info, state=state, permits=permits)
+            reply = space.named(name, permits).take(task_id, lease, info=info, state=state)
     except LockBackendError as exc:
         if proceed_without_lock(app, task.name, "publish", exc):
             # The header marks the message as handled here (the publish receiver of
@@ -146,7 +147,7 @@ def publish_once(
         # lock_on_locked="retry"): it must be sent, or the job would be lost.
         return send(task_id, options)
     if not reply.acquired:
-        ttl = max(reply.pttl, 0) / 1000
+        ttl = max(reply.lease_left, 0.0)
         key = space.keys(name).lock
         cooldown = refusal_reason(task, space, name, reply.holder, permits) == "cooldown"
         log.info(
@@ -197,7 +198,7 @@ def publish_once(
         # Nothing was sent: do not keep a lock for a message that does not exist (and if
         # Redis fails now, keep trying for as long as that lock could live).
         try:
-            space.release(name, task_id, 1, retry_for=lease, permits=permits)
+            space.named(name, permits).release(task_id, holds=1, retry_for=lease)
         except LockBackendError as exc:
             log.error(
                 "could not undo the publish lock %s yet (%s); retrying in the background",
@@ -221,13 +222,8 @@ def take_for_message(
         lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
         space = locking.space(app)
         permits = locking.message_permits
-        reply = space.take(
-            name,
-            task_id,
-            lease,
-            info=holder_info(task.name, task_id, permits),
-            state=HoldState.QUEUED,
-            permits=permits,
+        reply = space.named(name, permits).take(
+            task_id, lease, info=holder_info(task.name, task_id, permits), state=HoldState.QUEUED
         )
     except (LockBackendError, MisconfiguredError, TypeError, ValueError) as exc:
         log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)

@@ -28,12 +28,12 @@ from .._lock import (
     LockSpace,
     ReentrantLock,
     Semaphore,
-    get_observer,
     new_run_token,
 )
 from .debounce import skip_replaced
 from .info import HoldState, holder_info
 from .locking import store_skipped
+from .observer import get_observer
 from .wake import Wait, end_claim
 
 __all__ = ["held_lock", "leave_queue", "run_lock", "still_queued"]
@@ -96,11 +96,11 @@ def still_queued(
     if wait is not None and debounced and not again:
         # A copy that waited: its queued lock is still its own, or a later call replaced it
         # meanwhile (and may have run already, leaving that lock free): only kept, not taken.
-        if space.park(queued, request.id, lease, info=info, state=HoldState.QUEUED):
+        if space.named(queued).park(request.id, lease, info=info, state=HoldState.QUEUED):
             return
         reply = AcquireReply(False, holder=space.inspect(queued).holder or "")
     else:
-        reply = space.take(queued, request.id, lease, info=info, state=HoldState.QUEUED)
+        reply = space.named(queued).take(request.id, lease, info=info, state=HoldState.QUEUED)
     if reply.acquired:
         return
     key = space.keys(queued).lock
@@ -125,7 +125,7 @@ def still_queued(
 def leave_queue(task: Any, space: LockSpace, queued: str, task_id: str) -> None:
     """The run has the job's lock: free the queued lock for the next copy."""
     try:
-        space.release(queued, task_id, retry_for=task.locking.queue_ttl(task.app))
+        space.named(queued).release(task_id, retry_for=task.locking.queue_ttl(task.app))
     except LockBackendError as exc:
         log.error(
             "%s[%s] runs, but its queued lock %s could not be freed yet (%s): a publish of "

@@ -21,12 +21,13 @@ from typing import Any, NamedTuple, NoReturn
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from .._errors import LockBackendError, TaskLockedError
-from .._lock import AcquireReply, LockSpace, ReentrantLock, Semaphore, get_observer
+from .._lock import AcquireReply, LockSpace, ReentrantLock, Semaphore
 from .canvas import chord_member_of
 from .cooldown import cooldown_after, refusal_reason, start_cooldown
 from .debounce import skip_replaced
 from .info import HoldState, holder_info
 from .locking import HEADER, SKIPPED, TaskLocking, proceed_without_lock, store_skipped
+from .observer import get_observer
 from .options import LockOptions
 from .publish import seconds_until
 from .queued import held_lock, leave_queue, run_lock, still_queued
@@ -256,7 +257,7 @@ def _free_message_hold(
             lease = DEFAULTS["singleton_lock_queue_ttl"]
         # Redis may be what failed: keep trying in the background for as long as the hold
         # could live.
-        space.release(name, request.id, retry_for=lease, permits=task.locking.message_permits)
+        space.named(name, task.locking.message_permits).release(request.id, retry_for=lease)
     except Exception as release_exc:
         log_release.error(
             "%s[%s] failed before its body (%s: %s) and its publish lock could not be freed "
@@ -281,7 +282,7 @@ def _enter(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
     try:
         space = locking.space(app)
         if options.lock_at == "publish" and options.lock_release_on_start:
-            released = space.release(name, task_id, permits=options.lock_limit)
+            released = space.named(name, options.lock_limit).release(task_id)
             if not released.owned and options.lock_debounce is not None:
                 holder = space.inspect(name).holder
                 if holder and holder != task_id:
@@ -360,7 +361,7 @@ def _entered(
 def _retry_countdown(options: LockOptions, request: Any, refusal: AcquireReply) -> float:
     """The countdown of a lock retry: ``lock_retry_countdown``, else the growing backoff."""
     fixed = options.lock_retry_countdown
-    return fixed or lock_retry_delay(request.retries, refusal.pttl / 1000)
+    return fixed or lock_retry_delay(request.retries, refusal.lease_left)
 
 
 def _locked_out(
@@ -406,7 +407,7 @@ def _locked_out(
             request.id,
             key,
             refusal.holder,
-            max(refusal.pttl, 0) / 1000,
+            max(refusal.lease_left, 0.0),
         )
     else:
         log_run.info(

@@ -116,7 +116,7 @@ def claim_wait(
     and is delivered again); else end it: as replaced (SKIPPED) when a later call replaced the
     copy while it waited (``lock_debounce``), else without a trace (its other message runs
     the copy, or ran it, or the copy's wait was dropped)."""
-    code, again = space.claim_waiter(name, request.id, wait.token, wait.mark)
+    code, again = space.named(name).claim_waiter(request.id, wait.token, wait.mark)
     if code == CLAIMED:
         return again == "again"
     by = again
@@ -135,7 +135,7 @@ def end_claim(space: LockSpace, name: str, task_id: str, wait: Wait) -> None:
     """The copy whose wait this message claimed (or was woken for) will not run: drop its
     record. Best effort: a record left behind ends with the records' lifetime."""
     try:
-        space.waiters(name, drop=task_id, token=wait.token, claim=wait.claim, listing=False)
+        space.named(name).waiters(drop=task_id, token=wait.token, claim=wait.claim, listing=False)
     except LockBackendError as exc:
         log.warning("could not drop the wait record of task %s beside %s: %s", task_id, name, exc)
 
@@ -176,7 +176,7 @@ def wait_for_run(
     if options.lock_retry_countdown:
         countdown = options.lock_retry_countdown
     else:
-        left = lease if refusal.pttl < 0 else min(refusal.pttl / 1000, lease)
+        left = lease if refusal.lease_left < 0 else min(refusal.lease_left, lease)
         countdown = left + FALLBACK_MARGIN
     headers[WAIT_HEADER] = _header(token, _new_id(), retries)
     # The fallback goes first: its publish enters the queued lock again, which must happen
@@ -195,16 +195,11 @@ def wait_for_run(
     # The record outlives the fallback's countdown by as long as a queued message's hold does.
     keep = countdown + locking.queue_ttl(app)
     for attempt in range(PARK_TRIES):
-        parked = space.add_waiter(
-            name,
-            request.id,
-            record,
-            keep,
-            permits=options.lock_limit,
-            force=attempt == PARK_TRIES - 1,
+        parked = space.named(name, options.lock_limit).add_waiter(
+            request.id, record, keep, force=attempt == PARK_TRIES - 1
         )
         if parked:
-            if parked.pttl == 0:
+            if parked.lease_left == 0:
                 # Written although a slot is free (lost to another taker each time): its wake
                 # goes now, so it tries again from the queue, not from this pool process.
                 _send_wake(task, name, record)
@@ -250,8 +245,7 @@ def wake_waiting(
     ``wait`` (this run was that copy, or that copy ends unrun). One round trip, plus one
     publish per copy woken; never raises (a copy not woken comes back by its fallback)."""
     try:
-        waiting = space.waiters(
-            name,
+        waiting = space.named(name).waiters(
             drop=task_id if wait is not None else "",
             token=wait.token if wait is not None else "",
             claim=wait.claim if wait is not None else "",

@@ -67,23 +67,23 @@ def release_for_request(
         if requeued:
             lease = locking.queue_ttl(app)
             state = HoldState.REQUEUED
-            if space.park(name, task_id, lease, info=info, state=state, permits=permits):
+            if space.named(name, permits).park(task_id, lease, info=info, state=state):
                 log.info(
                     "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
                 )
             return
         if message != name:
             # lock_at="queue": a run killed while its copy still waited frees the queue too
-            space.release(message, task_id, retry_for=locking.queue_ttl(app))
+            space.named(message).release(task_id, retry_for=locking.queue_ttl(app))
         cooldown = cooldown_after(task, failed=True) if ran else None
         if cooldown is not None:
             state = HoldState.COOLDOWN
-            if space.park(name, task_id, cooldown, info=info, state=state, permits=permits):
+            if space.named(name, permits).park(task_id, cooldown, info=info, state=state):
                 log.info("%s cools down for %.1f s after %s[%s]", key, cooldown, task.name, why)
                 return
         # Resent from the background when Redis fails (a transient Cluster state, a dropped
         # connection), for as long as the run's lease could keep the hold.
-        reply = space.release(name, task_id, retry_for=locking.ttl(app), permits=permits)
+        reply = space.named(name, permits).release(task_id, retry_for=locking.ttl(app))
         if message != name and (reply.freed or wait is not None):
             wake_waiting(task, space, name, task_id, wait, wake=reply.freed)
     except Exception as exc:
