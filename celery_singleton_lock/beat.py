@@ -326,8 +326,8 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             raise LockLostError(f"the leader lock {self._lock_key!r} is no longer held by it")
         if not reply.recorded:
             raise _NotNow(
-                f"{entry.name}: only {reply.lease_left:.3f} s left on the lease; sending once "
-                "it is renewed"
+                f"{entry.name}: only {round(reply.lease_left * 1000)} ms left on the lease; "
+                "sending once it is renewed"
             )
         return super().reserve(entry)
 
