@@ -4,9 +4,10 @@ A reentrant, hash-based Redis lock (:class:`ReentrantLock`), renewed by one hear
 per process, woken by push, with fencing tokens; and on it a Celery ``Task`` base class
 (:class:`LockedTask`) and :func:`install` for tasks that cannot use it.
 
-:class:`LockSpace` acts on locks held elsewhere (a queued message's, an operator's view); every
-type a public method returns (:class:`AcquireReply`, :class:`ReleaseReply`, :class:`LockState`,
-:class:`LockKeys`, :class:`RecordReply`, :class:`WaitReply`) is importable from here. The
+:class:`LockSpace` and its :class:`NamedLock` act on locks held elsewhere (a queued message's,
+an operator's view); every type a public method returns (:class:`AcquireReply`,
+:class:`ReleaseReply`, :class:`LockState`, :class:`LockKeys`, :class:`RecordReply`,
+:class:`WaitReply`) is importable from here. The
 settings are read once per app at its first use; :func:`reload_settings` reads them again.
 """
 
@@ -32,6 +33,7 @@ from ._lock import (
     LockKeys,
     LockSpace,
     LockState,
+    NamedLock,
     RecordReply,
     ReentrantLock,
     ReleaseReply,
@@ -58,6 +60,7 @@ __all__ = [
     "LockTimeoutError",
     "LockedTask",
     "MisconfiguredError",
+    "NamedLock",
     "RecordReply",
     "ReentrantLock",
     "ReleaseReply",

@@ -153,7 +153,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             return False
         self._reached_redis()
         if not reply.acquired:
-            self._stand_by(reply.holder, reply.pttl)
+            self._stand_by(reply.holder, reply.lease_left)
             return False
         self._leader = lock
         self._took_over_at = datetime.now(UTC)
@@ -175,7 +175,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         )
         return True
 
-    def _stand_by(self, holder: str, pttl: int) -> None:
+    def _stand_by(self, holder: str, lease_left: float) -> None:
         now = time.monotonic()
         if holder and not holder.startswith(self._me + ":"):
             self._others_led = True
@@ -188,7 +188,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
                 "when it stops",
                 self._me,
                 holder or "(the lock is being freed)",
-                max(pttl, 0) / 1000,
+                max(lease_left, 0.0),
             )
         elif now - self._standby_logged_at >= self.standby_log_every:
             self._standby_logged_at = now
@@ -326,7 +326,8 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             raise LockLostError(f"the leader lock {self._lock_key!r} is no longer held by it")
         if not reply.recorded:
             raise _NotNow(
-                f"{entry.name}: only {reply.pttl} ms left on the lease; sending once it is renewed"
+                f"{entry.name}: only {round(reply.lease_left * 1000)} ms left on the lease; "
+                "sending once it is renewed"
             )
         return super().reserve(entry)
 

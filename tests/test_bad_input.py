@@ -51,8 +51,8 @@ def test_lock_ttl(client: Any, ttl: Any) -> None:
 @pytest.mark.parametrize("lease", NUMBERS_THAT_ARE_NOT_LEASES)
 def test_space_leases(client: Any, lease: Any) -> None:
     space = LockSpace(client)
-    _refused(client, lambda: space.take("t", "owner", lease), "lease")
-    _refused(client, lambda: space.park("t", "owner", lease), "lease")
+    _refused(client, lambda: space.named("t").take("owner", lease), "lease")
+    _refused(client, lambda: space.named("t").park("owner", lease), "lease")
 
 
 @pytest.mark.parametrize("timeout", [-1, math.nan, math.inf * -1, "1", True, [1]])

@@ -104,7 +104,7 @@ def test_limit_three_runs_at_once(server: RedisServer, app: Celery, worker: Any)
     assert all(c.info["holder"] in ran and c.info["reason"] == "limit" for c in skipped)
     # every slot was let go as its run returned
     name = limited.locking.lock_name(limited.name, [job], {})
-    assert not any(s.held for s in _space(app).inspect_permits(name, 3))
+    assert not any(s.held for s in _space(app).named(name, 3).inspect())
 
 
 def test_slots_of_a_killed_worker_come_back_within_one_lease(
@@ -120,12 +120,12 @@ def test_slots_of_a_killed_worker_come_back_within_one_lease(
         for _ in range(3):
             limited.apply_async((job, 60), queue=queue[1])
         wait_until(lambda: len(records(data, "starts", job)) == 3, 20, "three runs to start")
-        assert all(s.held for s in space.inspect_permits(name, 3))
+        assert all(s.held for s in space.named(name, 3).inspect())
         doomed.kill_group()  # main process too: nobody releases, the leases must end
         killed = time.monotonic()
     lease = limited.locking.ttl(app)
     wait_until(
-        lambda: not any(s.held for s in space.inspect_permits(name, 3)),
+        lambda: not any(s.held for s in space.named(name, 3).inspect()),
         lease + 2,
         "the slots of the killed runs to be freed",
     )
@@ -148,7 +148,7 @@ def test_the_slot_of_a_killed_pool_child_is_released_by_the_main_process(
     space = task.locking.space(app)
     # Another owner holds the first slot (the plain lock's key), so the run takes the second:
     # a release that went to the first slot only would leave the run's slot held.
-    assert space.take(name, "other-holder", 60).acquired
+    assert space.named(name).take("other-holder", 60).acquired
     try:
         result = task.delay(job, 60.0)
         pid = wait_until(
@@ -157,14 +157,14 @@ def test_the_slot_of_a_killed_pool_child_is_released_by_the_main_process(
             "the run to start",
         )
         assert pid in worker.children()
-        assert [s.holder for s in space.inspect_permits(name, 2)] == ["other-holder", result.id]
+        assert [s.holder for s in space.named(name, 2).inspect()] == ["other-holder", result.id]
         os.kill(pid, signal.SIGKILL)
         wait_until(
-            lambda: not space.inspect_permits(name, 2)[1].held,
+            lambda: not space.named(name, 2).inspect()[1].held,
             CHILD_GONE,
             "the killed run's slot to be released (its lease is 60 s)",
         )
-        assert space.inspect_permits(name, 2)[0].holder == "other-holder"
+        assert space.named(name, 2).inspect()[0].holder == "other-holder"
         worker.wait_log(
             rf"released \S+ of fault\.limited_long\[{result.id}\] after its pool process ended",
             5,
@@ -173,7 +173,7 @@ def test_the_slot_of_a_killed_pool_child_is_released_by_the_main_process(
             result.get(timeout=10)
         assert type(caught.value).__name__ == "WorkerLostError"
     finally:
-        space.release(name, "other-holder")
+        space.named(name).release("other-holder")
 
 
 def test_cooldown_after_a_run(server: RedisServer, app: Celery, worker: Any) -> None:
@@ -485,16 +485,11 @@ def test_publish_slots_listed_and_refusals_counted(local_app: Celery, server: Re
         cooled_day = new_job("cooled")
         space = report.locking.space(local_app)
         report_name = report.locking.lock_name(report.name, [cooled_day], {})
-        assert space.take(report_name, "last-run", 30, permits=2).acquired
-        assert space.park(
-            report_name,
-            "last-run",
-            5,
-            info=holder_info(report.name, "last-run"),
-            state=HoldState.COOLDOWN,
-            permits=2,
+        assert space.named(report_name, 2).take("last-run", 30).acquired
+        assert space.named(report_name, 2).park(
+            "last-run", 5, info=holder_info(report.name, "last-run"), state=HoldState.COOLDOWN
         )
-        assert space.take(report_name, "other-run", 30, permits=2).acquired  # the second slot
+        assert space.named(report_name, 2).take("other-run", 30).acquired  # the second slot
         # the refusal names the slot that frees first (the one cooling down); this task has
         # no lock_cooldown of its own, so the refusal is the limit's
         assert report.delay(cooled_day).id == "last-run"
@@ -513,13 +508,9 @@ def test_publish_slots_listed_and_refusals_counted(local_app: Celery, server: Re
             shared=False,
         )(report_body)
         raising_name = report_raising.locking.lock_name(report_raising.name, [cooled_day], {})
-        assert space.take(raising_name, "last-run", 30).acquired
-        assert space.park(
-            raising_name,
-            "last-run",
-            5,
-            info=holder_info(report.name, "last-run"),
-            state=HoldState.COOLDOWN,
+        assert space.named(raising_name).take("last-run", 30).acquired
+        assert space.named(raising_name).park(
+            "last-run", 5, info=holder_info(report.name, "last-run"), state=HoldState.COOLDOWN
         )
         with pytest.raises(AlreadyQueuedError, match="cools down for") as refused:
             report_raising.delay(cooled_day)

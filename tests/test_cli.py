@@ -111,8 +111,8 @@ def test_purge_queued_frees_only_locks_no_run_entered(
     "queued"), a running task's stays, and so does a hold in no state (a plain lock's).
     tests/test_celery_seams.py does the same with real jobs, a cooldown, a retry and a beat."""
     space = LockSpace(redis_client)
-    assert space.take("proj.job:queued", "task-1", 30, state="queued").acquired
-    assert space.take("proj.job:plain", "someone", 30).acquired
+    assert space.named("proj.job:queued").take("task-1", 30, state="queued").acquired
+    assert space.named("proj.job:plain").take("someone", 30).acquired
     running = ReentrantLock(
         redis_client, "proj.job:running", ttl=30, owner="task-2", run_token="run-1", renew=False
     )

@@ -520,7 +520,7 @@ def test_the_meta_hash_outlives_the_lease_as_the_docs_say(redis_client: Any) -> 
     assert not redis_client.exists(lock.key)
     assert low * 1000 < redis_client.pttl(meta) <= lease_ms + low * 1000
     space = LockSpace(redis_client)
-    assert space.take("docs-forced", "t", 30).acquired and space.force_release("docs-forced")
+    assert space.named("docs-forced").take("t", 30).acquired and space.force_release("docs-forced")
     assert low * 1000 - 1_000 < redis_client.pttl("lock:{docs-forced}:meta") <= low * 1000
     text = _flat(_page("lock.md"))
     assert f"it outlives the lock's lease by {low} to {high} s" in text
@@ -559,8 +559,8 @@ def test_the_prefix_with_url_is_lock_as_the_docs_say(
     from celery_singleton_lock._ops.cli import locks
 
     url = redis_server.url
-    assert LockSpace(redis_client).take("docs-plain", "t1", 30).acquired
-    assert LockSpace(redis_client, "custom").take("docs-custom", "t2", 30).acquired
+    assert LockSpace(redis_client).named("docs-plain").take("t1", 30).acquired
+    assert LockSpace(redis_client, "custom").named("docs-custom").take("t2", 30).acquired
     app = Celery("docs_prefix", set_as_current=False, broker=url)
     app.conf.singleton_lock_prefix = "custom"
 

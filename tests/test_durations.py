@@ -61,7 +61,7 @@ def _lock_ttl(value: Any) -> None:
 
 
 def _space_lease(value: Any) -> None:
-    LockSpace(CLIENT).take("t", "owner", value)
+    LockSpace(CLIENT).named("t").take("owner", value)
 
 
 def _setting(value: Any) -> None:

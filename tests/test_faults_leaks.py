@@ -87,7 +87,7 @@ def test_ten_thousand_mixed_tasks_leave_no_lock_and_no_thread(
         # Only expiring records: no held lock, every key (meta hashes) with a TTL.
         space = LockSpace(locks)
         held = [space.inspect(keys.lock) for keys in space.find()]
-        assert held == [], [(s.info, s.pttl, s.run_token, s.owners) for s in held[:5]]
+        assert held == [], [(s.info, s.lease_left, s.run_token, s.owners) for s in held[:5]]
         assert all(locks.pttl(key) > 0 for key in locks.scan_iter(count=1000))
 
         # The same threads as before the load, in the main process and in each pool child.

@@ -383,18 +383,18 @@ def test_a_pending_cancel_is_settled_before_the_owners_next_acquire(
             if api == "ReentrantLock":
                 return lock.acquire(blocking=False)
             # the publish path: a hold of a task id, in Redis only
-            return space.take(name, "owner", 5, permits=permits).acquired
+            return space.named(name, permits).take("owner", 5).acquired
 
         def release() -> None:
             if api == "ReentrantLock":
                 lock.release()
             else:
-                assert space.release(name, "owner", 1, permits=permits).owned
+                assert space.named(name, permits).release("owner", holds=1).owned
 
         def holds() -> dict[str, int]:
             """Owner -> hold count over every permit, as Redis has them."""
             counts: dict[str, int] = {}
-            for state in direct.inspect_permits(name, permits):
+            for state in direct.named(name, permits).inspect():
                 for owner, count in state.owners.items():
                     counts[owner] = counts.get(owner, 0) + count
             return counts
@@ -423,8 +423,8 @@ def test_a_pending_cancel_is_settled_before_the_owners_next_acquire(
         release()
         assert holds() == {}
         assert not LockRuntime.of(client).cancels.by_owner  # nothing left pending
-        assert direct.take(name, "other", 5, permits=permits).acquired
-        assert direct.release(name, "other", permits=permits).freed
+        assert direct.named(name, permits).take("other", 5).acquired
+        assert direct.named(name, permits).release("other").freed
     finally:
         proxy.thaw()
         proxy.close()

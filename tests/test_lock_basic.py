@@ -551,10 +551,10 @@ def test_scripts_reload_after_script_flush(redis_client: Any) -> None:
 def test_inspect_reads_one_lock_atomically(redis_client: Any) -> None:
     keys = LockKeys.for_name("lock", "inspected")
     free = commands.inspect(redis_client, keys)
-    assert (free.held, free.holder, free.pttl, free.fence, free.owners) == (
+    assert (free.held, free.holder, free.lease_left, free.fence, free.owners) == (
         False,
         None,
-        -2,
+        None,
         None,
         {},
     )
@@ -562,9 +562,9 @@ def test_inspect_reads_one_lock_atomically(redis_client: Any) -> None:
     assert lock.acquire() and lock.acquire()
     state = commands.inspect(redis_client, keys)
     assert state.held and state.holder == "op" and state.owners == {"op": 1}
-    assert 0 < state.pttl <= 30_000
+    assert state.lease_left is not None and 0 < state.lease_left <= 30
     assert state.fence == lock.fence and state.info == "job 7"
-    assert state.since_ms is not None and abs(state.since_ms / 1000 - time.time()) < 60
+    assert state.since is not None and abs(state.since - time.time()) < 60
     lock.release()
     lock.release()
     after = commands.inspect(redis_client, keys)
@@ -576,7 +576,7 @@ def test_a_record_is_written_only_with_the_margin_of_lease_left(redis_client: An
     holds the lock with at least ``min_lease`` of its lease left: below that margin it writes
     nothing and says how much was left; a lock held by another owner is not held."""
     space = LockSpace(redis_client)
-    assert space.take("recorded", "leader", 30).acquired
+    assert space.named("recorded").take("leader", 30).acquired
     key = space.keys("recorded").lock
 
     assert space.record_if_held("recorded", "leader", "last_run", "tick", "1", min_lease=5, keep=60)
@@ -588,7 +588,7 @@ def test_a_record_is_written_only_with_the_margin_of_lease_left(redis_client: An
         "recorded", "leader", "last_run", "tick", "2", min_lease=5, keep=60
     )
     assert (reply.recorded, reply.held) == (False, True)
-    assert 0 < reply.pttl <= 2000
+    assert 0 < reply.lease_left <= 2
     assert space.records("recorded", "last_run") == {"tick": "1"}
 
     reply = space.record_if_held("recorded", "other", "last_run", "tick", "3", min_lease=0, keep=60)

@@ -391,7 +391,9 @@ class LockMachine(RuleBasedStateMachine):
             state = commands.inspect(self.client, self.keys[name])
             assert state.owners == model.owners
             if model.owners:
-                assert state.pttl > 0  # never a lock without a lease
+                assert (
+                    state.lease_left is not None and state.lease_left > 0
+                )  # never without a lease
                 assert state.run_token == model.run
                 assert state.state == model.state
                 if not model.meta_gone:
@@ -401,7 +403,7 @@ class LockMachine(RuleBasedStateMachine):
                 assert meta_pttl > 0  # every record expires
                 if model.owners:
                     # the meta hash (run token, fence, void marks) never goes before the lock
-                    assert meta_pttl >= state.pttl
+                    assert state.lease_left is not None and meta_pttl >= state.lease_left * 1000
 
 
 @pytest.mark.timeout(240)
@@ -510,11 +512,11 @@ class SemaphoreMachine(RuleBasedStateMachine):
     def check_refusal(self, name: str, reply: Any) -> None:
         """A refusal names the holder of the permit that frees first, and its lease."""
         assert not reply.acquired and not reply.other_run
-        states = self.space.inspect_permits(name, self.model[name].permits)
-        pttls = {state.holder: state.pttl for state in states}
+        states = self.space.named(name, self.model[name].permits).inspect()
+        pttls = {state.holder: state.lease_left or 0.0 for state in states}
         soonest = min(pttls.values())
-        assert reply.holder in pttls and pttls[reply.holder] - soonest < 50  # (read just after)
-        assert 0 <= reply.pttl - pttls[reply.holder] < 1000
+        assert reply.holder in pttls and pttls[reply.holder] - soonest < 0.05  # (read just after)
+        assert 0 <= reply.lease_left - pttls[reply.holder] < 1
 
     @initialize()
     def start(self) -> None:
@@ -554,7 +556,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
         """Another process of ``owner`` (a publisher) takes or re-enters a permit."""
         model = self.model[name]
         free, held = model.free(), model.permit_of(owner)
-        reply = self.space.take(name, owner, lease, permits=model.permits)
+        reply = self.space.named(name, model.permits).take(owner, lease)
         if held is not None:
             assert reply.acquired and reply.hold_count == model.redis[held][owner] + 1
             model.redis[held][owner] += 1
@@ -621,7 +623,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
         """Another process of ``owner`` lets one (or every) hold of its permit go."""
         model = self.model[name]
         holds = ALL_HOLDS if all_holds else 1
-        reply = self.space.release(name, owner, holds, permits=model.permits)
+        reply = self.space.named(name, model.permits).release(owner, holds=holds or None)
         held = model.permit_of(owner)
         if held is None:
             assert not reply.owned
@@ -644,11 +646,11 @@ class SemaphoreMachine(RuleBasedStateMachine):
     @invariant()
     def redis_agrees(self) -> None:
         for name, model in self.model.items():
-            states = self.space.inspect_permits(name, model.permits)
+            states = self.space.named(name, model.permits).inspect()
             assert [state.owners for state in states] == model.redis
             owners = [owner for state in states for owner in state.owners]
             assert len(set(owners)) == len(owners) <= model.permits  # one permit per owner
-            assert all(state.pttl > 0 for state in states if state.owners)
+            assert all((state.lease_left or 0) > 0 for state in states if state.owners)
             for owner in SEM_OWNERS:
                 sem, local = self.sems[name, owner], model.local.get(owner)
                 assert sem.hold_count == (0 if local is None else local[1])

@@ -66,12 +66,12 @@ def test_n_owners_hold_at_once_and_the_next_is_refused_by_the_first_to_free(
     refused = late.try_acquire()
     assert not refused.acquired and not refused.other_run
     assert refused.holder == "b"
-    assert 9_000 < refused.pttl <= 10_000
+    assert 9 < refused.lease_left <= 10
     assert late.acquire(blocking=False) is False
     assert late.held is None and late.hold_count == 0 and late.fence is None
     assert late.key == "lock:{pool}"  # no permit held: permit 1's key
     # Nothing of the refused owner was written into any permit.
-    states = LockSpace(redis_client).inspect_permits("pool", 3)
+    states = LockSpace(redis_client).named("pool", 3).inspect()
     assert [set(s.owners) for s in states] == [{h} for h in _holders_by_permit(holders)]
 
     freed = holders["b"].key
@@ -173,7 +173,7 @@ def test_the_same_owner_in_another_process_reenters_its_permit(
     # same owner, must re-enter that permit rather than take one of the two free ones (which a
     # random start picks two times in three).
     space = LockSpace(redis_client)
-    taken = space.take(name, "task-1", 30, permits=3)
+    taken = space.named(name, 3).take("task-1", 30)
     assert taken.acquired and taken.hold_count == 1
     [held_key] = [k.lock for k in _keys(name, 3) if redis_client.hexists(k.lock, "task-1")]
 
@@ -183,7 +183,7 @@ def test_the_same_owner_in_another_process_reenters_its_permit(
     assert run.key == held_key
     assert run.holders() == {"task-1": 2}
     # ... and LockSpace.take follows the same rule
-    assert space.take(name, "task-1", 30, permits=3).hold_count == 3
+    assert space.named(name, 3).take("task-1", 30).hold_count == 3
     assert run.holders() == {"task-1": 3}
     assert run.release_all().owned
     assert run.holders() == {}
@@ -200,7 +200,7 @@ def test_another_run_of_the_holding_owner_is_refused_and_takes_no_other_permit(
     assert run1.acquire(blocking=False)
     refused = run2.try_acquire()
     assert not refused.acquired and refused.other_run and refused.holder == "job"
-    assert refused.pttl > 0
+    assert refused.lease_left > 0
     assert run2.holders() == {"job": 1}  # no second permit for the same owner
     # A blocking wait for it ends at its timeout, still without a second permit.
     started = time.monotonic()
@@ -208,7 +208,7 @@ def test_another_run_of_the_holding_owner_is_refused_and_takes_no_other_permit(
     assert 0.3 <= time.monotonic() - started < 2.0
     assert run2.holders() == {"job": 1}
     # The owner without a run token (a publisher's hold) may always re-enter.
-    assert LockSpace(second).take("runs", "job", 30, permits=3).hold_count == 2
+    assert LockSpace(second).named("runs", 3).take("job", 30).hold_count == 2
     assert run1.release_all().freed  # the first run is over
     assert run2.acquire(blocking=False)
     assert run2.holders() == {"job": 1}
@@ -278,7 +278,7 @@ def test_release_all_drops_the_holds_here_and_in_redis(redis_server: RedisServer
     client.flushdb()
     sem = Semaphore(client, "all", 3, ttl=30, owner="job")
     assert sem.acquire() and sem.acquire()
-    LockSpace(client).take("all", "job", 30, permits=3)  # another process's hold
+    LockSpace(client).named("all", 3).take("job", 30)  # another process's hold
     assert sem.holders() == {"job": 2} and sem.hold_count == 2
     reply = sem.release_all()
     assert reply.owned and reply.freed
@@ -286,7 +286,7 @@ def test_release_all_drops_the_holds_here_and_in_redis(redis_server: RedisServer
     assert not sem.release_all().owned  # nothing left
 
     # From a process that holds nothing itself: the owner's permit is found in Redis.
-    assert LockSpace(client).take("all", "job", 30, permits=3).acquired
+    assert LockSpace(client).named("all", 3).take("job", 30).acquired
     assert Semaphore(elsewhere, "all", 3, ttl=30, owner="job").release_all().owned
     assert sem.holders() == {}
 
@@ -301,17 +301,17 @@ def test_park_keeps_the_permit_for_a_later_run_of_the_owner(redis_server: RedisS
     assert sem.hold_count == 0
     state = LockSpace(client).inspect(key)  # by the permit's key
     assert state.owners == {"job": 1} and state.run_token == "" and state.info == "parked"
-    assert 0 < state.pttl <= 5000
+    assert state.lease_left is not None and 0 < state.lease_left <= 5
     # The next run (another run token, another process) re-enters the parked permit.
     retry = Semaphore(later, "parked", 2, ttl=30, owner="job", run_token="run-2")
     assert retry.try_acquire().hold_count == 2
     assert retry.key == key
     assert not Semaphore(client, "parked", 2, ttl=30, owner="nobody").park(5)
     space = LockSpace(client)
-    assert space.park("parked", "job", 5, permits=2)
-    assert not space.park("parked", "nobody", 5, permits=2)
-    assert space.release("parked", "job", permits=2).freed
-    assert not space.release("parked", "job", permits=2).owned
+    assert space.named("parked", 2).park("job", 5)
+    assert not space.named("parked", 2).park("nobody", 5)
+    assert space.named("parked", 2).release("job").freed
+    assert not space.named("parked", 2).release("job").owned
     assert client.exists(key) == 0
 
 
@@ -326,11 +326,11 @@ def test_a_release_that_cannot_find_the_permit_goes_to_every_permit(
         retry=Retry(NoBackoff(), 0),
     )
     space = LockSpace(client, backend_timeout=0.5)
-    assert space.take("lost-reply", "pub", 30, permits=3).acquired
+    assert space.named("lost-reply", 3).take("pub", 30).acquired
     os.kill(server.process.pid, signal.SIGSTOP)
     try:
         with pytest.raises(LockBackendError):
-            space.release("lost-reply", "pub", retry_for=30, permits=3)
+            space.named("lost-reply", 3).release("pub", retry_for=30)
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
     # Sent again from the client's lane until Redis answers: the permit comes free.
@@ -463,10 +463,10 @@ def _calls_with_permits(client: Any, space: LockSpace, bad: Any) -> list[Callabl
     return [
         lambda: Semaphore(client, "bad", bad, ttl=10),
         lambda: space.semaphore("bad", bad, ttl=10),
-        lambda: space.take("bad", "o", 10, permits=bad),
-        lambda: space.release("bad", "o", permits=bad),
-        lambda: space.park("bad", "o", 10, permits=bad),
-        lambda: space.inspect_permits("bad", bad),
+        lambda: space.named("bad", bad).take("o", 10),
+        lambda: space.named("bad", bad).release("o"),
+        lambda: space.named("bad", bad).park("o", 10),
+        lambda: space.named("bad", bad).inspect(),
     ]
 
 

@@ -90,8 +90,8 @@ def test_the_documented_acl_user_runs_every_lock_operation(
     other.release_all()
 
     space = LockSpace(locks_user)
-    assert space.take("acl-queued", "task-1", 30).acquired
-    assert space.park("acl-queued", "task-1", 30)
+    assert space.named("acl-queued").take("task-1", 30).acquired
+    assert space.named("acl-queued").park("task-1", 30)
     reply = space.record_if_held(
         "acl-queued", "task-1", "last_run", "tick", "1", min_lease=0, keep=60
     )
@@ -99,7 +99,7 @@ def test_the_documented_acl_user_runs_every_lock_operation(
     assert space.records("acl-queued", "last_run") == {"tick": "1"}
     assert [v.holder for v in find_locks(locks_user)] == ["task-1"]
     assert space.force_release("acl-queued")
-    assert space.take("acl-purged", "task-2", 30).acquired
+    assert space.named("acl-purged").take("task-2", 30).acquired
     assert purge(locks_user) == 1
     assert _refusals(server) == []
 

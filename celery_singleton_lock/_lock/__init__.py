@@ -1,8 +1,9 @@
 """The lock layer: a reentrant, renewed, fenced Redis hash lock. It never imports Celery.
 
 The rest of the package uses only what this module exports: :class:`ReentrantLock` for a hold
-this process keeps and renews, :class:`LockSpace` for operations on a hold that lives elsewhere
-(a queued message's, a dead pool child's, an operator's view), and their typed replies.
+this process keeps and renews, :class:`LockSpace` and its :class:`NamedLock` for operations on
+a hold kept elsewhere (another process's, a dead one's, an operator's view), and their typed
+replies.
 
 Modules, bottom up: ``keys`` (key names), ``owner`` (owner, request and run tokens), ``checks``
 (argument checks), ``client`` (what a client must be), ``deadline`` (one deadline per operation,
@@ -13,8 +14,8 @@ master), ``runtime`` (all of those for one client: one runtime per client and pr
 ``commands`` (one script call each, typed replies, Redis errors mapped), ``heartbeat`` (the
 process's renewal, added up), ``reentrant`` (:class:`ReentrantLock`), ``permits`` (a
 semaphore's permits in Redis), ``semaphore`` (:class:`Semaphore`: N permits, each a
-:class:`ReentrantLock`), ``space`` (:class:`LockSpace`), ``observe`` (what it reports, for
-metrics).
+:class:`ReentrantLock`), ``space`` (:class:`LockSpace`,
+:class:`NamedLock`), ``observe`` (what it reports, for metrics).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 from .checks import MAX_LEASE_SECONDS, check_duration
 from .client import RedisClient
 from .commands import (
-    ALL_HOLDS,
     CLAIMED,
     WAIT_OVER,
     WAIT_REPLACED,
@@ -39,10 +39,9 @@ from .observe import LockObserver, get_observer, set_observer
 from .owner import new_run_token
 from .reentrant import ReentrantLock
 from .semaphore import Semaphore
-from .space import LockSpace
+from .space import LockSpace, NamedLock
 
 __all__ = [
-    "ALL_HOLDS",
     "CLAIMED",
     "MAX_LEASE_SECONDS",
     "WAIT_OVER",
@@ -53,6 +52,7 @@ __all__ = [
     "LockObserver",
     "LockSpace",
     "LockState",
+    "NamedLock",
     "RecordReply",
     "RedisClient",
     "ReentrantLock",

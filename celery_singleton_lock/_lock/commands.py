@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 
-#: ``release(..., drop=ALL_HOLDS)`` drops every hold of the owner
+#: ``release(..., drop=ALL_HOLDS)`` drops every hold of the owner (lua/release.lua's 0)
 ALL_HOLDS = 0
 
 _log_acquire = logging.getLogger("celery_singleton_lock.acquire")
@@ -101,8 +101,9 @@ class AcquireReply(NamedTuple):
     hold_count: int = 0
     #: the fencing token when acquired
     fence: int | None = None
-    #: milliseconds left on the holder's lease when not acquired (-1: no lease, -2: just freed)
-    pttl: int = 0
+    #: seconds left on the holder's lease when not acquired (-1.0: none known: the lock has no
+    #: lease, or this request was voided)
+    lease_left: float = 0.0
     #: the holder's owner token when not acquired
     holder: str = ""
     #: not acquired because another run of the same owner holds it (see ``run_token``)
@@ -139,11 +140,11 @@ class LockState(NamedTuple):
     """One lock as Redis has it now (lua/inspect.lua's reply, typed)."""
 
     keys: LockKeys
-    #: milliseconds left on the lease; -2 when the lock is free
-    pttl: int
+    #: seconds left on the lease; ``None`` when the lock is free (or has no lease)
+    lease_left: float | None
     fence: int | None
-    #: server time in ms when the current holder took it, when known
-    since_ms: int | None
+    #: server time (Unix seconds) when the current holder took it, when known
+    since: float | None
     #: operator info stored with the hold ("" when none)
     info: str
     #: the run token of the run that holds it ("" when no run has entered it)
@@ -205,7 +206,13 @@ def acquire(
             "acquired %s as %s (hold %s, fence %s)", keys.lock, owner, reply[1], reply[2]
         )
         return AcquireReply(True, int(reply[1]), int(reply[2]))
-    return AcquireReply(False, 0, None, int(reply[1]), text(reply[2]), len(reply) > 3)
+    return AcquireReply(False, 0, None, _seconds(reply[1]), text(reply[2]), len(reply) > 3)
+
+
+def _seconds(pttl: Any) -> float:
+    """A script's milliseconds left on a lease as seconds (-1.0: no lease)."""
+    ms = int(pttl)
+    return ms / 1000 if ms >= 0 else -1.0
 
 
 def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
@@ -313,8 +320,8 @@ class RecordReply(NamedTuple):
     recorded: bool
     #: the owner still held the lock (``False``: its lease was lost, or someone else holds it)
     held: bool
-    #: milliseconds left on the lock's lease when held (-1: no lease)
-    pttl: int = 0
+    #: seconds left on the lock's lease when held (-1.0: no lease)
+    lease_left: float = 0.0
 
     def __bool__(self) -> bool:
         return self.recorded
@@ -338,7 +345,7 @@ def record_if_held(
             client, (keys.lock, keys.records(kind)), (owner, field, value, min_lease_ms, keep_ms)
         )
     code = int(code)
-    return RecordReply(code == 1, code != 0, int(pttl))
+    return RecordReply(code == 1, code != 0, _seconds(pttl))
 
 
 def records(client: Any, keys: LockKeys, kind: str) -> dict[str, str]:
@@ -353,9 +360,9 @@ class WaitReply(NamedTuple):
 
     #: the record was written: the lock was held (or the write was forced)
     waiting: bool
-    #: when written: milliseconds left on the lease that frees first (0: a slot is free, -1:
+    #: when written: seconds left on the lease that frees first (0.0: a slot is free, -1.0:
     #: no lease)
-    pttl: int = 0
+    lease_left: float = 0.0
 
     def __bool__(self) -> bool:
         return self.waiting
@@ -389,7 +396,7 @@ def wait_park(
             (keys.records(WAITERS), *locks),
             (waiter, record, keep_ms, "1" if force else ""),
         )
-    return WaitReply(int(code) == 1, int(pttl))
+    return WaitReply(int(code) == 1, _seconds(pttl))
 
 
 def wait_claim(client: Any, keys: LockKeys, waiter: str, token: str, mark: str) -> tuple[int, str]:
@@ -510,11 +517,12 @@ def inspect(client: Any, keys: LockKeys) -> LockState:
         reply = scripts.INSPECT(client, keys.pair, ())
     fence, since = text(reply[1]), text(reply[2])
     owners = {text(reply[i]): int(reply[i + 1]) for i in range(6, len(reply) - 1, 2)}
+    pttl = int(reply[0])
     return LockState(
         keys=keys,
-        pttl=int(reply[0]),
+        lease_left=pttl / 1000 if pttl >= 0 else None,
         fence=int(fence) if fence else None,
-        since_ms=int(since) if since else None,
+        since=int(since) / 1000 if since else None,
         info=text(reply[3]),
         run_token=text(reply[4]),
         state=text(reply[5]),
@@ -522,10 +530,10 @@ def inspect(client: Any, keys: LockKeys) -> LockState:
     )
 
 
-def is_held(client: Any, keys: LockKeys) -> bool:
-    """Whether anyone holds the lock now."""
-    with backend_errors("check", keys.name):
-        return bool(client.exists(keys.lock))
+def is_held(client: Any, *keys: LockKeys) -> bool:
+    """Whether anyone holds any of the locks of ``keys`` (one name's permits) now."""
+    with backend_errors("check", keys[0].name):
+        return bool(client.exists(*(permit.lock for permit in keys)))
 
 
 def is_owned(client: Any, keys: LockKeys, owner: str) -> bool:

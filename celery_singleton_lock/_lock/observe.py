@@ -2,7 +2,7 @@
 
 The lock layer calls the observer at each outcome; with none set (the default) every call site
 costs one attribute read. :mod:`celery_singleton_lock.metrics` sets one that counts into
-Prometheus; the Celery layer reports its duplicates through the same observer.
+Prometheus.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class LockObserver(Protocol):
 
     def acquired(self, reentered: bool) -> None:
         """A hold was taken, or ``reentered``: the owner already held the lock (in this
-        process, or in Redis: a Celery run entering its message's publish hold)."""
+        process, or in Redis: another process acting as the same owner took it)."""
 
     def refused(self) -> None:
         """An acquire gave up: the lock was held by another owner (after any wait)."""
@@ -39,16 +39,6 @@ class LockObserver(Protocol):
 
     def backend_error(self) -> None:
         """A lock operation failed because Redis did (it raised ``LockBackendError``)."""
-
-    def duplicate(self, task: str, action: str) -> None:
-        """The Celery layer dealt with a duplicate of ``task``: ``skipped``, ``retried`` or
-        ``raised`` at run time, ``returned`` or ``raised`` at publish, or ``replaced``: a
-        call that replaced one still waiting (``lock_debounce``)."""
-
-    def refused_by(self, task: str, reason: str) -> None:
-        """A duplicate of ``task`` was refused for ``reason``: ``limit`` (every one of its
-        ``lock_limit`` slots was taken) or ``cooldown`` (its job cools down after a run);
-        :meth:`duplicate` says what was done with it."""
 
 
 #: the process's observer, or None (read directly by the call sites: the hot path)

@@ -77,9 +77,9 @@ def holders(client: Any, keys: Sequence[LockKeys]) -> dict[str, int]:
 
 
 def soonest(refusals: Sequence[AcquireReply]) -> AcquireReply:
-    """The refusal of the permit that frees first (the smallest ``pttl``): what a waiter
+    """The refusal of the permit that frees first (the least ``lease_left``): what a waiter
     waits for, and what the caller is told."""
-    return min(refusals, key=lambda reply: reply.pttl)
+    return min(refusals, key=lambda reply: reply.lease_left)
 
 
 def take(

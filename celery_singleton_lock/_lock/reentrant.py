@@ -73,7 +73,6 @@ class ReentrantLock:
         run_token: str = "",
         state: str = "",
         backend_timeout: float | None = None,
-        _permit: int = 0,
     ) -> None:
         check_client(client)
         if not isinstance(name, str) or not name:
@@ -99,11 +98,9 @@ class ReentrantLock:
         self._info = info
         self._run_token = run_token
         self._state = state
-        # _permit (for Semaphore only): k >= 1 makes this permit k of a semaphore of several
-        # (its keys, LockKeys.for_name(..., k)); the semaphore reports its refusals, once per
-        # acquire of its own, so this lock does not report a refusal of its permit.
-        self._keys = LockKeys.for_name(check_prefix(prefix), name, max(_permit, 1))
-        self._quiet = _permit > 0
+        self._keys = LockKeys.for_name(check_prefix(prefix), name)
+        #: a permit of a Semaphore (see semaphore._Permit): its refusals are the semaphore's
+        self._quiet = False
         #: the hold this object took last (its ``lost`` outlives the hold), and the Event
         #: that ``lost`` returns before any hold: both made only when needed
         self._last_hold: Hold | None = None
@@ -157,12 +154,12 @@ class ReentrantLock:
     def try_acquire(self, timeout: float | None = 0.0) -> AcquireReply:
         """Acquire or re-enter the lock, and say what happened: :meth:`acquire` with the reply.
 
-        ``timeout=0`` (the default) tries once; otherwise it waits as :meth:`acquire` does.
-        When not acquired, the reply names the holder's owner token (``holder``), the
-        milliseconds left on its lease (``pttl``), and whether the holder is another run of
-        this same owner (``other_run``).
+        ``timeout=0`` (the default) tries once; otherwise it waits as :meth:`acquire` does
+        (``None``: the lock's own ``timeout``). When not acquired, the reply names the holder's
+        owner token (``holder``), the seconds left on its lease (``lease_left``), and whether
+        the holder is another run of this same owner (``other_run``).
         """
-        taken = self._take(None if timeout is None else check_wait(timeout))
+        taken = self._take(self._timeout if timeout is None else check_wait(timeout))
         if isinstance(taken, Hold):
             return AcquireReply(True, taken.count, taken.fence)
         return taken
@@ -259,7 +256,7 @@ class ReentrantLock:
                 # Wait for the push (a release wakes one waiting thread of this process), but
                 # never longer than the holder's lease: if the push is lost, the lease ending
                 # is the next moment the lock can be free.
-                pause = reply.pttl / 1000 if reply.pttl > 0 else 0.001
+                pause = reply.lease_left if reply.lease_left > 0 else 0.001
                 if left is not None:
                     pause = min(pause, left)
                 woken = sub.wait(pause)

@@ -12,6 +12,7 @@ from .checks import check_backend_timeout, check_lease_ms, check_wait
 from .client import RedisClient
 from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
 from .deadline import bounded
+from .keys import LockKeys
 from .permits import NOT_OWNED, check_permits, owned_by, permit_keys, release_everywhere
 from .permits import holders as permit_holders
 from .permits import take as take_permit
@@ -19,6 +20,16 @@ from .reentrant import ReentrantLock
 from .runtime import LockRuntime
 
 __all__ = ["Semaphore"]
+
+
+class _Permit(ReentrantLock):
+    """Permit ``slot`` of a semaphore of several: a lock with keys of its own, whose refusals
+    the semaphore reports (once per acquire of its own)."""
+
+    def __init__(self, client: RedisClient, name: str, slot: int, **options: Any) -> None:
+        super().__init__(client, name, **options)
+        self._keys = LockKeys.for_name(self._keys.prefix, name, slot)
+        self._quiet = True
 
 
 class Semaphore:
@@ -61,9 +72,11 @@ class Semaphore:
         options: dict[str, Any] = dict(ttl=ttl, owner=owner, renew=renew, timeout=timeout)
         options.update(prefix=prefix, info=info, run_token=run_token, state=state)
         # One permit is the plain lock itself; permit k of several is a lock with keys of its own.
-        self._locks = tuple(
-            ReentrantLock(client, name, **options, backend_timeout=backend_timeout, _permit=k)
-            for k in (range(1, count + 1) if count > 1 else [0])
+        options["backend_timeout"] = backend_timeout
+        self._locks = (
+            tuple(_Permit(client, name, k, **options) for k in range(1, count + 1))
+            if count > 1
+            else (ReentrantLock(client, name, **options),)
         )
         self._client: Any = client
         self._timeout = check_wait(timeout, "timeout")
@@ -143,9 +156,10 @@ class Semaphore:
         return self._take(self._timeout if timeout is None else check_wait(timeout)).acquired
 
     def try_acquire(self, timeout: float | None = 0.0) -> AcquireReply:
-        """:meth:`acquire` with the reply; when refused, it is the refusal of the permit that
-        frees first (its ``holder`` and ``pttl``)."""
-        return self._take(None if timeout is None else check_wait(timeout))
+        """:meth:`acquire` with the reply (``timeout=None``: the semaphore's own ``timeout``);
+        when refused, it is the refusal of the permit that frees first (its ``holder`` and
+        ``lease_left``)."""
+        return self._take(self._timeout if timeout is None else check_wait(timeout))
 
     def _take(self, wait: float | None) -> AcquireReply:
         if len(self._locks) == 1:
@@ -177,7 +191,7 @@ class Semaphore:
                     runtime.contended.note(channel)
                     sub = runtime.hub.join(channel)
                     continue
-                pause = reply.pttl / 1000 if reply.pttl > 0 else 0.001
+                pause = reply.lease_left if reply.lease_left > 0 else 0.001
                 woken = sub.wait(pause if left is None else min(pause, left))
         finally:
             if sub is not None:

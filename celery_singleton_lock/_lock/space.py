@@ -1,13 +1,10 @@
-"""``LockSpace``: every lock under one key prefix on one Redis client, by name.
+"""``LockSpace``: every lock under one key prefix on one Redis client, by name; and
+``NamedLock``: one lock of it, all its permits, acted on in Redis only.
 
-The hold API for the layers above the lock. A :class:`ReentrantLock` is a hold this process
-keeps and renews; the operations here act in Redis only, for a hold that lives elsewhere: a
-publisher takes a job's lock for its queued message (owner = the task id) and lets it go if the
-publish fails, a worker's main process releases or parks the hold of a pool child that died,
-an operator inspects and force-releases. Each returns a typed reply from :mod:`.commands`.
-
-``take``, ``release`` and ``park`` act on a :class:`Semaphore`'s permits with ``permits`` > 1:
-on the permit the owner holds, else (``take``) on the first free one (see :mod:`.permits`).
+A :class:`ReentrantLock` is a hold this process keeps and renews; a :class:`NamedLock` acts on
+holds kept elsewhere: taken for an owner that another process goes on as, released or parked
+for an owner that is gone, inspected or force-released by an operator. With several permits it
+acts on the permit the owner holds, else (``take``) on the first free one (see :mod:`.permits`).
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from typing import Any
 from . import commands, observe
 from .checks import check_backend_timeout, check_lease_ms
 from .client import RedisClient, check_client
-from .commands import ALL_HOLDS, AcquireReply, LockState, ReleaseReply
+from .commands import AcquireReply, LockState, RecordReply, ReleaseReply, WaitReply
 from .deadline import bounded
 from .keys import LockKeys, check_prefix, escape_name
 from .owner import new_request_id
@@ -28,7 +25,7 @@ from .permits import check_permits, owned_by, permit_keys, release_owned, take
 from .reentrant import ReentrantLock
 from .semaphore import Semaphore
 
-__all__ = ["LockSpace"]
+__all__ = ["LockSpace", "NamedLock"]
 
 
 class LockSpace:
@@ -110,83 +107,9 @@ class LockSpace:
             backend_timeout=self.backend_timeout,
         )
 
-    def take(
-        self,
-        name: str,
-        owner: str,
-        lease: float,
-        *,
-        info: str = "",
-        state: str = "",
-        permits: int = 1,
-    ) -> AcquireReply:
-        """Take or re-enter ``name`` (one of its ``permits``) for ``owner`` in Redis only: no
-        hold in this process, no renewal; the lease is ``lease`` seconds. Another process
-        acting as ``owner`` (a task's run) re-enters it, and :meth:`release` lets it go.
-        ``state`` labels the hold (on a re-entry, ``""`` keeps the label it has)."""
-        lease_ms = check_lease_ms(lease)
-        keys = permit_keys(self.prefix, name, check_permits(permits))
-
-        def attempt(i: int) -> AcquireReply:
-            return commands.acquire(
-                self.client, keys[i], owner, lease_ms, new_request_id(), info, "", state
-            )
-
-        with bounded(self.backend_timeout):
-            if len(keys) == 1:
-                reply = attempt(0)
-            else:
-                reply = take(attempt, len(keys), owned_by(self.client, keys, owner))
-        if observe.observer is not None:
-            if reply.acquired:
-                observe.observer.acquired(reply.hold_count > 1)
-            else:
-                observe.observer.refused()
-        return reply
-
-    def release(
-        self,
-        name: str,
-        owner: str,
-        holds: int = ALL_HOLDS,
-        *,
-        retry_for: float = 0.0,
-        permits: int = 1,
-    ) -> ReleaseReply:
-        """Drop ``holds`` holds of ``owner`` (:data:`ALL_HOLDS`, the default: every one), on
-        the permit it holds when ``permits`` > 1.
-
-        ``retry_for``: when Redis fails, raise :class:`LockBackendError` and also keep sending
-        this release in the background for up to that many seconds (for a hold that nobody
-        will release otherwise, such as the publish lock of a message that was never sent); to
-        every permit, when it failed while the owner's permit was looked for."""
-        keys = permit_keys(self.prefix, name, check_permits(permits))
-        with bounded(self.backend_timeout):
-            if len(keys) == 1:
-                return commands.release(self.client, keys[0], owner, holds, retry_for=retry_for)
-            return release_owned(self.client, keys, owner, holds, retry_for)
-
-    def park(
-        self,
-        name: str,
-        owner: str,
-        lease: float,
-        *,
-        info: str = "",
-        state: str = "",
-        permits: int = 1,
-    ) -> bool:
-        """Keep ``owner``'s hold (on the permit it holds, with ``permits`` > 1) for ``lease``
-        seconds, unrenewed, for a later run of the same owner (a redelivered message), labelled
-        ``state`` unless empty; ``False`` when the owner did not hold it."""
-        lease_ms = check_lease_ms(lease)
-        keys = permit_keys(self.prefix, name, check_permits(permits))
-        with bounded(self.backend_timeout):
-            owned = [0] if len(keys) == 1 else owned_by(self.client, keys, owner)
-            parked = [
-                commands.park(self.client, keys[i], owner, lease_ms, info, state) for i in owned
-            ]
-        return any(parked)
+    def named(self, name: str, permits: int = 1) -> NamedLock:
+        """The lock ``name`` with its ``permits``, to act on in Redis only (no round trip)."""
+        return NamedLock(self, name, permits)
 
     def record_if_held(
         self,
@@ -198,7 +121,7 @@ class LockSpace:
         *,
         min_lease: float,
         keep: float,
-    ) -> commands.RecordReply:
+    ) -> RecordReply:
         """Write ``field = value`` into the ``kind`` records kept beside lock ``name``, only
         while ``owner`` holds it with at least ``min_lease`` seconds of its lease left (one
         script: the check and the write are one step). The records live ``keep`` seconds after
@@ -220,103 +143,22 @@ class LockSpace:
         with bounded(self.backend_timeout):
             return commands.records(self.client, self.keys(name), kind)
 
-    def add_waiter(
-        self,
-        name: str,
-        waiter: str,
-        record: str,
-        keep: float,
-        *,
-        permits: int = 1,
-        force: bool = False,
-    ) -> commands.WaitReply:
-        """Write ``waiter``'s ``record`` beside the lock ``name`` (``permits`` slots) while
-        every slot is held, checked in the same step (``force``: even when one is free); the
-        records live at least ``keep`` seconds from now. A run that ends reads them with
-        :meth:`waiters` after its release, so either this call finds a slot free or that read
-        finds the record."""
-        keep_ms = check_lease_ms(keep)
-        locks = [keys.lock for keys in permit_keys(self.prefix, name, check_permits(permits))]
-        with bounded(self.backend_timeout):
-            return commands.wait_park(
-                self.client, self.keys(name), locks, waiter, record, keep_ms, force
-            )
-
-    def claim_waiter(self, name: str, waiter: str, token: str, mark: str) -> tuple[int, str]:
-        """Claim the wait ``token`` of ``waiter`` beside ``name`` for the message ``mark``:
-        :data:`~.commands.CLAIMED` (with ``"again"`` when this same message claimed it
-        before),
-        :data:`~.commands.WAIT_OVER`, :data:`~.commands.CLAIMED_ELSEWHERE`, or
-        :data:`~.commands.WAIT_REPLACED` and the task id that replaced the waiter (see
-        :meth:`replace_waiter`)."""
-        with bounded(self.backend_timeout):
-            return commands.wait_claim(self.client, self.keys(name), waiter, token, mark)
-
-    def replace_waiter(self, name: str, waiter: str, by: str) -> bool:
-        """``waiter``, waiting beside ``name``, was replaced by task ``by``: its next message
-        learns so from its claim, and no run's end wakes it. ``False``: it had no record."""
-        with bounded(self.backend_timeout):
-            return commands.wait_mark(self.client, self.keys(name), waiter, by)
-
-    def waiters(
-        self,
-        name: str,
-        *,
-        drop: str = "",
-        token: str = "",
-        claim: str = "",
-        listing: bool = True,
-    ) -> dict[str, str]:
-        """The records of the waiters beside ``name`` that no message claimed (with
-        ``listing``), after dropping the record of ``drop`` if it is still the wait ``token``
-        or its ``claim``: one round trip."""
-        with bounded(self.backend_timeout):
-            return commands.wait_end(
-                self.client, self.keys(name), drop, token, claim, listing=listing
-            )
-
     def force_release(
-        self,
-        name: str,
-        *,
-        holder: str | None = None,
-        states: Collection[str] = (),
-        permits: int = 1,
+        self, key_or_name: str, *, holder: str | None = None, states: Collection[str] = ()
     ) -> bool:
-        """An operator's release, whoever holds ``name`` (or only when ``holder`` does; with
-        ``states``, only while the hold is in one of those states and no run has entered it:
-        checked in Redis, in the same step). With ``permits`` > 1 and a ``holder``, the permit
-        that holder holds. Wakes waiters; the fencing token keeps increasing. Returns whether a
-        lock was released."""
-        if permits == 1:
-            with bounded(self.backend_timeout):
-                return commands.force_release(
-                    self.client, self.keys_of(name), holder or "", states=states
-                )
-        if not holder:
-            raise ValueError("force_release of one permit of several needs the holder")
-        keys = permit_keys(self.prefix, name, check_permits(permits))
+        """An operator's release of one lock key (or name), whoever holds it (or only when
+        ``holder`` does; with ``states``, only while the hold is in one of those states and no
+        run token is recorded: checked in the same step). Wakes waiters; the fencing token
+        keeps increasing. Returns whether it was released."""
         with bounded(self.backend_timeout):
-            return any(
-                commands.force_release(self.client, keys[i], holder, states=states)
-                for i in owned_by(self.client, keys, holder)
+            return commands.force_release(
+                self.client, self.keys_of(key_or_name), holder or "", states=states
             )
 
-    def inspect(self, name: str) -> LockState:
-        """Everything about one lock (given by name or Redis key), read atomically."""
+    def inspect(self, key_or_name: str) -> LockState:
+        """Everything about one lock key (or name), read atomically."""
         with bounded(self.backend_timeout):
-            return commands.inspect(self.client, self.keys_of(name))
-
-    def inspect_permits(self, name: str, permits: int) -> list[LockState]:
-        """:meth:`inspect` of each permit of the semaphore ``name``, permit 1 first."""
-        keys = permit_keys(self.prefix, name, check_permits(permits))
-        with bounded(self.backend_timeout):
-            return [commands.inspect(self.client, permit) for permit in keys]
-
-    def is_held(self, name: str) -> bool:
-        """Whether anyone holds ``name`` now (one round trip)."""
-        with bounded(self.backend_timeout):
-            return commands.is_held(self.client, self.keys(name))
+            return commands.inspect(self.client, self.keys_of(key_or_name))
 
     def find(self, pattern: str = "*") -> Iterator[LockKeys]:
         """The keys of every lock whose name matches the glob ``pattern`` (each permit of a
@@ -334,11 +176,159 @@ class LockSpace:
                     continue
                 yield keys
 
-    def server_time_ms(self) -> float:
-        """The server's clock in milliseconds (the local clock for a Redis Cluster client,
+    def server_time(self) -> float:
+        """The server's clock in Unix seconds (the local clock for a Redis Cluster client,
         whose nodes answer one by one)."""
         try:
             seconds, micros = self.client.time()
-            return float(seconds) * 1000 + float(micros) / 1000
+            return float(seconds) + float(micros) / 1e6
         except Exception:  # a cluster answers per node; the local clock is close enough
-            return time.time() * 1000
+            return time.time()
+
+
+class NamedLock:
+    """The lock ``name`` of a :class:`LockSpace`, all its ``permits`` (``keys``: permit 1
+    first), acted on in Redis only: no hold in this process, no renewal. Made by
+    :meth:`LockSpace.named`."""
+
+    __slots__ = ("_space", "keys", "name", "permits")
+
+    def __init__(self, space: LockSpace, name: str, permits: int = 1) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be a non-empty str, got {name!r}")
+        self._space = space
+        self.name = name
+        self.permits = check_permits(permits)
+        self.keys = tuple(permit_keys(space.prefix, name, self.permits))
+
+    def _owned(self, owner: str) -> list[int]:
+        """The permits ``owner`` holds (one round trip, none with one permit)."""
+        if self.permits == 1:
+            return [0]
+        return owned_by(self._space.client, self.keys, owner)
+
+    def take(self, owner: str, lease: float, *, info: str = "", state: str = "") -> AcquireReply:
+        """Take or re-enter the lock (a permit) for ``owner``, with a lease of ``lease``
+        seconds. Another process acting as ``owner`` re-enters it, and :meth:`release` lets
+        it go. ``state`` labels the hold (on a re-entry, ``""`` keeps the label it has)."""
+        lease_ms = check_lease_ms(lease)
+        space, keys = self._space, self.keys
+
+        def attempt(i: int) -> AcquireReply:
+            return commands.acquire(
+                space.client, keys[i], owner, lease_ms, new_request_id(), info, "", state
+            )
+
+        with bounded(space.backend_timeout):
+            if len(keys) == 1:
+                reply = attempt(0)
+            else:
+                reply = take(attempt, len(keys), owned_by(space.client, keys, owner))
+        if observe.observer is not None:
+            if reply.acquired:
+                observe.observer.acquired(reply.hold_count > 1)
+            else:
+                observe.observer.refused()
+        return reply
+
+    def release(
+        self, owner: str, *, holds: int | None = None, retry_for: float = 0.0
+    ) -> ReleaseReply:
+        """Drop ``holds`` holds of ``owner`` (``None``: every one) on the permit it holds.
+
+        ``retry_for``: when Redis fails, raise :class:`LockBackendError` and also keep sending
+        this release in the background for up to that many seconds (for a hold that nobody
+        will release otherwise); to every permit, when it failed while the owner's permit was
+        looked for."""
+        if holds is not None and (type(holds) is not int or holds < 1):
+            raise ValueError(f"holds must be an int >= 1, or None for every hold, got {holds!r}")
+        drop = holds or commands.ALL_HOLDS
+        space = self._space
+        with bounded(space.backend_timeout):
+            if self.permits == 1:
+                return commands.release(
+                    space.client, self.keys[0], owner, drop, retry_for=retry_for
+                )
+            return release_owned(space.client, self.keys, owner, drop, retry_for)
+
+    def park(self, owner: str, lease: float, *, info: str = "", state: str = "") -> bool:
+        """Keep ``owner``'s hold for ``lease`` seconds, unrenewed, its run token cleared, for
+        a later process of the same owner, labelled ``state`` unless empty; ``False`` when
+        the owner did not hold it."""
+        lease_ms = check_lease_ms(lease)
+        client = self._space.client
+        with bounded(self._space.backend_timeout):
+            parked = [
+                commands.park(client, self.keys[i], owner, lease_ms, info, state)
+                for i in self._owned(owner)
+            ]
+        return any(parked)
+
+    def force_release(self, *, holder: str | None = None, states: Collection[str] = ()) -> bool:
+        """:meth:`LockSpace.force_release` of each permit (of the one ``holder`` holds, when
+        given). Returns whether any was released."""
+        client = self._space.client
+        with bounded(self._space.backend_timeout):
+            owned = range(self.permits) if not holder else self._owned(holder)
+            done = [
+                commands.force_release(client, self.keys[i], holder or "", states=states)
+                for i in owned
+            ]
+        return any(done)
+
+    def inspect(self) -> list[LockState]:
+        """:meth:`LockSpace.inspect` of each permit, permit 1 first."""
+        with bounded(self._space.backend_timeout):
+            return [commands.inspect(self._space.client, keys) for keys in self.keys]
+
+    def is_held(self) -> bool:
+        """Whether anyone holds any permit now (one round trip)."""
+        with bounded(self._space.backend_timeout):
+            return commands.is_held(self._space.client, *self.keys)
+
+    def holder(self) -> str | None:
+        """The owner of the first permit found held, or ``None``."""
+        return next((state.holder for state in self.inspect() if state.held), None)
+
+    # -- waiters: records kept beside the lock, each woken by a release that follows ----------
+
+    def add_waiter(
+        self, waiter: str, record: str, keep: float, *, force: bool = False
+    ) -> WaitReply:
+        """Write ``waiter``'s ``record`` beside the lock while every permit is held, checked
+        in the same step (``force``: even when one is free); the records live at least
+        ``keep`` seconds from now. A release that ends a hold reads them after it
+        (:meth:`waiters`), so either this call finds a permit free or that read finds it."""
+        keep_ms = check_lease_ms(keep)
+        locks = [keys.lock for keys in self.keys]
+        with bounded(self._space.backend_timeout):
+            return commands.wait_park(
+                self._space.client, self.keys[0], locks, waiter, record, keep_ms, force
+            )
+
+    def claim_waiter(self, waiter: str, token: str, mark: str) -> tuple[int, str]:
+        """Claim the wait ``token`` of ``waiter`` for ``mark`` (one of the waiter's wake-ups):
+        :data:`~.commands.CLAIMED` (with ``"again"`` when this mark claimed it before),
+        :data:`~.commands.WAIT_OVER`, :data:`~.commands.CLAIMED_ELSEWHERE`, or
+        :data:`~.commands.WAIT_REPLACED` and who replaced the waiter (:meth:`replace_waiter`)."""
+        with bounded(self._space.backend_timeout):
+            return commands.wait_claim(self._space.client, self.keys[0], waiter, token, mark)
+
+    def replace_waiter(self, waiter: str, by: str) -> bool:
+        """``waiter`` was replaced by ``by``: its next claim learns so, and no release wakes it.
+        ``False``: it had no record."""
+        with bounded(self._space.backend_timeout):
+            return commands.wait_mark(self._space.client, self.keys[0], waiter, by)
+
+    def waiters(
+        self, *, drop: str = "", token: str = "", claim: str = "", listing: bool = True
+    ) -> dict[str, str]:
+        """The records of the unclaimed waiters (with ``listing``), after dropping the record
+        of ``drop`` if it is still the wait ``token`` or its ``claim``: one round trip."""
+        with bounded(self._space.backend_timeout):
+            return commands.wait_end(
+                self._space.client, self.keys[0], drop, token, claim, listing=listing
+            )
+
+    def __repr__(self) -> str:
+        return f"<NamedLock {self.keys[0].lock!r} permits={self.permits}>"

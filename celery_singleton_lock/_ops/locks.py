@@ -42,7 +42,7 @@ def _info(state: LockState) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
-def _view(state: LockState, now_ms: float) -> LockView:
+def _view(state: LockState, now: float) -> LockView:
     info = _info(state)
     task = info.get("task")
     if task is None and ":" in state.keys.name:
@@ -56,8 +56,8 @@ def _view(state: LockState, now_ms: float) -> LockView:
         host=info.get("host"),
         pid=info.get("pid"),
         state=state.state or ("held" if holder else None),
-        age_s=None if state.since_ms is None else max(0.0, (now_ms - state.since_ms) / 1000),
-        lease_s=None if state.pttl < 0 else state.pttl / 1000,
+        age_s=None if state.since is None else max(0.0, now - state.since),
+        lease_s=state.lease_left,
         fence=state.fence,
         hold_count=state.owners.get(holder, 0) if holder else 0,
     )
@@ -66,7 +66,7 @@ def _view(state: LockState, now_ms: float) -> LockView:
 def find_locks(client: Any, prefix: str = "lock", pattern: str = "*") -> list[LockView]:
     """Every held lock under ``prefix`` whose name matches the glob ``pattern``."""
     space = LockSpace(client, prefix)
-    now = space.server_time_ms()
+    now = space.server_time()
     views = {}
     limits: dict[str, int] = {}
     for keys in space.find(pattern):
@@ -92,7 +92,7 @@ def show(client: Any, key_or_name: str, prefix: str = "lock") -> LockView | None
     """One lock, by its Redis key or its name; ``None`` when it is not held."""
     space = LockSpace(client, prefix)
     state = space.inspect(key_or_name)
-    return _view(state, space.server_time_ms()) if state.held else None
+    return _view(state, space.server_time()) if state.held else None
 
 
 def release(client: Any, key_or_name: str, prefix: str = "lock", holder: str = "") -> bool:

@@ -49,9 +49,9 @@ class Redis:
         from .tasks import AlreadyQueued
 
         owner = task_id or f"raise_or_lock:{key}"
-        reply = self.space.take(key, owner, check_seconds("timeout", timeout))
+        reply = self.space.named(key).take(owner, check_seconds("timeout", timeout))
         if not reply.acquired:
-            raise AlreadyQueued(max(reply.pttl, 0) / 1000, reply.holder or "", key)
+            raise AlreadyQueued(max(reply.lease_left, 0.0), reply.holder or "", key)
 
     def clear_lock(self, key: str) -> bool:
         """Free ``key`` (a name from ``task.get_key``), whoever holds it."""

@@ -46,7 +46,7 @@ class RedisBackend(BaseBackend):
 
     def lock(self, lock: str, task_id: str, expiry: float | None = None) -> bool:
         lease = UNSET_EXPIRY if expiry is None else check_seconds("expiry", expiry)
-        return self.space.take(lock, task_id, lease).acquired
+        return self.space.named(lock).take(task_id, lease).acquired
 
     def unlock(self, lock: str) -> None:
         self.space.force_release(lock)
