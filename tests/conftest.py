@@ -9,19 +9,35 @@ server.
 - ``redis_client``: a fresh ``redis.Redis`` on that server, its database emptied first.
 - ``make_redis_server``: start extra servers (``make_redis_server("--requirepass", "pw")``),
   stopped when the test ends; use it for tests that restart, pause or reconfigure a server.
+- ``env``: a ``tests/test_celery_*.py`` module's app (its module-level ``app``) on a
+  redis-server of its own with an in-process worker (threads pool): see :func:`env`.
+- ``fault_server``, ``fault_app``, ``fault_worker``: the fault tests' app
+  (``tests/faultapp.py``) on a redis-server of the module's own, and an in-process worker
+  (threads pool) running its tasks from the ``fault`` queue.
+
+A test that starts a ``celery worker`` or ``celery beat`` subprocess is marked ``slow``: the
+``not slow`` subset (what CI runs against the oldest dependencies) starts none, and a test that
+does without the mark fails (:func:`_refuse_celery_processes`).
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import gc
+import os
 import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import faultapp
 import pytest
+from celery import Celery
+from celery_fixtures import CeleryEnv, celery_env, running_worker
+from celery_procs import close_app, redis_base
 
 from celery_singleton_lock.testing import RedisServer
 
@@ -95,3 +111,96 @@ def make_redis_server() -> Iterator[Callable[..., RedisServer]]:
                 server.process = None
         finally:
             shutil.rmtree(server.dir, ignore_errors=True)
+
+
+# -- the not-slow subset starts no celery worker or beat process -----------------------------
+
+#: the test running now in this process (set around each test's setup, call and teardown, so
+#: that a module-scoped fixture started for it counts as its own)
+_running: list[pytest.Item] = []
+
+
+def _celery_process(args: Any) -> str | None:
+    """``worker`` or ``beat`` when ``args`` (a Popen command) starts a ``celery worker`` or
+    ``celery beat`` (``python -m celery ...`` or a ``celery`` script), else ``None``."""
+    argv = [os.fsdecode(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
+    celery = any(
+        Path(a).name == "celery" or (a == "celery" and argv[i - 1] == "-m")
+        for i, a in enumerate(argv[:4])
+    )
+    return next((a for a in argv if a in ("worker", "beat")), None) if celery else None
+
+
+def _refuse_celery_processes(event: str, args: tuple[Any, ...]) -> None:
+    """An audit hook: a test that is not marked ``slow`` may not start a ``celery worker`` or
+    ``celery beat`` subprocess. Such a test checks a process-level fault (a signal, a pool
+    child's death, a beat's hand-over) and belongs in the slow run, or it should use an
+    in-process worker (``env`` / ``fault_worker``, threads pool) instead."""
+    if event != "subprocess.Popen" or not _running:
+        return
+    kind = _celery_process(args[1])
+    item = _running[-1]
+    if kind is not None and item.get_closest_marker("slow") is None:
+        raise RuntimeError(
+            f"{item.nodeid} starts a celery {kind} subprocess but is not marked slow: mark it "
+            "@pytest.mark.slow, or run its tasks on an in-process worker (the env or "
+            "fault_worker fixture)"
+        )
+
+
+sys.addaudithook(_refuse_celery_processes)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.remove(item)
+
+
+# -- Celery apps on servers of their own ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def env(request: pytest.FixtureRequest) -> Iterator[CeleryEnv]:
+    """The test module's ``app`` on a redis-server of its own, with a worker in this process
+    (threads pool) running its tasks; the module's ``gates`` (if any) are opened at the end.
+    ``CELERY_ENV`` (a dict, optional) in the module gives the worker's ``concurrency`` and
+    settings for the app (``{"concurrency": 12, "singleton_lock_ttl": 20}``)."""
+    module = request.module
+    options = dict(getattr(module, "CELERY_ENV", {}))
+    with celery_env(module.app, getattr(module, "gates", None), **options) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def fault_server() -> Iterator[RedisServer]:
+    """A redis-server of the test module's own, for the fault tests' app."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fault_app(fault_server: RedisServer) -> Iterator[Celery]:
+    """The fault tests' app (``tests/faultapp.py``) on ``fault_server``."""
+    app = faultapp.make_app(redis_base(fault_server.port))
+    yield app
+    close_app(app)
+    gc.collect()  # the module's AsyncResults, while their result backend still answers
+
+
+@pytest.fixture(scope="module")
+def fault_worker(fault_app: Celery, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A worker in this process (threads pool) running ``fault_app``'s tasks from the
+    ``fault`` queue: for the tests that check no process-level fault. ``WORKER_CONCURRENCY``
+    in the module sets its threads (default 4). A test that kills a pool child or a whole
+    worker starts a ``celery_procs.WorkerProcess`` on a queue of its own, and is ``slow``."""
+    concurrency = int(getattr(request.module, "WORKER_CONCURRENCY", 4))
+    with running_worker(fault_app, concurrency=concurrency, queues=["fault"]) as worker:
+        try:
+            yield worker
+        finally:
+            faultapp.ABORT.set()  # the bodies still running end now: the worker stops at once
+    faultapp.ABORT.clear()

@@ -125,10 +125,17 @@ def _leave(task: Any, job: str, start: float, **extra: Any) -> None:
     client.rpush(f"intervals:{job}", json.dumps(item))
 
 
+#: Set by the tests' in-process worker (the conftest's ``fault_worker``) as it stops: a body
+#: still running returns at once instead of holding up the worker's shutdown to the end of its
+#: time. A worker subprocess never sets it.
+ABORT = threading.Event()
+
+
 def _sleep(seconds: float) -> None:
+    """A body's work: ``seconds`` of doing nothing (the scenario, not a synchronisation)."""
     # Small steps, so a soft time limit (a signal) lands between them promptly.
     deadline = time.monotonic() + seconds
-    while True:
+    while not ABORT.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
             return
@@ -140,8 +147,8 @@ def _until_go(task: Any, job: str, seconds: float) -> None:
     long as the test needs it to, without a guess at how long that is)."""
     client = data(task.app)
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not client.exists(f"go:{job}"):
-        time.sleep(0.02)
+    while time.monotonic() < deadline and not ABORT.is_set() and not client.exists(f"go:{job}"):
+        time.sleep(0.02)  # polls the test's word
 
 
 FuncT = TypeVar("FuncT", bound=Callable[..., Any])
@@ -173,10 +180,11 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     """The fault-test app on the Redis server at ``base`` (``redis://127.0.0.1:PORT``)."""
     base = base.rstrip("/")
     app = Celery("faultapp", set_as_current=False)
-    transport: dict[str, Any] = {}
+    # An idle worker's BRPOP returns every 0.1 s (kombu's default: 1 s): it stops sooner.
+    transport: dict[str, Any] = {"polling_interval": 0.1}
     if visibility is not None:
         # Restore unacked messages older than the visibility timeout every second.
-        transport = {
+        transport |= {
             "visibility_timeout": visibility,
             "unacked_restore_interval": 1,
             "unacked_restore_throttle": 1,

@@ -13,6 +13,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock import LockKeys, ReentrantLock
+from celery_singleton_lock._lock.heartbeat import get_heartbeat
 
 T = TypeVar("T")
 
@@ -34,6 +35,24 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def settled(client: Any) -> None:
+    """Return once the server has run every command that had reached it when this was called:
+    two round trips on ``client``. The server runs what is readable on every connection in
+    each turn of its event loop, and the second PING is read a turn after the first one's;
+    so a late command (a resend, a reply that was held up) cannot come after this. Not while
+    a ``CLIENT PAUSE`` holds commands back."""
+    client.ping()
+    client.ping()
+
+
+def renewed_here(lock: ReentrantLock) -> bool:
+    """Whether a renewal lane of this process still renews ``lock``'s hold (its owner's, on
+    its key): it gives up a lost hold, and sends nothing more for it, when it notices."""
+    return any(
+        hold.keys.lock == lock.key and hold.owner == lock.owner for hold in get_heartbeat().held()
+    )
 
 
 def evalsha_calls(client: Any) -> int:
@@ -157,7 +176,7 @@ def overlap_worker(
             start = time.monotonic()
             fence = lock.fence
             value = int(client.get(counter) or 0)
-            time.sleep(0.0005)
+            time.sleep(0.0005)  # widens the window an overlap would need (the scenario)
             client.set(counter, value + 1)
             end = time.monotonic()
             lock.release()
@@ -183,7 +202,7 @@ def hold_forever_worker(port: int, name: str, ttl: float, held: Any) -> None:
     lock = ReentrantLock(client, name, ttl=ttl)
     lock.acquire()
     held.set()
-    time.sleep(120)
+    time.sleep(120)  # holds it until the test kills this process (the scenario)
 
 
 #: a store that keeps the largest fencing token it has seen and refuses writes with a smaller

@@ -33,7 +33,7 @@ def _record(key: str) -> None:
 @app.task(name="settingsapp.slow")  # type: ignore[untyped-decorator]  # celery: unannotated
 def slow(key: str, seconds: float) -> str:
     _record(key)
-    time.sleep(seconds)
+    time.sleep(seconds)  # the body's work (the scenario)
     return key
 
 

@@ -105,8 +105,11 @@ def test_database_scheduler_takeover_sends_no_tick_twice(
     standby = next(b for b in beats if b is not first)
     wait_until(lambda: len(all_sends(beats, ENTRY)) >= 3, 30, "three sends")
     while_leading = _last_send_and_record(beats, client)
-    # Sent several times since it started: the database's value is stale by now.
-    time.sleep(PERIOD * 0.6)
+    # Sent several times since it started: the database's value is stale by now. The fault
+    # comes 0.6 of a period after the last send (the scenario's phase, not a synchronisation).
+    wait_until(
+        lambda: time.time() >= while_leading[0] + PERIOD * 0.6, PERIOD, "0.6 of a period", 0.02
+    )
 
     started = time.time()
     if fault == "sigkill":

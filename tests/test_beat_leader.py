@@ -88,7 +88,13 @@ def test_one_beat_sends_and_a_beat_leads_again(
     if fault == "sigstop":
         os.killpg(first.pid, signal.SIGCONT)  # wakes past its lease: must send nothing
         wait_until(lambda: "is no longer the leader" in first.log(), 10, "the woken to step down")
-        time.sleep(3 * PERIOD)
+        stepped_down = time.time()
+        # three more ticks of the leader: any send of the woken one would be among them
+        wait_until(
+            lambda: len(sends_since([now], ENTRY, stepped_down)) >= 3,
+            3 * PERIOD + 10,
+            "three sends by the leader after the step-down",
+        )
     times = all_sends(beats, ENTRY)
     text = report(beats)
     limit = 2.0 if fault == "sigterm" else LEASE + 1.5  # a stopped leader hands over at once

@@ -31,7 +31,7 @@ from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(90)]
 
 ENTRY = "fault-tick"
 LOCK = "beat:faultapp"

@@ -53,11 +53,11 @@ def test_ticks_resume_within_a_lease_of_redis_answering_again(
         assert server.process is not None
         if outage == "restart":
             server.kill()
-            time.sleep(2 * LEASE)
+            time.sleep(2 * LEASE)  # the outage's length: the scenario
             server.start()
         else:
             server.process.send_signal(signal.SIGSTOP)
-            time.sleep(3 * LEASE)
+            time.sleep(3 * LEASE)  # the stall's length: the scenario
             server.process.send_signal(signal.SIGCONT)
         back = time.time()
         wait_until(

@@ -22,7 +22,7 @@ from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(90)]
 
 LEASE = 2.0
 LOCK = "beat:faultapp"

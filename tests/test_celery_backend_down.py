@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
+from lock_helpers import command_calls
 
 from celery_singleton_lock import LockBackendError, LockedTask, reload_settings
 from celery_singleton_lock.testing import free_port
@@ -70,10 +71,12 @@ def test_a_publish_raises_and_sends_nothing(env: CeleryEnv, policy: Any) -> None
     assert time.monotonic() - started < 5  # bounded, no hang
     assert isinstance(info.value.__cause__, redis.RedisError)
     assert env.broker.llen("csl-nowhere") == 0  # nothing was sent
+    pushed = command_calls(env.broker).get("lpush", 0)
     with pytest.raises(LockBackendError):
         pub.delay(k)
-    time.sleep(0.5)
-    assert gates.runs[k] == 0  # and nothing ran
+    # not sent either (a message is an LPUSH), so nothing can run
+    assert command_calls(env.broker).get("lpush", 0) == pushed
+    assert gates.runs[k] == 0
 
 
 def test_a_run_fails_loudly_instead_of_running_unlocked(env: CeleryEnv, policy: Any) -> None:

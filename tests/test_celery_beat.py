@@ -8,13 +8,13 @@ in a temporary folder) on a redis-server of the test's own; the task records its
 from __future__ import annotations
 
 import re
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from celery_procs import WorkerProcess, close_app, no_overlap, records, redis_base
 from faultapp import BEAT_ENV, DATA_DB, LOCK_DB, make_app
+from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
@@ -42,7 +42,13 @@ def test_beat_task_due_every_second_never_overlaps_itself(tmp_path: Path) -> Non
             )
             with worker:
                 worker.wait_log(r"beat: Starting", 10)
-                time.sleep(8.0)
+                # two runs ended, and beat's sends in between were skipped twice
+                wait_until(
+                    lambda: len(records(data, "intervals", "beat")) >= 2
+                    and len(SKIP_LINE.findall(worker.log())) >= 2,
+                    30,
+                    "two runs and two skips",
+                )
                 worker.stop()  # warm: the run in progress finishes
                 log = worker.log()
             intervals = records(data, "intervals", "beat")

@@ -10,13 +10,12 @@ out there.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import chain, chord, group
 from celery.exceptions import ChordError
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
+from celery_fixtures import CeleryEnv, Gates, app_task, new_app
 from lock_helpers import wait_until
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask, TaskLockedError
@@ -79,10 +78,8 @@ def collect(results: list[Any], key: str) -> list[Any]:
     return results
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[CeleryEnv]:
-    with celery_env(app, gates, concurrency=10) as env:
-        yield env
+#: the in-process worker and the settings of the conftest ``env`` fixture
+CELERY_ENV = {"concurrency": 10}
 
 
 def _holder(task: Any, key: str) -> Any:

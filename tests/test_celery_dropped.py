@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, configure, new_app
+from celery_fixtures import CeleryEnv, Gates, app_task, configure, new_app
 from celery_procs import close_app
 from lock_helpers import wait_until
 
@@ -30,10 +30,8 @@ def known(key: str) -> str:
     return key
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[CeleryEnv]:
-    with celery_env(app, gates, concurrency=2, accept_content=["json"]) as env:
-        yield env
+#: the in-process worker and the settings of the conftest ``env`` fixture
+CELERY_ENV = {"concurrency": 2, "accept_content": ["json"]}
 
 
 @pytest.fixture

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import chain, group
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
+from celery_fixtures import CeleryEnv, Gates, app_task, new_app
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from lock_helpers import wait_until
@@ -51,7 +50,7 @@ def retrying_pub(self: Any, key: str) -> str:
 
 
 #: the queue lease of the two tasks below, shorter than their retry's countdown
-SHORT_QUEUE_TTL, LONG_COUNTDOWN = 2.0, 5.0
+SHORT_QUEUE_TTL, LONG_COUNTDOWN = 1.0, 4.0
 
 
 @app_task(
@@ -114,7 +113,7 @@ class SlowHooks(LockedTask):
     result is visible while it runs, so a lock released only there would be seen held."""
 
     def after_return(self, *args: Any, **kwargs: Any) -> None:
-        time.sleep(0.2)
+        time.sleep(0.2)  # the slow hook (the scenario)
         super().after_return(*args, **kwargs)
 
 
@@ -141,10 +140,8 @@ def after(key: str) -> None:
     gates.mark(key)
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[CeleryEnv]:
-    with celery_env(app, gates, concurrency=10) as env:
-        yield env
+#: the in-process worker and the settings of the conftest ``env`` fixture
+CELERY_ENV = {"concurrency": 10}
 
 
 # -- retries keep and re-enter the lock ------------------------------------------------------
@@ -177,14 +174,14 @@ def test_a_parked_retry_keeps_the_lock_for_a_countdown_longer_than_the_queue_lea
     env: CeleryEnv, task: Any
 ) -> None:
     """The parked hold's lease covers the retry's countdown plus ``lock_queue_ttl``, not the
-    queue lease alone: past the queue lease (2 s), well inside the countdown (5 s), the lock
+    queue lease alone: past the queue lease (1 s), well inside the countdown (4 s), the lock
     is still the retrying task's and a duplicate is refused (deduplicated onto it at publish,
     skipped at run time)."""
     k = _key()
     r = task.delay(k)
     wait_until(lambda: env.state(r.id) == "RETRY", 10, "the retry to be sent")
     retried_at = time.monotonic()
-    # a real duration: the queue lease alone would have run out by then
+    # a real duration (the scenario): the queue lease alone would have run out by then
     time.sleep(max(0.0, retried_at + SHORT_QUEUE_TTL + 1.0 - time.monotonic()))
     assert env.state(r.id) == "RETRY"  # still in its countdown
     assert task.lock_holder(k) == r.id

@@ -403,7 +403,7 @@ def test_a_background_call_outlives_a_stall_only_when_asked_to(
             0.5,
             gave_up=lambda: gave_up.append("dropped"),
         )
-        time.sleep(2.0)  # four times as long as either was given
+        time.sleep(2.0)  # the stall's length (the scenario): four times what either was given
     wait_until(lambda: client.exists("stalled:kept"), timeout=10)
     assert not client.exists("stalled:dropped")
     assert gave_up == ["dropped"]

@@ -7,13 +7,12 @@ from __future__ import annotations
 import gc
 import uuid
 import weakref
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from celery import Celery, signals
-from celery_fixtures import BASE_CONF, CeleryEnv, Gates, app_task, celery_env, new_app
+from celery_fixtures import BASE_CONF, CeleryEnv, Gates, app_task, new_app
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask, install
@@ -62,10 +61,8 @@ install(
 install(app, tasks={"inst.plain": {}})  # a second call is harmless
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[CeleryEnv]:
-    with celery_env(app, gates, concurrency=8) as env:
-        yield env
+#: the in-process worker and the settings of the conftest ``env`` fixture
+CELERY_ENV = {"concurrency": 8}
 
 
 def test_installed_tasks_are_locked_and_others_are_not(env: CeleryEnv) -> None:

@@ -3,15 +3,12 @@ task keeps its class's ``__call__`` (the body sees the app context) and holds th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from celery import Celery
-from celery_fixtures import CeleryEnv, app_task, celery_env
+from celery_fixtures import CeleryEnv, app_task
 from test_celery_task_classes import (
     FlaskTask,
     flask_app,
-    gates,
+    gates,  # noqa: F401  # the conftest's env opens the module's gates at its end
     in_flask_context,
     runs_once_in_context,
 )
@@ -27,12 +24,6 @@ def installed(key: str) -> str:
 
 
 install(app, tasks={"task_cls.installed": {}})
-
-
-@pytest.fixture(scope="module")
-def env() -> Iterator[CeleryEnv]:
-    with celery_env(app, gates) as env:
-        yield env
 
 
 def test_install_on_an_app_whose_task_cls_is_flask_s(env: CeleryEnv) -> None:

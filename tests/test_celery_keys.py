@@ -6,11 +6,10 @@ from __future__ import annotations
 import datetime
 import decimal
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery_fixtures import CeleryEnv, app_task, celery_env, new_app
+from celery_fixtures import CeleryEnv, app_task, new_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kombu import serialization
@@ -84,10 +83,8 @@ class ClassBased(LockedTask):
 class_based = app.register_task(ClassBased())
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[CeleryEnv]:
-    with celery_env(app, concurrency=4) as env:
-        yield env
+#: the in-process worker and the settings of the conftest ``env`` fixture
+CELERY_ENV = {"concurrency": 4}
 
 
 def test_positional_keyword_and_default_are_one_key(env: CeleryEnv) -> None:

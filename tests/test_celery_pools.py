@@ -50,7 +50,11 @@ from faultapp import DATA_DB, LOCK_DB, URL_ENV, data, make_app
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask, LockLostError
+from celery_singleton_lock._lock.heartbeat import get_heartbeat
 from celery_singleton_lock.testing import RedisServer
+
+#: every test runs `celery worker` subprocesses
+pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).resolve().parent
 #: "1" in a worker subprocess of this module: build :data:`pool_app`
@@ -90,7 +94,7 @@ def _blocking_sleep(seconds: float) -> None:
     elif green == "eventlet":
         importlib.import_module("eventlet.patcher").original("time").sleep(seconds)
     else:
-        time.sleep(seconds)
+        time.sleep(seconds)  # the body's work (the scenario)
 
 
 def _spawn_all(calls: list[Callable[[], None]], timeout: float) -> None:
@@ -133,7 +137,7 @@ def make_pool_app(base: str) -> Celery:
     def nap(self: Any, job: str, seconds: float = 6.0) -> dict[str, Any]:
         """Sleeps cooperatively (``time.sleep``, patched) three times its lease."""
         _record(self.app, "starts", job, id=self.request.id, t=time.time())
-        time.sleep(seconds)
+        time.sleep(seconds)  # the body's cooperative work (the scenario)
         return {
             "green": _green(),
             "lost": self.lock.lost.is_set(),
@@ -158,7 +162,13 @@ def make_pool_app(base: str) -> Celery:
         _record(self.app, "starts", job, id=self.request.id, t=start)
         _blocking_sleep(seconds)
         after_block = {"lost": self.lock.lost.is_set(), "ensure_held": _held(self.lock)}
-        time.sleep(1.0)  # cooperative: the hub runs the lane, whose renewal finds it gone
+        # Yield to the hub (a patched, cooperative wait) until the renewal lane has run and
+        # given the lost hold up: it logs that the lease ran out before it could be renewed.
+        wait_until(
+            lambda: all(h.keys.lock != self.lock.key for h in get_heartbeat().held()),
+            5,
+            "the renewal lane to give the lost hold up",
+        )
         after_yield = {"lost": self.lock.lost.is_set(), "ensure_held": _held(self.lock)}
         end = time.time()
         _record(self.app, "intervals", job, id=self.request.id, start=start, end=end)
@@ -282,7 +292,6 @@ def test_duplicate_skipped_and_lock_released(
 # -- the green pools ------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("pool", GREEN_POOLS)
 def test_a_cooperative_sleep_longer_than_the_lease_keeps_the_lock(
     server: RedisServer, app: Celery, tmp_path: Path, pool: str
@@ -335,7 +344,6 @@ def test_publishes_from_many_greenlets_make_one_task(
     data_db.close()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("pool", GREEN_POOLS)
 def test_a_body_that_blocks_the_hub_past_the_lease_loses_the_lock_and_says_so(
     server: RedisServer, app: Celery, tmp_path: Path, pool: str

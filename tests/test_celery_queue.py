@@ -31,15 +31,14 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
-from celery_procs import WorkerProcess, close_app, new_job, no_overlap, records, redis_base
-from faultapp import DATA_DB, LOCK_DB, PICKLE_ENV, make_app
+from celery_procs import WorkerProcess, new_job, no_overlap, records, redis_base
+from faultapp import DATA_DB, LOCK_DB, PICKLE_ENV
 from lock_helpers import evalsha_calls, wait_until
 
 from celery_singleton_lock import LockedTask
@@ -48,25 +47,8 @@ from celery_singleton_lock.testing import RedisServer
 pytestmark = [pytest.mark.timeout(120)]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def app(server: RedisServer) -> Iterator[Celery]:
-    app = make_app(redis_base(server.port))
-    yield app
-    close_app(app)
-
-
-@pytest.fixture(scope="module")
-def worker(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with WorkerProcess(
-        redis_base(server.port), tmp_path_factory.mktemp("queue"), concurrency=6
-    ) as proc:
-        yield proc
+#: the threads of the module's in-process worker (the conftest's ``fault_worker``)
+WORKER_CONCURRENCY = 6
 
 
 def _start(data: Any, job: str, task_id: str) -> float:
@@ -99,13 +81,13 @@ def _queue() -> str:
 
 
 def test_the_queued_copy_starts_when_the_run_ends(
-    server: RedisServer, app: Celery, worker: Any
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
 ) -> None:
     """Four jobs, each a 5 s run with a 4 s lease and a queued copy: each copy starts within a
     second of its run's end (a retry backoff capped by the lease came back anywhere in the
     lease after it)."""
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_wake"]
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_wake"]
     jobs = [new_job("wake") for _ in range(4)]
     running = [task.delay(job, 5.0) for job in jobs]
     for job in jobs:
@@ -120,14 +102,14 @@ def test_the_queued_copy_starts_when_the_run_ends(
     assert all(0 <= gap < 1.0 for gap in gaps), gaps
     for job in jobs:
         assert no_overlap(records(data, "intervals", job))
-        assert wait_until(lambda: _left_nothing(server, task, job), 5)  # noqa: B023  # called before the loop moves on
+        assert wait_until(lambda: _left_nothing(fault_server, task, job), 5)  # noqa: B023  # called before the loop moves on
 
 
 def test_with_a_lock_limit_the_queued_copy_starts_when_a_slot_frees(
-    server: RedisServer, app: Celery, worker: Any
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
 ) -> None:
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_limited"]
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_limited"]
     job = new_job("wake-limit")
     first = task.delay(job, 3.0)
     _started(data, job)  # (until then it is the one queued copy: a call would get it back)
@@ -138,20 +120,21 @@ def test_with_a_lock_limit_the_queued_copy_starts_when_a_slot_frees(
     assert 0 <= _start(data, job, waiting.id) - _end(data, job, first.id) < 1.0
     assert second.get(timeout=30) == second.id
     assert int(data.get(f"max:{job}")) == 2
-    assert wait_until(lambda: _left_nothing(server, task, job), 5)
+    assert wait_until(lambda: _left_nothing(fault_server, task, job), 5)
 
 
+@pytest.mark.slow
 def test_a_pickled_queued_copy_comes_back_whole(
-    server: RedisServer, app: Celery, tmp_path: Path
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path
 ) -> None:
     """A task whose messages are pickled: its queued copy, woken, gets the set it was called
     with (what JSON cannot carry)."""
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_pickled"]
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_pickled"]
     queue = _queue()
     env = {PICKLE_ENV: "1", "C_FORCE_ROOT": "1"}  # a worker run as root refuses pickle without
     with WorkerProcess(
-        redis_base(server.port), tmp_path, concurrency=2, env=env, args=("-Q", queue)
+        redis_base(fault_server.port), tmp_path, concurrency=2, env=env, args=("-Q", queue)
     ):
         job = new_job("wake-pickle")
         running = task.apply_async((job, 3.0), queue=queue)
@@ -163,13 +146,13 @@ def test_a_pickled_queued_copy_comes_back_whole(
 
 
 def test_a_replaced_waiting_copy_ends_replaced_and_its_replacement_starts_at_the_end(
-    server: RedisServer, app: Celery, worker: Any
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
 ) -> None:
     """lock_debounce with lock_at="queue": a call replaces the queued copy while that copy
     waits for the run; woken at the run's end, the replaced copy ends SKIPPED ("replaced"),
     and the call that replaced it starts within a second."""
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_debounced"]
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_debounced"]
     job = new_job("wake-debounce")
     running = task.delay(job, 4.0)
     _started(data, job)
@@ -182,38 +165,39 @@ def test_a_replaced_waiting_copy_ends_replaced_and_its_replacement_starts_at_the
     assert wait_until(lambda: replaced.state == "SKIPPED", 10), replaced.state
     assert replaced.info["reason"] == "replaced" and replaced.info["replaced_by"] == last.id
     assert [s["id"] for s in records(data, "starts", job)] == [running.id, last.id]
-    assert wait_until(lambda: _left_nothing(server, task, job), 5)
+    assert wait_until(lambda: _left_nothing(fault_server, task, job), 5)
 
 
 def test_a_revoked_waiting_copy_never_runs_and_its_wait_ends(
-    server: RedisServer, app: Celery, worker: Any
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
 ) -> None:
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_wake"]
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_wake"]
     job = new_job("wake-revoke")
     running = task.delay(job, 2.0)
     _started(data, job)
     waiting = task.delay(job, 0.0)
     _parked(waiting)
-    app.control.revoke(waiting.id)
+    fault_app.control.revoke(waiting.id)
     assert running.get(timeout=20) == running.id
     assert wait_until(lambda: waiting.state == "REVOKED", 15), waiting.state
-    assert wait_until(lambda: _left_nothing(server, task, job), 10)
+    assert wait_until(lambda: _left_nothing(fault_server, task, job), 10)
     assert [s["id"] for s in records(data, "starts", job)] == [running.id]
     # ... and a new call runs (no wait record of the revoked copy wakes anything)
     again = task.delay(job, 0.0)
     assert again.get(timeout=20) == again.id
 
 
+@pytest.mark.slow
 def test_a_waiting_copy_leaves_the_pool_to_other_jobs(
-    server: RedisServer, app: Celery, tmp_path: Path
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path
 ) -> None:
     """A two-process worker: one process runs the job, and while its queued copy waits the
     other runs other jobs' tasks one after another."""
-    data = server.client(db=DATA_DB)
-    task, other = app.tasks["fault.queue_wake"], app.tasks["fault.work"]
+    data = fault_server.client(db=DATA_DB)
+    task, other = fault_app.tasks["fault.queue_wake"], fault_app.tasks["fault.work"]
     queue = _queue()
-    with WorkerProcess(redis_base(server.port), tmp_path, concurrency=2, args=("-Q", queue)):
+    with WorkerProcess(redis_base(fault_server.port), tmp_path, concurrency=2, args=("-Q", queue)):
         job = new_job("wake-pool")
         running = task.apply_async((job, 5.0), queue=queue)
         _started(data, job)
@@ -231,25 +215,28 @@ def test_a_waiting_copy_leaves_the_pool_to_other_jobs(
 # -- a worker dies -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_woken_copy_killed_while_it_runs_is_delivered_again_and_runs(
-    server: RedisServer, app: Celery, worker: Any
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path
 ) -> None:
     """acks_late + reject_on_worker_lost: the woken copy's pool process is killed while it
     runs; its message, delivered again, still holds its claim on the wait and runs the copy
     (the copy's other message, its fallback, ends unrun)."""
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_lost"]
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_lost"]
     job = new_job("wake-lost")
-    running = task.delay(job, 2.0)
-    _started(data, job)
-    waiting = task.delay(job, 60.0, 0.0)
-    _parked(waiting)
-    _started(data, job, 2)  # woken when the run ended
-    os.kill(records(data, "starts", job)[1]["pid"], signal.SIGKILL)
-    assert waiting.get(timeout=30) == waiting.id
-    assert running.get(timeout=5) == running.id
+    queue = _queue()  # a prefork worker of its own: its pool process is killed
+    with WorkerProcess(redis_base(fault_server.port), tmp_path, args=("-Q", queue)):
+        running = task.apply_async((job, 2.0), queue=queue)
+        _started(data, job)
+        waiting = task.apply_async((job, 60.0, 0.0), queue=queue)
+        _parked(waiting)
+        _started(data, job, 2)  # woken when the run ended
+        os.kill(records(data, "starts", job)[1]["pid"], signal.SIGKILL)
+        assert waiting.get(timeout=30) == waiting.id
+        assert running.get(timeout=5) == running.id
     assert [s["id"] for s in records(data, "starts", job)] == [running.id, *[waiting.id] * 2]
-    assert wait_until(lambda: _left_nothing(server, task, job), 10)
+    assert wait_until(lambda: _left_nothing(fault_server, task, job), 10)
 
 
 def _two_workers(server: RedisServer, tmp_path: Path, **options: Any) -> tuple[Any, Any, str, str]:
@@ -261,15 +248,16 @@ def _two_workers(server: RedisServer, tmp_path: Path, **options: Any) -> tuple[A
     return runner, holder, a, b
 
 
+@pytest.mark.slow
 def test_a_killed_run_process_wakes_the_queued_copy_at_once(
-    server: RedisServer, app: Celery, tmp_path: Path
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path
 ) -> None:
     """SIGKILL the pool process of the run: its worker's main process, once it notices (at
     once, or at its next pool check), frees the job and wakes the queued copy, which starts
     within a second of that (its fallback would come back in 30 s)."""
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_patient"]
-    runner, holder, a, b = _two_workers(server, tmp_path)
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_patient"]
+    runner, holder, a, b = _two_workers(fault_server, tmp_path)
     with runner, holder:
         job = new_job("wake-child")
         running = task.apply_async((job, 60.0), queue=a)
@@ -287,14 +275,15 @@ def test_a_killed_run_process_wakes_the_queued_copy_at_once(
     assert 0 <= _start(data, job, waiting.id) - at < 1.0
 
 
+@pytest.mark.slow
 def test_a_killed_run_worker_lets_the_queued_copy_start_within_a_lease(
-    server: RedisServer, app: Celery, tmp_path: Path
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path
 ) -> None:
     """SIGKILL the whole worker of the run (nobody frees the job): the queued copy starts
     when the run's lease runs out (4 s), not later."""
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_wake"]
-    runner, holder, a, b = _two_workers(server, tmp_path)
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_wake"]
+    runner, holder, a, b = _two_workers(fault_server, tmp_path)
     with runner, holder:
         job = new_job("wake-runner")
         task.apply_async((job, 60.0), queue=a)
@@ -307,15 +296,16 @@ def test_a_killed_run_worker_lets_the_queued_copy_start_within_a_lease(
     assert _start(data, job, waiting.id) - killed_at < 4.0 + 1.5
 
 
+@pytest.mark.slow
 def test_a_killed_holder_of_the_queued_copy_does_not_lose_it(
-    server: RedisServer, app: Celery, tmp_path: Path
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path
 ) -> None:
     """SIGKILL the worker that holds the queued copy's delayed message while the job runs:
     that message is gone with it (until the broker's visibility timeout, an hour), and the
     run's end wakes the copy on another worker of its queue within a second."""
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_wake"]
-    runner, holder, a, b = _two_workers(server, tmp_path)
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_wake"]
+    runner, holder, a, b = _two_workers(fault_server, tmp_path)
     with runner, holder:
         job = new_job("wake-holder")
         running = task.apply_async((job, 8.0), queue=a)
@@ -324,7 +314,7 @@ def test_a_killed_holder_of_the_queued_copy_does_not_lose_it(
         _parked(waiting)
         holder.kill_group()
         holder.wait(10)
-        with WorkerProcess(redis_base(server.port), tmp_path, concurrency=1, args=("-Q", b)):
+        with WorkerProcess(redis_base(fault_server.port), tmp_path, concurrency=1, args=("-Q", b)):
             ready = time.time()
             assert waiting.get(timeout=30) == waiting.id
     end = _end(data, job, running.id)
@@ -333,15 +323,15 @@ def test_a_killed_holder_of_the_queued_copy_does_not_lose_it(
 
 @pytest.mark.slow
 def test_both_killed_the_queued_copy_comes_back_after_the_visibility_timeout(
-    server: RedisServer, app: Celery, tmp_path: Path
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path
 ) -> None:
     """One worker runs the job and holds its queued copy's delayed message; SIGKILL it whole.
     Nobody wakes the copy: its message comes back after the broker's visibility timeout (6 s
     here) on another worker, and runs then."""
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_wake"]
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_wake"]
     queue = _queue()
-    base = redis_base(server.port)
+    base = redis_base(fault_server.port)
     env = {"CSL_FAULT_VISIBILITY": "6"}
     both = WorkerProcess(base, tmp_path, concurrency=2, env=env, args=("-Q", queue)).start()
     try:
@@ -357,17 +347,17 @@ def test_both_killed_the_queued_copy_comes_back_after_the_visibility_timeout(
     with WorkerProcess(base, tmp_path, concurrency=1, env=env, args=("-Q", queue)):
         assert waiting.get(timeout=60) == waiting.id
     assert [s["id"] for s in records(data, "starts", job)][-1] == waiting.id
-    assert wait_until(lambda: _left_nothing(server, task, job), 10)
+    assert wait_until(lambda: _left_nothing(fault_server, task, job), 10)
 
 
 @pytest.mark.slow
 def test_the_queued_copy_starts_right_after_a_20_s_body(
-    server: RedisServer, app: Celery, worker: Any
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
 ) -> None:
     """The measurement: a 20 s run with the app's lease (30 s), a copy queued right after it
     started; prints when the copy started after the run ended."""
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.queue_default"]
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.queue_default"]
     job = new_job("wake-20s")
     running = task.delay(job, 20.0)
     _started(data, job)
@@ -378,11 +368,13 @@ def test_the_queued_copy_starts_right_after_a_20_s_body(
     assert 0 <= gap < 1.0
 
 
-def test_what_a_run_costs_in_redis(server: RedisServer, app: Celery, worker: Any) -> None:
+def test_what_a_run_costs_in_redis(
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
+) -> None:
     """Lock scripts run (EVALSHA) per call, nobody waiting: the wake adds one to a
     lock_at="queue" run (its end reads the copies waiting for it), nothing to the others."""
-    admin = server.client()
-    data = server.client(db=DATA_DB)
+    admin = fault_server.client()
+    data = fault_server.client(db=DATA_DB)
 
     def scripts(task_name: str) -> int:
         """The fewest of three calls (a late message of an earlier test's job may run
@@ -391,7 +383,7 @@ def test_what_a_run_costs_in_redis(server: RedisServer, app: Celery, worker: Any
         for _ in range(3):
             job = new_job("cost")
             before = evalsha_calls(admin)
-            app.tasks[task_name].delay(job, 0.0).get(timeout=20)
+            fault_app.tasks[task_name].delay(job, 0.0).get(timeout=20)
             wait_until(lambda: records(data, "intervals", job), 5, "the run to end")  # noqa: B023  # called before the loop moves on
             counts.append(evalsha_calls(admin) - before)
         return min(counts)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,8 @@ from typing import Any
 import pytest
 from beatproj.harness import Beat, leader
 from celery import Celery
-from celery_procs import WorkerProcess, close_app, new_job, records, redis_base
-from faultapp import BEAT_ENV, DATA_DB, LOCK_DB, URL_ENV, make_app
+from celery_procs import new_job, records, redis_base
+from faultapp import BEAT_ENV, DATA_DB, LOCK_DB, URL_ENV
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockSpace, ReentrantLock
@@ -34,25 +33,8 @@ from celery_singleton_lock.testing import RedisServer
 pytestmark = [pytest.mark.timeout(120)]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def app(server: RedisServer) -> Iterator[Celery]:
-    app = make_app(redis_base(server.port))
-    yield app
-    close_app(app)
-
-
-@pytest.fixture(scope="module")
-def worker(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with WorkerProcess(
-        redis_base(server.port), tmp_path_factory.mktemp("seams"), concurrency=3
-    ) as proc:
-        yield proc
+#: the threads of the module's in-process worker (the conftest's ``fault_worker``)
+WORKER_CONCURRENCY = 3
 
 
 def _state(app: Celery, task_id: str) -> str:
@@ -75,48 +57,50 @@ def _purge_queued(server: RedisServer) -> int:
 
 @pytest.mark.slow
 def test_purge_queued_frees_only_the_locks_of_messages_that_wait_unrun(
-    server: RedisServer, app: Celery, worker: Any, tmp_path: Path
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any, tmp_path: Path
 ) -> None:
-    locks = server.client(db=LOCK_DB)
+    locks = fault_server.client(db=LOCK_DB)
     space = LockSpace(locks)
-    beat = Beat("tests.faultapp", tmp_path, 1, {URL_ENV: redis_base(server.port), BEAT_ENV: "1"})
+    beat = Beat(
+        "tests.faultapp", tmp_path, 1, {URL_ENV: redis_base(fault_server.port), BEAT_ENV: "1"}
+    )
     try:
         # A message that waits unrun: published to a queue no worker consumes.
         queued_job = new_job("queued")
-        publish_work = app.tasks["fault.publish_work"]
+        publish_work = fault_app.tasks["fault.publish_work"]
         queued = publish_work.apply_async((queued_job,), queue=new_job("nobody"))
         # A job that runs now (a run token of its own).
         running_job = new_job("running")
-        running = app.tasks["fault.work"].delay(running_job, 30.0)
+        running = fault_app.tasks["fault.work"].delay(running_job, 30.0)
         # A job that ran and cools down for a minute.
         cooled_job = new_job("cooled")
-        cooled = app.tasks["fault.cooled_long"].delay(cooled_job)
+        cooled = fault_app.tasks["fault.cooled_long"].delay(cooled_job)
         # A job whose run asked for a retry in a minute: its hold waits, parked, for it.
         retried_job = new_job("retried")
-        retried = app.tasks["fault.retry_later"].delay(retried_job, 60.0)
+        retried = fault_app.tasks["fault.retry_later"].delay(retried_job, 60.0)
         # A plain lock under the same prefix, and the beat leader's.
         plain = ReentrantLock(locks, new_job("plain"), ttl=60, renew=False)
         assert plain.acquire(blocking=False)
         wait_until(lambda: leader([beat], locks, "beat:faultapp"), 30, "the beat to lead")
 
-        _wait_state(app, cooled.id, "SUCCESS")
-        _wait_state(app, retried.id, "RETRY")
-        wait_until(lambda: records(server.client(db=DATA_DB), "starts", running_job), 15)
+        _wait_state(fault_app, cooled.id, "SUCCESS")
+        _wait_state(fault_app, retried.id, "RETRY")
+        wait_until(lambda: records(fault_server.client(db=DATA_DB), "starts", running_job), 15)
         held_before = {
-            "running": app.tasks["fault.work"].lock_holder(running_job, 30.0),
-            "cooldown": app.tasks["fault.cooled_long"].lock_holder(cooled_job),
-            "retry": app.tasks["fault.retry_later"].lock_holder(retried_job),
+            "running": fault_app.tasks["fault.work"].lock_holder(running_job, 30.0),
+            "cooldown": fault_app.tasks["fault.cooled_long"].lock_holder(cooled_job),
+            "retry": fault_app.tasks["fault.retry_later"].lock_holder(retried_job),
         }
         assert held_before == {"running": running.id, "cooldown": cooled.id, "retry": retried.id}
         assert publish_work.lock_holder(queued_job) == queued.id
 
-        assert _purge_queued(server) == 1
+        assert _purge_queued(fault_server) == 1
 
         assert publish_work.lock_holder(queued_job) is None
         assert {
-            "running": app.tasks["fault.work"].lock_holder(running_job, 30.0),
-            "cooldown": app.tasks["fault.cooled_long"].lock_holder(cooled_job),
-            "retry": app.tasks["fault.retry_later"].lock_holder(retried_job),
+            "running": fault_app.tasks["fault.work"].lock_holder(running_job, 30.0),
+            "cooldown": fault_app.tasks["fault.cooled_long"].lock_holder(cooled_job),
+            "retry": fault_app.tasks["fault.retry_later"].lock_holder(retried_job),
         } == held_before
         assert space.inspect(plain.name).holder == plain.owner
         assert leader([beat], locks, "beat:faultapp") is beat
@@ -128,18 +112,18 @@ def test_purge_queued_frees_only_the_locks_of_messages_that_wait_unrun(
 
 
 def test_a_debounced_call_during_a_retry_countdown_gets_that_job_back(
-    server: RedisServer, app: Celery, worker: Any
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
 ) -> None:
-    data = server.client(db=DATA_DB)
-    task = app.tasks["fault.debounced_retry"]
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks["fault.debounced_retry"]
     job = new_job("debounced-retry")
     first = task.delay(job, 3.0)
     # Its first run started and asked for a retry in 3 s: the retry waits, its hold parked.
-    _wait_state(app, first.id, "RETRY")
+    _wait_state(fault_app, first.id, "RETRY")
     assert len(records(data, "starts", job)) == 1
     second = task.delay(job, 3.0)
     assert second.id == first.id  # not replaced: its run has started
-    _wait_state(app, first.id, "SUCCESS")
+    _wait_state(fault_app, first.id, "SUCCESS")
     starts = records(data, "starts", job)
     assert [s["id"] for s in starts] == [first.id, first.id]  # the run, then its retry
     assert task.lock_holder(job) is None

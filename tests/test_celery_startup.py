@@ -93,6 +93,7 @@ def test_manage_py_check_suggests_the_setting_a_misspelt_name_meant() -> None:
 # -- the worker, beat and the first publish -----------------------------------------------------
 
 
+@pytest.mark.slow  # a `celery worker` process
 @pytest.mark.parametrize("extra", [WRONG_TTL, MISSPELT], ids=["wrong-value", "misspelt-name"])
 def test_a_worker_with_a_setting_it_cannot_use_does_not_start(
     server: RedisServer, extra: dict[str, Any]
@@ -107,6 +108,7 @@ def test_a_worker_with_a_setting_it_cannot_use_does_not_start(
     assert f"the worker cannot start: {name}" in done.stderr + done.stdout
 
 
+@pytest.mark.slow  # a `celery beat` process
 def test_beat_with_a_wrong_setting_does_not_start(server: RedisServer, tmp_path: Path) -> None:
     done = _run(
         ["-m", "celery", "-A", "djangoproj", "beat", "-s", str(tmp_path / "schedule")],
@@ -155,6 +157,7 @@ class SettingsAppWorker(WorkerProcess):
         ]  # fmt: skip
 
 
+@pytest.mark.slow  # a `celery worker` process
 def test_the_setting_s_tasks_are_locked_without_install(
     server: RedisServer, tmp_path: Path
 ) -> None:
@@ -180,6 +183,7 @@ def test_the_setting_s_tasks_are_locked_without_install(
     publisher.close()
 
 
+@pytest.mark.slow  # a `celery worker` process
 def test_without_install_a_duplicate_queued_behind_the_first_runs_again(
     server: RedisServer, tmp_path: Path
 ) -> None:
@@ -230,6 +234,8 @@ def test_a_run_that_fails_before_its_body_frees_its_publish_lock() -> None:
             broker,
             singleton_lock_redis_url=f"redis://127.0.0.1:{lock_server.port}/0",
             singleton_lock_redis_options={"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
+            # each call gives up after a second (the default, 5 s, only makes the test longer)
+            singleton_lock_backend_timeout=1.0,
         )
         locks: redis.Redis = lock_server.client()
         with running_worker(app, concurrency=2):

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextvars
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import Task
 from celery.worker.request import Request
-from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
+from celery_fixtures import CeleryEnv, Gates, app_task, new_app
 from flask import Flask, current_app
 from lock_helpers import wait_until
 
@@ -153,12 +152,6 @@ def own_request(key: str) -> str:
 def own_request_path(key: str) -> str:
     gates.enter(key)
     return key
-
-
-@pytest.fixture(scope="module")
-def env() -> Iterator[CeleryEnv]:
-    with celery_env(app, gates) as env:
-        yield env
 
 
 def runs_once_in_context(env: CeleryEnv, task: Any, expected: str) -> None:

@@ -66,7 +66,8 @@ def test_list_shows_who_holds_what(redis_server: RedisServer, redis_client: Any)
 def test_release_frees_one_lock_and_checks_the_holder(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
-    lock = ReentrantLock(redis_client, "job:1", ttl=30, owner="task-9")
+    # a short lease: the holder's heartbeat renews it every second, and notices the release
+    lock = ReentrantLock(redis_client, "job:1", ttl=3, owner="task-9")
     other = ReentrantLock(redis_client, "job:2", ttl=30, owner="task-8")
     assert lock.acquire(blocking=False) and other.acquire(blocking=False)
 

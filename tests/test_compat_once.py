@@ -14,7 +14,6 @@ from __future__ import annotations
 import pickle
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from celery_fixtures import (
     Gates,
     app_task,
     bare_app,
-    celery_env,
     new_app,
 )
 from celery_procs import close_app, hanging_job
@@ -82,10 +80,8 @@ def retrying(self: Any, key: str) -> int:
     return int(self.request.retries)
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[CeleryEnv]:
-    with celery_env(app, gates, concurrency=6) as env:
-        yield env
+#: the in-process worker and the settings of the conftest ``env`` fixture
+CELERY_ENV = {"concurrency": 6}
 
 
 def test_a_duplicate_raises_already_queued_and_a_new_id_follows_the_end(env: CeleryEnv) -> None:
@@ -286,6 +282,7 @@ def test_bad_once_values_name_the_option(
 
 
 @pytest.mark.faults
+@pytest.mark.slow  # a `celery worker` process, SIGKILLed
 def test_a_killed_workers_lock_ends_within_one_running_lease(
     make_redis_server: Any, tmp_path: Path
 ) -> None:

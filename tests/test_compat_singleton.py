@@ -28,7 +28,6 @@ from celery_fixtures import (
     Gates,
     app_task,
     bare_app,
-    celery_env,
     new_app,
 )
 from celery_procs import close_app, hanging_job
@@ -112,10 +111,8 @@ def publisher(key: str) -> None:
     raising.delay(key)
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[CeleryEnv]:
-    with celery_env(app, gates, concurrency=6) as env:
-        yield env
+#: the in-process worker and the settings of the conftest ``env`` fixture
+CELERY_ENV = {"concurrency": 6}
 
 
 def test_a_duplicate_returns_the_first_result_and_a_new_id_follows_its_end(
@@ -500,6 +497,7 @@ def test_bad_option_values_name_the_option(
 
 
 @pytest.mark.faults
+@pytest.mark.slow  # a `celery worker` process, SIGKILLed
 def test_a_killed_workers_lock_ends_within_one_running_lease(
     make_redis_server: Any, tmp_path: Path
 ) -> None:

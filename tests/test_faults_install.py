@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ app.conf.singleton_lock_tasks = {"lazymod.report": {"lock_at": "publish"}}
 def report(day):
     runs = redis.Redis(port=PORT, db=3)
     start = time.time()
-    time.sleep(2)
+    time.sleep(2)  # the body's work: the second delay comes while it runs
     runs.rpush("runs", json.dumps({"id": report.request.id, "start": start, "end": time.time()}))
     return day
 
@@ -113,7 +112,11 @@ def test_two_delays_of_an_installed_lazy_app_task_run_once(
         # The one sent by name without a lock is skipped by the worker (its result says so).
         assert wait_until(lambda: results.exists(f"celery-task-meta-{third}") == 1, 30)
         assert wait_until(lambda: runs_db.llen("runs") >= 1, 30)
-        time.sleep(1)  # a second run, had it started, would have recorded by now
+        # Both messages sent are done with (the first ran, the third was skipped) and the
+        # queue is empty: no other run can come.
+        assert wait_until(lambda: results.exists(f"celery-task-meta-{first}") == 1, 30)
+        broker = redis.Redis(port=server.port, db=0)
+        assert broker.llen("celery") == 0 and broker.hlen("unacked") == 0
         runs = [json.loads(r) for r in runs_db.lrange("runs", 0, -1)]
         assert [run["id"] for run in runs] == [first], (module_dir / "worker.log").read_text()
         skipped = json.loads(results.get(f"celery-task-meta-{third}") or b"{}")

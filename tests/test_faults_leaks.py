@@ -5,9 +5,9 @@ before the load."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import pytest
 import redis
 from celery_procs import WorkerProcess, close_app, new_job, redis_base, task_states
 from faultapp import LOCK_DB, RESULT_DB, make_app
+from lock_helpers import wait_until
 
 from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
@@ -73,9 +74,8 @@ def test_ten_thousand_mixed_tasks_leave_no_lock_and_no_thread(
             """Tasks in a final state (a RETRY is not: its retry is on its way)."""
             return sum(state in FINAL for state in task_states(results, distinct).values())
 
-        deadline = time.monotonic() + 480
-        while finished() < len(distinct) and time.monotonic() < deadline:
-            time.sleep(1)
+        with contextlib.suppress(AssertionError):  # what is unfinished is said below
+            wait_until(lambda: finished() >= len(distinct), 480, "every task to finish", 1.0)
         all_states = task_states(results, distinct)
         unfinished = Counter(
             all_states.get(i, "no result") for i in distinct if all_states.get(i) not in FINAL

@@ -56,7 +56,7 @@ def test_no_two_valid_holders_no_lost_task_no_lost_update(
         stopped_once = False
         deadline = time.monotonic() + 300
         while len(task_states(results, ids)) < TASKS and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.5)  # the pace of the faults (the scenario)
             victim = random.choice(workers)
             children = victim.children()
             if children:
@@ -64,7 +64,7 @@ def test_no_two_valid_holders_no_lost_task_no_lost_update(
             if not stopped_once and len(task_states(results, ids)) > TASKS // 3:
                 stopped_once = True
                 os.killpg(workers[1].pid, signal.SIGSTOP)
-                time.sleep(3.0)  # the lease is 2 s
+                time.sleep(3.0)  # the stop's length (the scenario): the lease is 2 s
                 os.killpg(workers[1].pid, signal.SIGCONT)
         assert stopped_once
         states = task_states(results, ids)

@@ -23,7 +23,9 @@ from lock_helpers import (
     fenced_write,
     hold_counts,
     paused_holder_worker,
+    renewed_here,
     server_stalled,
+    settled,
     wait_until,
 )
 from redis.backoff import NoBackoff
@@ -66,6 +68,10 @@ class FreezableProxy:
         #: marker -> how many connections it stalled
         self.stalled: collections.Counter[bytes] = collections.Counter()
         self._count = threading.Lock()
+        #: bumped by :meth:`drained_since`'s callers (:meth:`mark`); each connection notes the
+        #: mark it saw when it last found nothing to forward
+        self._mark = 0
+        self._idle: dict[int, int] = {}
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -86,20 +92,25 @@ class FreezableProxy:
         # What this connection holds back since the client sent a marker (``caught``), and
         # the last bytes the client sent (a marker split over two reads is still found).
         held, caught, tail = b"", b"", b""
+        me = id(a)
+        self._idle[me] = -1
         try:
             while not self.closed.is_set():
                 if held and caught in self.markers:
-                    time.sleep(0.01)
+                    time.sleep(0.01)  # the stalled path's silence (polls for the release)
                     continue
                 if held:
                     b.sendall(held)
                     held = b""
                 if self.frozen.is_set():
-                    time.sleep(0.01)
+                    time.sleep(0.01)  # the frozen path's silence (polls for the thaw)
                     continue
                 # Unread data stays in the kernel's buffers until the thaw.
                 readable = [a] if self.replies_frozen.is_set() else [a, b]
+                mark = self._mark
                 ready, _, _ = select.select(readable, [], [], 0.05)
+                if not ready and not self.replies_frozen.is_set():
+                    self._idle[me] = mark  # all it was sent before `mark` is forwarded
                 for sock in ready:
                     if self.frozen.is_set() or (sock is b and self.replies_frozen.is_set()):
                         break
@@ -118,6 +129,7 @@ class FreezableProxy:
         except OSError:
             return
         finally:
+            self._idle.pop(me, None)
             a.close()
             b.close()
 
@@ -134,6 +146,16 @@ class FreezableProxy:
         self.markers = ()
         self.frozen.clear()
         self.replies_frozen.clear()
+
+    def mark(self) -> int:
+        """A mark for :meth:`drained_since`."""
+        self._mark += 1
+        return self._mark
+
+    def drained_since(self, mark: int) -> bool:
+        """Whether every open connection has forwarded, both ways, all that reached the proxy
+        before :meth:`mark` returned ``mark`` (it found nothing more to read since)."""
+        return all(seen >= mark for seen in list(self._idle.values()))
 
     def close(self) -> None:
         self.closed.set()
@@ -198,7 +220,7 @@ def test_a_server_paused_shorter_than_the_lease_keeps_the_locks(
     while time.monotonic() < deadline:
         for lock in locks:
             lock.ensure_held()
-        time.sleep(0.1)
+        time.sleep(0.1)  # the watch's sampling interval: the span watched is the scenario
     direct = debug_server.client()
     assert all(direct.hexists(lock.key, lock.owner) for lock in locks)
     for lock in locks:
@@ -223,7 +245,10 @@ def test_a_server_paused_longer_than_the_lease_loses_them_for_good(
     pauser.join(10)
     contender = ReentrantLock(debug_server.client(), "long", ttl=5, owner="contender")
     assert contender.acquire(timeout=5)
-    time.sleep(1.0)  # the holder's lane had every chance to renew by now
+    # The holder's lane gives the lost hold up (it renews it no more), and Redis has run
+    # whatever it sent before.
+    wait_until(lambda: not renewed_here(lock), 5, "the holder's lane to give the hold up")
+    settled(debug_server.client())
     with pytest.raises(LockLostError):
         lock.ensure_held()
     assert debug_server.client().hkeys(lock.key) == [b"contender"]
@@ -234,7 +259,7 @@ def _pause(server: RedisServer, how: str, seconds: float) -> None:
     pauser: Any = redis.Redis(port=server.port)
     if how == "CLIENT PAUSE":
         pauser.execute_command("CLIENT", "PAUSE", int(seconds * 1000), "WRITE")
-        time.sleep(seconds)
+        time.sleep(seconds)  # the pause's length (the scenario), as DEBUG SLEEP blocks for it
     else:
         pauser.execute_command("DEBUG", "SLEEP", seconds)
     pauser.close()
@@ -275,9 +300,14 @@ def test_a_frozen_path_costs_the_lease_and_a_thawed_holder_does_not_revive_it(
         assert time.monotonic() - frozen < 1.5
         contender = ReentrantLock(redis_server.client(), "frozen", ttl=5, owner="contender")
         assert contender.acquire(timeout=5)
-        time.sleep(1.5)
+        time.sleep(1.5)  # the path stays frozen a while longer (the scenario)
         proxy.thaw()
-        time.sleep(1.5)  # what the holder sent or would send now reaches Redis
+        # The holder's lane gives the lost hold up (it renews it no more); what it sent
+        # before goes through the proxy, and Redis runs it.
+        wait_until(lambda: not renewed_here(lock), 5, "the holder's lane to give the hold up")
+        mark = proxy.mark()
+        wait_until(lambda: proxy.drained_since(mark), 5, "the proxy to forward what it held")
+        settled(redis_server.client())
         assert redis_server.client().hkeys(lock.key) == [b"contender"]
         with pytest.raises(LockLostError):
             lock.ensure_held()
@@ -466,7 +496,7 @@ def test_one_stalled_server_does_not_cost_the_locks_on_a_healthy_one(
         while time.monotonic() < deadline:
             healthy.ensure_held()
             assert healthy_client.hexists(healthy.key, healthy.owner)
-            time.sleep(0.05)
+            time.sleep(0.05)  # the watch's sampling interval: the span watched is the scenario
         assert stalled.lost.is_set()
         healthy.release()
     finally:

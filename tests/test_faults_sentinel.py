@@ -23,7 +23,8 @@ from test_lock_deployments import redis_sentinel
 from celery_singleton_lock import LockBackendError, LockLostError, ReentrantLock
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.sentinel, pytest.mark.faults, pytest.mark.timeout(120)]
+# slow: each test waits out a Sentinel failover (some 18 s)
+pytestmark = [pytest.mark.sentinel, pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(120)]
 
 LEASE = 5.0
 
@@ -51,7 +52,7 @@ def _watch(holder: ReentrantLock, contender: ReentrantLock, seconds: float) -> l
             held = False
         if held and took:
             both.append(time.monotonic())
-        time.sleep(0.05)
+        time.sleep(0.05)  # the watch's sampling interval: the span watched is the scenario
     return both
 
 

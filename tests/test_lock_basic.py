@@ -505,7 +505,9 @@ def test_ensure_held_trusts_the_lease_clock_without_a_round_trip(redis_client: A
     assert lock.acquire()
     lock.ensure_held()
     assert not lock.lost.is_set()
-    time.sleep(0.35)  # the lease has run out; nothing renewed it
+    # The lease runs out in Redis (nothing renews it); the lock's own clock started before
+    # the acquire was sent, so it has run out there too.
+    wait_until(lambda: not redis_client.exists(lock.key), 5, "the lease to run out", 0.01)
     with pytest.raises(LockLostError):
         lock.ensure_held()
     assert lock.lost.is_set()
@@ -535,7 +537,7 @@ def test_scripts_reload_after_script_flush(redis_client: Any) -> None:
     deadline = time.monotonic() + 1.6
     while time.monotonic() < deadline:
         assert redis_client.hget(lock.key, lock.owner) == b"1"
-        time.sleep(0.02)
+        time.sleep(0.02)  # the watch's sampling interval: the span watched is the scenario
     assert not lock.lost.is_set()
     lock.ensure_held()
     assert redis_client.script_exists(_scripts.RENEW.sha) == [True]

@@ -49,11 +49,15 @@ def _await_waiters(client: Any, key: str, count: int = 1) -> None:
         sub = hub.subscription(channel)
         return 0 if sub is None else sub.waiters
 
+    def asleep() -> int:
+        sub = hub.subscription(channel)
+        return 0 if sub is None else sub.sleeping
+
     wait_until(lambda: waiting() == count, 5)
     wait_until(lambda: _subscribers(client, channel) == 1, 5)
     # A registered waiter tries once more before it waits (a release in between is seen by
-    # that try, or pushed): give it a moment, so the tests below meet it in its wait.
-    time.sleep(0.05)
+    # that try, or pushed): the tests below meet it in its wait, asleep.
+    wait_until(lambda: asleep() == count, 5, f"{count} waiter(s) asleep")
 
 
 # -- the overlap checker -------------------------------------------------------------------
@@ -216,10 +220,18 @@ def test_release_wakes_waiters_promptly_and_they_share_one_subscription_per_lock
     assert redis_client.exists(holder.key, other.key) == 0
 
 
-def _wait_in_child(port: int, name: str, prefix: str, ready: Any, results: Any) -> None:
+def _wait_in_child(port: int, name: str, prefix: str, asleep: Any, results: Any) -> None:
     client = redis.Redis(port=port, socket_timeout=10)
     lock = ReentrantLock(client, name, ttl=5, prefix=prefix)
-    ready.set()
+    hub = LockRuntime.of(client).hub
+
+    def watch() -> None:
+        """Tell the parent once this process's waiter sleeps in its wait."""
+        channel = lock.key + ":wake"
+        wait_until(lambda: getattr(hub.subscription(channel), "sleeping", 0) >= 1, 20)
+        asleep.set()
+
+    threading.Thread(target=watch, daemon=True).start()
     ok = lock.acquire(timeout=30)
     results.put((ok, time.monotonic()))
     lock.release()
@@ -229,16 +241,15 @@ def test_release_wakes_a_waiter_in_another_process(redis_client: Any, redis_serv
     prefix = "xproc"
     holder = ReentrantLock(redis_client, "handoff", ttl=5, owner="holder", prefix=prefix)
     assert holder.acquire()
-    ready, results = FORK.Event(), FORK.Queue()
+    asleep, results = FORK.Event(), FORK.Queue()
     child = FORK.Process(
         target=_wait_in_child,
-        args=(redis_server.port, "handoff", prefix, ready, results),
+        args=(redis_server.port, "handoff", prefix, asleep, results),
         daemon=True,
     )
     child.start()
-    assert ready.wait(10)
-    wait_until(lambda: _subscribers(redis_client, holder.key + ":wake") == 1, 5)
-    time.sleep(0.1)  # the child is in its wait now
+    assert asleep.wait(20), "the child's waiter never slept in its wait"
+    assert _subscribers(redis_client, holder.key + ":wake") == 1
     released = time.monotonic()
     holder.release()
     ok, got = results.get(timeout=20)
@@ -352,7 +363,10 @@ def test_a_waiter_hears_nothing_of_other_locks_and_nothing_is_subscribed_after(
     for _ in range(200):
         assert b.acquire()
         b.release()
-    time.sleep(0.2)  # time for any message to arrive
+    # Nobody subscribes to B's channel, and this process's one pub/sub connection to A's
+    # channel alone: no message of B's releases (all run by now) reached it, or will.
+    assert _subscribers(redis_client, b.key + ":wake") == 0
+    assert [(c["sub"], c["psub"]) for c in _pubsub_clients(redis_client)] == [("1", "0")]
     assert hub.received == before  # not one delivery for B's 200 releases
     assert "at" not in got
     released = time.monotonic()

@@ -74,7 +74,7 @@ def _kept_alive(client: Any, locks: list[ReentrantLock], seconds: float) -> None
         for lock in locks:
             assert client.hexists(lock.key, lock.owner), f"{lock.key} was not renewed"
             assert not lock.lost.is_set()
-        time.sleep(0.05)
+        time.sleep(0.05)  # the watch's sampling interval: the span watched is the scenario
 
 
 def _basic_cycle(client: Any, name: str, **options: Any) -> None:

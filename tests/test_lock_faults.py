@@ -184,7 +184,7 @@ def test_the_heartbeat_survives_an_outage_and_sets_lost(
     deadline = time.monotonic() + 3 * lease
     while time.monotonic() < deadline:
         assert client.hexists(again.key, again.owner)
-        time.sleep(0.02)
+        time.sleep(0.02)  # the watch's sampling interval: the span watched is the scenario
     assert not again.lost.is_set()
     again.release()
 
@@ -214,7 +214,7 @@ def test_a_redis_that_hangs_without_a_socket_timeout_still_sets_lost(
         while time.monotonic() - stopped < 4 * lease:
             assert not other.lost.is_set()
             assert other_client.hexists(other.key, other.owner)
-            time.sleep(0.02)
+            time.sleep(0.02)  # the watch's sampling interval
         with pytest.raises(LockLostError):
             hung.acquire()  # no re-entry into a lost lease
     finally:
@@ -229,7 +229,7 @@ def test_a_redis_that_hangs_without_a_socket_timeout_still_sets_lost(
     while time.monotonic() < deadline:
         assert hung_client.hexists(fresh.key, fresh.owner)
         assert not fresh.lost.is_set()
-        time.sleep(0.02)
+        time.sleep(0.02)  # the watch's sampling interval: the span watched is the scenario
     assert hung_client.exists(hung.key) == 0
     fresh.release()
     with pytest.raises(LockNotOwnedError):

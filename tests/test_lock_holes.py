@@ -10,7 +10,6 @@ an unrelated error.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ import redis.asyncio
 from celery import Celery
 from celery_fixtures import app_task, configure
 from kombu.exceptions import OperationalError
-from lock_helpers import server_stalled, wait_until
+from lock_helpers import server_stalled, settled, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -91,11 +90,11 @@ def test_an_acquire_whose_reply_is_lost_leaves_no_hold(server: RedisServer) -> N
     with pytest.raises(LockBackendError):
         lock.acquire(blocking=False)
     sleeper.join(10)
+    settled(direct)  # the late acquire and its resend, sent during the stall, have run
     # The cancel ran (now, or from the client's renewal lane once the server woke), whatever
-    # the order in which the late acquires and it reached the server.
+    # the order in which the late acquires and it reached the server; nothing sent before
+    # is left to take it back.
     assert wait_until(lambda: _no_holder(direct, lock.key), 5), direct.hgetall(lock.key)
-    time.sleep(0.5)  # nothing arrives later to take it back
-    assert _no_holder(direct, lock.key)
     other = ReentrantLock(direct, "late", ttl=30, owner="someone-else")
     assert other.acquire(blocking=False)
     other.release()

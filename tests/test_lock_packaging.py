@@ -152,13 +152,13 @@ from celery_singleton_lock.compat.singleton import Singleton
 
 @app.task(base=Singleton, unique_on=["user_id"])
 def report(user_id, note):
-    time.sleep(1)
+    time.sleep(1)  # the body's work
     return note
 
 
 @app.task(base=QueueOnce, once={{"graceful": False}})
 def rebuild(user_id):
-    time.sleep(1)
+    time.sleep(1)  # the body's work
     return user_id
 """
 

@@ -17,6 +17,8 @@ from celery_procs import WorkerProcess, close_app, new_job, redis_base
 from lock_helpers import wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from celery_singleton_lock import LockBackendError, ReentrantLock
 from celery_singleton_lock._lock import LockSpace, get_observer, set_observer
@@ -51,7 +53,7 @@ def test_the_lock_counts_each_outcome(
     other = ReentrantLock(redis_client, name, owner="other")
     assert not other.acquire(blocking=False)
     assert not other.acquire(timeout=0.3)  # waits, then gives up
-    time.sleep(0.7)  # more than a lease: kept only by renewals
+    time.sleep(0.7)  # a hold of more than a lease (the scenario): kept only by renewals
     holder.release()
     holder.release()
 
@@ -79,7 +81,8 @@ def test_a_lost_lease_and_a_backend_error_are_counted(
     assert lock.lost.is_set()  # asking again counts nothing more
     assert _value(registry, "celery_singleton_lock_lost_total") == 1
 
-    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    # (no resends: redis-py's default retry would take some 10 s to give up on a refusal)
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
     with pytest.raises(LockBackendError):
         ReentrantLock(dead, name).acquire(blocking=False)
     assert _value(registry, "celery_singleton_lock_backend_errors_total") == 1
@@ -107,6 +110,7 @@ def server() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.mark.slow  # a `celery worker` subprocess serves them
 @pytest.mark.parametrize(("pool", "ports"), [("prefork", 3), ("threads", 1)])
 def test_a_worker_serves_the_metrics(
     server: RedisServer, tmp_path: Path, pool: str, ports: int

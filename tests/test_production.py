@@ -67,7 +67,7 @@ def test_the_documented_acl_user_runs_every_lock_operation(
     lock = ReentrantLock(locks_user, "acl-job", ttl=0.6, owner="holder")
     assert lock.acquire()
     first = lock.fence
-    time.sleep(1.0)  # past its whole lease: still held only if the heartbeat renewed it
+    time.sleep(1.0)  # past its whole lease (the scenario): held only if the heartbeat renewed it
     lock.ensure_held()
     assert server.client().hexists(lock.key, "holder")
 

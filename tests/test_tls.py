@@ -37,7 +37,7 @@ def test_the_lock_over_tls_renews_and_wakes_a_waiter(tls: TlsRedis) -> None:
     name = f"tls-{uuid.uuid4().hex}"
     holder = ReentrantLock(client, name, ttl=1.0, owner="holder")
     assert holder.acquire(blocking=False)
-    time.sleep(2.5)  # two and a half leases: only the heartbeat, over TLS, keeps it
+    time.sleep(2.5)  # two and a half leases (the scenario): only the heartbeat, over TLS, keeps it
     assert holder.owned()
     assert 0 < client.pttl(f"lock:{{{name}}}") <= 1000
 
