@@ -177,6 +177,24 @@ class CeleryEnv:
         return self.app.AsyncResult(task_id).info
 
 
+def forget_results(app: Celery) -> None:
+    """Forget the result subscriptions of ``app`` while its redis-server still runs.
+
+    The Redis result backend subscribes to a task's result channel when the task is sent, and
+    an ``AsyncResult`` unsubscribes when it is garbage-collected. A failed test keeps its
+    results alive (in the traceback) until after the server is gone, and their unsubscribe
+    would then retry against a dead server (an "Exception ignored in AsyncResult.__del__"
+    warning in a later test): forget the subscriptions now instead.
+    """
+    consumer = getattr(app.backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.subscribed_to.clear()
+        consumer.stop()
+        # Celery before 5.5 still unsubscribes on a stopped consumer (AsyncResult.__del__),
+        # retrying against the gone server for about 20 s: without a pubsub it does nothing.
+        consumer._pubsub = None  # noqa: SLF001  # (see above): no public way to stop it
+
+
 @contextmanager
 def own_redis_server() -> Iterator[RedisServer]:
     """A redis-server of the caller's own (not the session's ``redis_server`` fixture): started,
@@ -234,3 +252,4 @@ def celery_env(
                     gates.open_all()
         # collect the module's AsyncResults while their result backend still answers
         gc.collect()
+        forget_results(app)

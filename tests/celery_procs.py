@@ -24,6 +24,7 @@ from typing import Any
 
 import faultapp
 import redis
+from celery_fixtures import forget_results
 from lock_helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,20 +173,9 @@ class WorkerProcess:
 
 
 def close_app(app: Any) -> None:
-    """Close the test-process app while its redis-server still runs.
-
-    The Redis result backend subscribes to a task's result channel when the task is sent, and
-    an ``AsyncResult`` unsubscribes when it is garbage-collected. A failed test keeps its
-    results alive (in the traceback) until after the server is gone, and their unsubscribe
-    would then retry against a dead server: forget the subscriptions now instead.
-    """
-    consumer = getattr(app.backend, "result_consumer", None)
-    if consumer is not None:
-        consumer.subscribed_to.clear()
-        consumer.stop()
-        # Celery before 5.5 still unsubscribes on a stopped consumer (AsyncResult.__del__),
-        # retrying against the gone server for about 20 s: without a pubsub it does nothing.
-        consumer._pubsub = None  # noqa: SLF001  # (see above): no public way to stop it
+    """Close the test-process app while its redis-server still runs (see
+    :func:`celery_fixtures.forget_results`)."""
+    forget_results(app)
     app.close()
 
 

@@ -352,23 +352,15 @@ def test_acquire_is_idempotent_per_request_id(redis_client: Any) -> None:
 
 # A plain Lua loop keeps the single-threaded server busy (TIME inside a script may be frozen
 # at the script's start on some servers, so the loop is sized by a measured run instead).
-BUSY_SCRIPT = "local x = 0 for i = 1, tonumber(ARGV[1]) do x = x + i end return 1"
-
-
-def _busy_iterations(client: Any, seconds: float) -> int:
-    n = 1_000_000
-    while True:
-        started = time.monotonic()
-        client.eval(BUSY_SCRIPT, 0, n)
-        took = time.monotonic() - started
-        if took > 0.05:
-            return int(n * seconds / took)
-        n *= 4
+#: how long the server is busy: the first attempt (0.15 s timeout) must go out within 0.65 s
+#: of the start, and its resend (1.2 s later) comes after the end
+BUSY = 0.8
 
 
 def _with_busy_server(server: Any, seconds: float, call: Any) -> Any:
-    """Run ``call()`` while a script keeps the server busy for about ``seconds``, so the first
-    attempt of ``call`` times out on the client after the server received it."""
+    """Run ``call()`` while the server is busy for ``seconds`` (a ``DEBUG SLEEP``: a time, not
+    an amount of work, so a loaded machine does not shorten it), so the first attempt of
+    ``call`` times out on the client after the server received it."""
     admin = server.client()
     probe = server.client(socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
 
@@ -380,8 +372,7 @@ def _with_busy_server(server: Any, seconds: float, call: Any) -> Any:
         return False
 
     probe.ping()  # connected before the server is busy: only the call itself may time out
-    iterations = _busy_iterations(admin, seconds)
-    runner = threading.Thread(target=admin.eval, args=(BUSY_SCRIPT, 0, iterations))
+    runner = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", seconds))
     runner.start()
     try:
         wait_until(busy, 5, interval=0.005)
@@ -393,7 +384,7 @@ def _with_busy_server(server: Any, seconds: float, call: Any) -> Any:
 def test_redis_py_resends_a_timed_out_command_so_acquire_must_be_idempotent(
     make_redis_server: Any,
 ) -> None:
-    server = make_redis_server()
+    server = make_redis_server("--enable-debug-command", "yes")
     admin = server.client()
     # Like redis-py's default client (which retries on timeouts), made deterministic: a resend
     # goes out once the busy server has run the first attempt.
@@ -405,7 +396,7 @@ def test_redis_py_resends_a_timed_out_command_so_acquire_must_be_idempotent(
     retrying.ping()  # connected: the timeout below hits the command, not the handshake
 
     # What redis-py's retry does: the caller sees one successful call, Redis ran it twice.
-    assert _with_busy_server(server, 0.4, lambda: retrying.hincrby("plain", "owner", 1)) == 2
+    assert _with_busy_server(server, BUSY, lambda: retrying.hincrby("plain", "owner", 1)) == 2
     assert admin.hget("plain", "owner") == b"2"
 
     # The same resend of an acquire: one call, one hold, and one release frees the lock.
@@ -414,7 +405,7 @@ def test_redis_py_resends_a_timed_out_command_so_acquire_must_be_idempotent(
     evalsha_before = command_calls(admin).get("evalsha", 0)
     reply = _with_busy_server(
         server,
-        0.4,
+        BUSY,
         lambda: commands.acquire(retrying, keys, "worker-1", 30_000, "req-once"),
     )
     assert command_calls(admin)["evalsha"] - evalsha_before == 2  # it was run twice
@@ -425,7 +416,7 @@ def test_redis_py_resends_a_timed_out_command_so_acquire_must_be_idempotent(
     assert commands.acquire(admin, keys, "worker-1", 30_000, "req-twice").hold_count == 2
     _scripts.RELEASE.load(admin)
     evalsha_before = command_calls(admin)["evalsha"]
-    left = _with_busy_server(server, 0.4, lambda: commands.release(retrying, keys, "worker-1"))
+    left = _with_busy_server(server, BUSY, lambda: commands.release(retrying, keys, "worker-1"))
     assert command_calls(admin)["evalsha"] - evalsha_before == 2
     assert left == ReleaseReply(True, 1)
     assert hold_counts(admin, keys.lock) == {"worker-1": 1}
