@@ -14,6 +14,7 @@ server.
 - ``fault_server``, ``fault_app``, ``fault_worker``: the fault tests' app
   (``tests/faultapp.py``) on a redis-server of the module's own, and an in-process worker
   (threads pool) running its tasks from the ``fault`` queue.
+- ``fault_beat``: start ``celery beat`` processes of the fault tests' app (slow tests only).
 
 A test that starts a ``celery worker`` or ``celery beat`` subprocess is marked ``slow``: the
 ``not slow`` subset (what CI runs against the oldest dependencies) starts none, and a test that
@@ -35,6 +36,7 @@ from typing import Any
 
 import faultapp
 import pytest
+from beatproj.harness import LEADER_SCHEDULER, Beat
 from celery import Celery
 from celery_fixtures import CeleryEnv, celery_env, running_worker
 from celery_procs import close_app, redis_base
@@ -183,9 +185,11 @@ def fault_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="module")
-def fault_app(fault_server: RedisServer) -> Iterator[Celery]:
-    """The fault tests' app (``tests/faultapp.py``) on ``fault_server``."""
-    app = faultapp.make_app(redis_base(fault_server.port))
+def fault_app(fault_server: RedisServer, request: pytest.FixtureRequest) -> Iterator[Celery]:
+    """The fault tests' app (``tests/faultapp.py``) on ``fault_server``; a module's
+    ``make_fault_app`` (``faultapp.make_app`` and tasks of its own) makes it instead."""
+    make = getattr(request.module, "make_fault_app", faultapp.make_app)
+    app = make(redis_base(fault_server.port))
     yield app
     close_app(app)
     gc.collect()  # the module's AsyncResults, while their result backend still answers
@@ -204,3 +208,23 @@ def fault_worker(fault_app: Celery, request: pytest.FixtureRequest) -> Iterator[
         finally:
             faultapp.ABORT.set()  # the bodies still running end now: the worker stops at once
     faultapp.ABORT.clear()
+
+
+@pytest.fixture
+def fault_beat(tmp_path: Path) -> Iterator[Callable[..., Beat]]:
+    """``fault_beat(server, lease=None, scheduler=LEADER_SCHEDULER)`` starts a ``celery beat``
+    of the fault tests' app on ``server`` (``fault.tick`` due every second; ``lease``: its
+    ``singleton_lock_ttl``) and returns it; every beat started is stopped after the test."""
+    beats: list[Beat] = []
+
+    def start(server: RedisServer, lease: float | None = None, scheduler: str = "") -> Beat:
+        env = {faultapp.URL_ENV: redis_base(server.port), faultapp.BEAT_ENV: "1"}
+        if lease is not None:
+            env[faultapp.TTL_ENV] = str(lease)
+        beat = Beat("tests.faultapp", tmp_path, len(beats) + 1, env, scheduler or LEADER_SCHEDULER)
+        beats.append(beat)
+        return beat
+
+    yield start
+    for beat in beats:
+        beat.stop()

@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -28,8 +27,7 @@ from beatproj.harness import (
     report,
     sends_since,
 )
-from celery_procs import redis_base
-from faultapp import BEAT_ENV, LOCK_DB, TTL_ENV, URL_ENV
+from faultapp import LOCK_DB
 from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
@@ -43,17 +41,14 @@ LOCK = "beat:faultapp"
 
 
 @pytest.fixture
-def world(make_redis_server: Any, tmp_path: Path) -> Iterator[tuple[list[Beat], Any, RedisServer]]:
+def world(
+    make_redis_server: Any, fault_beat: Callable[..., Beat]
+) -> Iterator[tuple[list[Beat], Any, RedisServer]]:
     server: RedisServer = make_redis_server()
-    env = {URL_ENV: redis_base(server.port), BEAT_ENV: "1", TTL_ENV: str(LEASE)}
     client = redis.Redis(port=server.port, db=LOCK_DB, socket_timeout=5)
-    beats = [Beat("tests.faultapp", tmp_path, n, env) for n in (1, 2)]
-    try:
-        yield beats, client, server
-    finally:
-        for beat in beats:
-            beat.stop()
-        client.close()
+    beats = [fault_beat(server, LEASE) for _ in range(2)]
+    yield beats, client, server
+    client.close()
 
 
 @pytest.mark.parametrize("fault", ["sigkill", "sigterm", "sigstop", "redis-restart"])

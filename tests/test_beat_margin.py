@@ -19,14 +19,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 from beatproj.harness import SEND_LINE, Beat, holder, report
-from celery_procs import redis_base
-from faultapp import BEAT_ENV, LOCK_DB, TTL_ENV, URL_ENV
+from faultapp import LOCK_DB
 from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
@@ -47,11 +46,6 @@ PAUSED = re.compile(r"test: recorded fault-tick; pausing before its send")
 NOT_SENT = re.compile(r"beat \S+ did not send fault-tick: ")
 
 
-def _beat(server: RedisServer, tmp_path: Path, lease: float, scheduler: str) -> Beat:
-    env = {URL_ENV: redis_base(server.port), BEAT_ENV: "1", TTL_ENV: str(lease)}
-    return Beat("tests.faultapp", tmp_path, 1, env, scheduler=f"{SCHEDULERS}:{scheduler}")
-
-
 def _first_after(beat: Beat, start: int, *patterns: re.Pattern[str]) -> re.Match[str] | None:
     """The first match of any of ``patterns`` in the beat's log after offset ``start``."""
     text = beat.log()[start:]
@@ -60,38 +54,35 @@ def _first_after(beat: Beat, start: int, *patterns: re.Pattern[str]) -> re.Match
 
 
 def test_a_send_with_less_lease_left_than_the_margin_is_held_back(
-    make_redis_server: Any, tmp_path: Path
+    make_redis_server: Any, fault_beat: Callable[..., Beat]
 ) -> None:
     # A margin of 3 s; the lease is cut to 1.5 s at the first send, 1 s after the takeover,
     # and the first renewal is due 2 to 4 s after the takeover: out of the cut's way.
     lease = 12.0
-    beat = _beat(make_redis_server(), tmp_path, lease, "ShortLeaseLeaderScheduler")
-    try:
-        cut = wait_until(lambda: CUT.search(beat.log()), 30, "the leader to cut its lease")
-        assert int(cut["left"]) < lease * 1000 / 4
-        outcome = wait_until(
-            lambda: _first_after(beat, cut.end(), HELD_BACK, SEND_LINE),
-            15,
-            "the leader to send or hold the send back",
-        )
-        text = report([beat])
-        sent = outcome.re is SEND_LINE
-        assert not sent, f"sent with less lease left than the margin:\n{text}"
-        assert 0 <= int(outcome["left"]) <= int(cut["left"]), text
-        # and it sends once the lease is long enough again (renewed, or taken anew)
-        wait_until(lambda: SEND_LINE.search(beat.log()[cut.end() :]), lease + 10, "a send after it")
-        assert beat.alive() and "beat raised exception" not in beat.log(), report([beat])
-    finally:
-        beat.stop()
+    beat = fault_beat(make_redis_server(), lease, f"{SCHEDULERS}:ShortLeaseLeaderScheduler")
+    cut = wait_until(lambda: CUT.search(beat.log()), 30, "the leader to cut its lease")
+    assert int(cut["left"]) < lease * 1000 / 4
+    outcome = wait_until(
+        lambda: _first_after(beat, cut.end(), HELD_BACK, SEND_LINE),
+        15,
+        "the leader to send or hold the send back",
+    )
+    text = report([beat])
+    sent = outcome.re is SEND_LINE
+    assert not sent, f"sent with less lease left than the margin:\n{text}"
+    assert 0 <= int(outcome["left"]) <= int(cut["left"]), text
+    # and it sends once the lease is long enough again (renewed, or taken anew)
+    wait_until(lambda: SEND_LINE.search(beat.log()[cut.end() :]), lease + 10, "a send after it")
+    assert beat.alive() and "beat raised exception" not in beat.log(), report([beat])
 
 
 def test_a_leader_paused_between_the_record_and_the_send_sends_nothing(
-    make_redis_server: Any, tmp_path: Path
+    make_redis_server: Any, fault_beat: Callable[..., Beat]
 ) -> None:
     lease = 2.0
     server: RedisServer = make_redis_server()
     client = redis.Redis(port=server.port, db=LOCK_DB, socket_timeout=5)
-    beat = _beat(server, tmp_path, lease, "PausingLeaderScheduler")
+    beat = fault_beat(server, lease, f"{SCHEDULERS}:PausingLeaderScheduler")
     try:
         paused = wait_until(lambda: PAUSED.search(beat.log()), 30, "the leader to pause")
         # Stopped, it renews nothing: its lease runs out in Redis.
@@ -107,5 +98,4 @@ def test_a_leader_paused_between_the_record_and_the_send_sends_nothing(
         assert not sent, f"the woken leader sent past its lease:\n{text}"
         assert beat.alive() and "beat raised exception" not in text, text
     finally:
-        beat.stop()
         client.close()

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 from beatproj.harness import Beat, close_pairs, leader, report
-from celery_procs import redis_base
-from faultapp import BEAT_ENV, LOCK_DB, TTL_ENV, URL_ENV
+from faultapp import LOCK_DB
 from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
@@ -31,14 +29,9 @@ LOCK = "beat:faultapp"
 
 
 @pytest.fixture
-def one_beat(make_redis_server: Any, tmp_path: Path) -> Iterator[tuple[Beat, RedisServer]]:
+def one_beat(make_redis_server: Any, fault_beat: Callable[..., Beat]) -> tuple[Beat, RedisServer]:
     server: RedisServer = make_redis_server()
-    env = {URL_ENV: redis_base(server.port), BEAT_ENV: "1", TTL_ENV: str(LEASE)}
-    beat = Beat("tests.faultapp", tmp_path, 1, env)
-    try:
-        yield beat, server
-    finally:
-        beat.stop()
+    return fault_beat(server, LEASE), server
 
 
 @pytest.mark.parametrize("outage", ["restart", "stall"])

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 from beatproj.harness import Beat, holder, leader, report
-from celery_procs import redis_base
-from faultapp import BEAT_ENV, LOCK_DB, TTL_ENV, URL_ENV
+from faultapp import LOCK_DB
 from lock_helpers import wait_until
 
 from celery_singleton_lock.testing import RedisServer
@@ -32,18 +30,15 @@ LEADS = re.compile(r"INFO/[^\]]+\] beat (?P<me>\S+) leads now")
 
 
 @pytest.fixture
-def two_beats(make_redis_server: Any, tmp_path: Path) -> Iterator[tuple[list[Beat], Any]]:
+def two_beats(
+    make_redis_server: Any, fault_beat: Callable[..., Beat]
+) -> Iterator[tuple[list[Beat], Any]]:
     server: RedisServer = make_redis_server()
-    env = {URL_ENV: redis_base(server.port), BEAT_ENV: "1", TTL_ENV: str(LEASE)}
     scheduler = "tests.beatproj.schedulers:ChattyLeaderScheduler"
-    beats = [Beat("tests.faultapp", tmp_path, n, env, scheduler=scheduler) for n in (1, 2)]
+    beats = [fault_beat(server, LEASE, scheduler) for _ in range(2)]
     client = redis.Redis(port=server.port, db=LOCK_DB, socket_timeout=5)
-    try:
-        yield beats, client
-    finally:
-        for beat in beats:
-            beat.stop()
-        client.close()
+    yield beats, client
+    client.close()
 
 
 def test_standby_names_the_leader_at_info_and_says_when_it_leads(

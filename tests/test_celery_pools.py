@@ -31,7 +31,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -40,7 +40,6 @@ import pytest
 from celery import Celery
 from celery_procs import (
     WorkerProcess,
-    close_app,
     new_job,
     no_overlap,
     records,
@@ -226,17 +225,8 @@ class PoolWorker(WorkerProcess):
         return self
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def app(server: RedisServer) -> Iterator[Celery]:
-    app = make_pool_app(redis_base(server.port))
-    yield app
-    close_app(app)
+#: the app of the conftest's ``fault_app`` fixture (on ``fault_server``)
+make_fault_app = make_pool_app
 
 
 @pytest.mark.parametrize(
@@ -244,16 +234,16 @@ def app(server: RedisServer) -> Iterator[Celery]:
     [("prefork", 1), ("threads", 1), ("solo", 2), ("gevent", 1), ("eventlet", 1)],
 )
 def test_duplicate_skipped_and_lock_released(
-    server: RedisServer, app: Celery, tmp_path: Path, pool: str, workers: int
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path, pool: str, workers: int
 ) -> None:
-    data = server.client(db=DATA_DB)
-    locks = server.client(db=LOCK_DB)
-    work = app.tasks["fault.work"]
+    data = fault_server.client(db=DATA_DB)
+    locks = fault_server.client(db=LOCK_DB)
+    work = fault_app.tasks["fault.work"]
     job = new_job(pool)
     key = work.lock_key_for(job, 2.5)
     with ExitStack() as stack:
         procs = [
-            stack.enter_context(WorkerProcess(redis_base(server.port), tmp_path, pool=pool))
+            stack.enter_context(WorkerProcess(redis_base(fault_server.port), tmp_path, pool=pool))
             for _ in range(workers)
         ]
         first = work.delay(job, 2.5)
@@ -293,16 +283,16 @@ def test_duplicate_skipped_and_lock_released(
 
 @pytest.mark.parametrize("pool", GREEN_POOLS)
 def test_a_cooperative_sleep_longer_than_the_lease_keeps_the_lock(
-    server: RedisServer, app: Celery, tmp_path: Path, pool: str
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path, pool: str
 ) -> None:
     """lock_ttl=2, the body sleeps 6 s with the patched ``time.sleep``: the hub runs the renewal
     lane meanwhile, so at 4.5 s the run still holds its lock and a duplicate is skipped."""
-    data_db = server.client(db=DATA_DB)
-    locks = server.client(db=LOCK_DB)
-    nap = app.tasks["pool.nap"]
+    data_db = fault_server.client(db=DATA_DB)
+    locks = fault_server.client(db=LOCK_DB)
+    nap = fault_app.tasks["pool.nap"]
     job = new_job(f"nap-{pool}")
     key = nap.lock_key_for(job, 6.0)
-    with PoolWorker(redis_base(server.port), tmp_path, pool=pool, concurrency=4) as worker:
+    with PoolWorker(redis_base(fault_server.port), tmp_path, pool=pool, concurrency=4) as worker:
         first = nap.delay(job, 6.0)
         [start] = wait_until(lambda: records(data_db, "starts", job), 15, "the run to start")
         wait_until(lambda: time.time() >= start["t"] + 4.0, 10, "4 s into the run")
@@ -325,19 +315,19 @@ def test_a_cooperative_sleep_longer_than_the_lease_keeps_the_lock(
 
 @pytest.mark.parametrize("pool", GREEN_POOLS)
 def test_publishes_from_many_greenlets_make_one_task(
-    server: RedisServer, app: Celery, tmp_path: Path, pool: str
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path, pool: str
 ) -> None:
     """``lock_at="publish"``: 20 greenlets publish the same job together, one task is queued
     and every greenlet gets its id."""
-    data_db = server.client(db=DATA_DB)
+    data_db = fault_server.client(db=DATA_DB)
     job = new_job(f"fan-{pool}")
-    with PoolWorker(redis_base(server.port), tmp_path, pool=pool, concurrency=4):
-        reply = app.tasks["pool.fan_out"].delay(job, 20).get(timeout=30)
+    with PoolWorker(redis_base(fault_server.port), tmp_path, pool=pool, concurrency=4):
+        reply = fault_app.tasks["pool.fan_out"].delay(job, 20).get(timeout=30)
         assert reply["green"] == pool
         assert len(reply["ids"]) == 20
         assert reply["most_inside"] > 1  # the publishes did overlap
         [task_id] = set(reply["ids"])
-        app.AsyncResult(task_id).get(timeout=15)
+        fault_app.AsyncResult(task_id).get(timeout=15)
         runs = records(data_db, "intervals", job)
     assert [r["id"] for r in runs] == [task_id]
     data_db.close()
@@ -345,19 +335,19 @@ def test_publishes_from_many_greenlets_make_one_task(
 
 @pytest.mark.parametrize("pool", GREEN_POOLS)
 def test_a_body_that_blocks_the_hub_past_the_lease_loses_the_lock_and_says_so(
-    server: RedisServer, app: Celery, tmp_path: Path, pool: str
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path, pool: str
 ) -> None:
     """lock_ttl=2, the body blocks the hub 6 s (an unpatched sleep): nothing renews the lease,
     it ends about 2 s after the last renewal, and a duplicate run on another worker gets in.
     The loss is detected as soon as the body goes on, before anything yields: ``lock.lost`` and
     ``ensure_held()`` read the lease's own clock. The lane, run again by the hub, logs that the
     lease ran out before it could be renewed, and the run's release logs the loss too."""
-    data_db = server.client(db=DATA_DB)
-    locks = server.client(db=LOCK_DB)
-    block = app.tasks["pool.block"]
+    data_db = fault_server.client(db=DATA_DB)
+    locks = fault_server.client(db=LOCK_DB)
+    block = fault_app.tasks["pool.block"]
     job = new_job(f"block-{pool}")
     key = block.lock_key_for(job)
-    base = redis_base(server.port)
+    base = redis_base(fault_server.port)
     with (
         PoolWorker(base, tmp_path, pool=pool, concurrency=4) as green,
         PoolWorker(base, tmp_path, pool="threads", concurrency=2, queue="other") as other,

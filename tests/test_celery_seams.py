@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from contextlib import redirect_stdout
-from pathlib import Path
 from typing import Any
 
 import pytest
 from beatproj.harness import Beat, leader
 from celery import Celery
 from celery_procs import new_job, records, redis_base
-from faultapp import BEAT_ENV, DATA_DB, LOCK_DB, URL_ENV
+from faultapp import DATA_DB, LOCK_DB
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockSpace, ReentrantLock
@@ -57,58 +57,56 @@ def _purge_queued(server: RedisServer) -> int:
 
 @pytest.mark.slow
 def test_purge_queued_frees_only_the_locks_of_messages_that_wait_unrun(
-    fault_server: RedisServer, fault_app: Celery, fault_worker: Any, tmp_path: Path
+    fault_server: RedisServer,
+    fault_app: Celery,
+    fault_worker: Any,
+    fault_beat: Callable[..., Beat],
 ) -> None:
     locks = fault_server.client(db=LOCK_DB)
     space = LockSpace(locks)
-    beat = Beat(
-        "tests.faultapp", tmp_path, 1, {URL_ENV: redis_base(fault_server.port), BEAT_ENV: "1"}
-    )
-    try:
-        # A message that waits unrun: published to a queue no worker consumes.
-        queued_job = new_job("queued")
-        publish_work = fault_app.tasks["fault.publish_work"]
-        queued = publish_work.apply_async((queued_job,), queue=new_job("nobody"))
-        # A job that runs now (a run token of its own).
-        running_job = new_job("running")
-        running = fault_app.tasks["fault.work"].delay(running_job, 30.0)
-        # A job that ran and cools down for a minute.
-        cooled_job = new_job("cooled")
-        cooled = fault_app.tasks["fault.cooled_long"].delay(cooled_job)
-        # A job whose run asked for a retry in a minute: its hold waits, parked, for it.
-        retried_job = new_job("retried")
-        retried = fault_app.tasks["fault.retry_later"].delay(retried_job, 60.0)
-        # A plain lock under the same prefix, and the beat leader's.
-        plain = ReentrantLock(locks, new_job("plain"), ttl=60, renew=False)
-        assert plain.acquire(blocking=False)
-        wait_until(lambda: leader([beat], locks, "beat:faultapp"), 30, "the beat to lead")
+    beat = fault_beat(fault_server)
+    # A message that waits unrun: published to a queue no worker consumes.
+    queued_job = new_job("queued")
+    publish_work = fault_app.tasks["fault.publish_work"]
+    queued = publish_work.apply_async((queued_job,), queue=new_job("nobody"))
+    # A job that runs now (a run token of its own).
+    running_job = new_job("running")
+    running = fault_app.tasks["fault.work"].delay(running_job, 30.0)
+    # A job that ran and cools down for a minute.
+    cooled_job = new_job("cooled")
+    cooled = fault_app.tasks["fault.cooled_long"].delay(cooled_job)
+    # A job whose run asked for a retry in a minute: its hold waits, parked, for it.
+    retried_job = new_job("retried")
+    retried = fault_app.tasks["fault.retry_later"].delay(retried_job, 60.0)
+    # A plain lock under the same prefix, and the beat leader's.
+    plain = ReentrantLock(locks, new_job("plain"), ttl=60, renew=False)
+    assert plain.acquire(blocking=False)
+    wait_until(lambda: leader([beat], locks, "beat:faultapp"), 30, "the beat to lead")
 
-        _wait_state(fault_app, cooled.id, "SUCCESS")
-        _wait_state(fault_app, retried.id, "RETRY")
-        wait_until(lambda: records(fault_server.client(db=DATA_DB), "starts", running_job), 15)
-        held_before = {
-            "running": fault_app.tasks["fault.work"].lock_holder(running_job, 30.0),
-            "cooldown": fault_app.tasks["fault.cooled_long"].lock_holder(cooled_job),
-            "retry": fault_app.tasks["fault.retry_later"].lock_holder(retried_job),
-        }
-        assert held_before == {"running": running.id, "cooldown": cooled.id, "retry": retried.id}
-        assert publish_work.lock_holder(queued_job) == queued.id
+    _wait_state(fault_app, cooled.id, "SUCCESS")
+    _wait_state(fault_app, retried.id, "RETRY")
+    wait_until(lambda: records(fault_server.client(db=DATA_DB), "starts", running_job), 15)
+    held_before = {
+        "running": fault_app.tasks["fault.work"].lock_holder(running_job, 30.0),
+        "cooldown": fault_app.tasks["fault.cooled_long"].lock_holder(cooled_job),
+        "retry": fault_app.tasks["fault.retry_later"].lock_holder(retried_job),
+    }
+    assert held_before == {"running": running.id, "cooldown": cooled.id, "retry": retried.id}
+    assert publish_work.lock_holder(queued_job) == queued.id
 
-        assert _purge_queued(fault_server) == 1
+    assert _purge_queued(fault_server) == 1
 
-        assert publish_work.lock_holder(queued_job) is None
-        assert {
-            "running": fault_app.tasks["fault.work"].lock_holder(running_job, 30.0),
-            "cooldown": fault_app.tasks["fault.cooled_long"].lock_holder(cooled_job),
-            "retry": fault_app.tasks["fault.retry_later"].lock_holder(retried_job),
-        } == held_before
-        assert space.inspect(plain.name).holder == plain.owner
-        assert leader([beat], locks, "beat:faultapp") is beat
-        # The freed job can be published again; the job cooling down cannot.
-        assert publish_work.apply_async((queued_job,), queue=new_job("nobody")).id != queued.id
-        plain.release()
-    finally:
-        beat.stop()
+    assert publish_work.lock_holder(queued_job) is None
+    assert {
+        "running": fault_app.tasks["fault.work"].lock_holder(running_job, 30.0),
+        "cooldown": fault_app.tasks["fault.cooled_long"].lock_holder(cooled_job),
+        "retry": fault_app.tasks["fault.retry_later"].lock_holder(retried_job),
+    } == held_before
+    assert space.inspect(plain.name).holder == plain.owner
+    assert leader([beat], locks, "beat:faultapp") is beat
+    # The freed job can be published again; the job cooling down cannot.
+    assert publish_work.apply_async((queued_job,), queue=new_job("nobody")).id != queued.id
+    plain.release()
 
 
 def test_a_debounced_call_during_a_retry_countdown_gets_that_job_back(
