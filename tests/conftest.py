@@ -15,6 +15,7 @@ server.
   (``tests/faultapp.py``) on a redis-server of the module's own, and an in-process worker
   (threads pool) running its tasks from the ``fault`` queue.
 - ``fault_beat``: start ``celery beat`` processes of the fault tests' app (slow tests only).
+- ``policy``: set the module's app's ``singleton_lock_on_backend_error`` for one test.
 
 A test that starts a ``celery worker`` or ``celery beat`` subprocess is marked ``slow``: the
 ``not slow`` subset (what CI runs against the oldest dependencies) starts none, and a test that
@@ -41,6 +42,7 @@ from celery import Celery
 from celery_fixtures import CeleryEnv, celery_env, running_worker
 from celery_procs import close_app, redis_base
 
+from celery_singleton_lock import reload_settings
 from celery_singleton_lock.testing import RedisServer
 
 if sys.version_info < (3, 11, 8):
@@ -175,6 +177,19 @@ def env(request: pytest.FixtureRequest) -> Iterator[CeleryEnv]:
     options = dict(getattr(module, "CELERY_ENV", {}))
     with celery_env(module.app, getattr(module, "gates", None), **options) as made:
         yield made
+
+
+@pytest.fixture
+def policy(env: CeleryEnv) -> Iterator[Callable[[str], None]]:
+    """``policy(value)`` sets ``singleton_lock_on_backend_error`` of the module's ``env`` app;
+    back to ``"raise"`` after the test."""
+
+    def set_policy(value: str) -> None:
+        env.app.conf.singleton_lock_on_backend_error = value
+        reload_settings(env.app)
+
+    yield set_policy
+    set_policy("raise")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import redis
 from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
 from lock_helpers import command_calls
 
-from celery_singleton_lock import LockBackendError, LockedTask, reload_settings
+from celery_singleton_lock import LockBackendError, LockedTask
 from celery_singleton_lock.testing import free_port
 
 # the adversarial fault suite (`pytest -m faults`): real workers killed, revoked, stopped
@@ -50,16 +50,6 @@ def env() -> Iterator[CeleryEnv]:
         singleton_lock_redis_options={"socket_timeout": 0.3, "socket_connect_timeout": 0.3},
     ) as env:
         yield env
-
-
-@pytest.fixture
-def policy(env: CeleryEnv) -> Iterator[Any]:
-    def set_policy(value: str) -> None:
-        env.app.conf.singleton_lock_on_backend_error = value
-        reload_settings(env.app)
-
-    yield set_policy
-    set_policy("raise")
 
 
 def test_a_publish_raises_and_sends_nothing(env: CeleryEnv, policy: Any) -> None:

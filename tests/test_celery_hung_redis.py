@@ -100,16 +100,6 @@ def locks(lock_server: RedisServer) -> Iterator[Any]:
     client.close()
 
 
-@pytest.fixture
-def policy(env: CeleryEnv) -> Iterator[Callable[[str], None]]:
-    def set_policy(value: str) -> None:
-        env.app.conf.singleton_lock_on_backend_error = value
-        reload_settings(env.app)
-
-    yield set_policy
-    set_policy("raise")
-
-
 @contextmanager
 def stopped(server: RedisServer) -> Iterator[None]:
     """The server SIGSTOPped (it accepts connections, never answers) until the block ends."""
