@@ -1,4 +1,4 @@
-"""Beyond one at a time, on a real prefork worker: ``lock_limit``, ``lock_cooldown``,
+"""Beyond one at a time, on a real worker: ``lock_limit``, ``lock_cooldown``,
 ``lock_at="queue"`` and ``lock_debounce``.
 
 Each option's rule, as these tests check it:
@@ -21,8 +21,9 @@ Each option's rule, as these tests check it:
   made while the job runs replaces nothing: it gets the running job back. A call
   with a countdown or an eta of its own replaces the waiting one and runs at its own time.
 
-The tasks are the fault tests' app's (``tests/faultapp.py``); the worker is a ``celery
-worker`` subprocess on a redis-server of this module's own.
+The tasks are the fault tests' app's (``tests/faultapp.py``), on a redis-server of this
+module's own; an in-process worker (threads pool) runs them, and the (slow) tests that kill a
+worker or a pool child start ``celery worker`` subprocesses (prefork) on queues of their own.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``lock_at="queue"`` on real prefork workers: the queued copy starts when the running one
-ends, and is never lost, whichever worker dies.
+"""``lock_at="queue"`` on real workers: the queued copy starts when the running one ends, and
+is never lost, whichever worker dies.
 
 The rules, as these tests check them (the tasks are the fault tests' app's, with the default
 ``lock_on_locked``, so a refused queued copy waits for the run to end):
@@ -21,8 +21,11 @@ The rules, as these tests check them (the tasks are the fault tests' app's, with
 * the wake costs a ``lock_at="queue"`` run one Redis script more (the read at its end), and
   the other modes nothing.
 
-The slow test measures the queued copy's start after a 20 s body with the default lease
-(``singleton_lock_ttl``, 30 s) and prints it.
+The tasks are the fault tests' app's (``tests/faultapp.py``), on a redis-server of this
+module's own; an in-process worker (threads pool) runs them, and the (slow) tests of a pool, a
+pickling worker or a worker that dies start ``celery worker`` subprocesses (prefork) on queues
+of their own. The slow test measures the queued copy's start after a 20 s body with the default
+lease (``singleton_lock_ttl``, 30 s) and prints it.
 """
 
 from __future__ import annotations

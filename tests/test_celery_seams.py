@@ -1,5 +1,5 @@
-"""Where an operator command or one feature meets another, on a real prefork worker (and a real
-beat): each hold is in a state of its own, and what acts on some holds acts on those only.
+"""Where an operator command or one feature meets another, on a real worker (and a real beat):
+each hold is in a state of its own, and what acts on some holds acts on those only.
 
 * ``celery locks purge --queued`` (after ``celery purge``) frees the locks of messages that wait
   in a queue unrun, and nothing else: not a running job's, not a cooldown's, not a retry's
@@ -7,8 +7,8 @@ beat): each hold is in a state of its own, and what acts on some holds acts on t
 * A debounced call made while a job's retry waits out its countdown does not replace that job:
   its run has started, so the call gets that job back.
 
-The tasks are the fault tests' app's (``tests/faultapp.py``); the worker is a ``celery worker``
-subprocess on a redis-server of this module's own.
+The tasks are the fault tests' app's (``tests/faultapp.py``), run by an in-process worker
+(threads pool) on a redis-server of this module's own; the beat is a ``celery beat`` process.
 """
 
 from __future__ import annotations
