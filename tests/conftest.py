@@ -28,6 +28,7 @@ import ast
 import functools
 import gc
 import os
+import shlex
 import shutil
 import sys
 import threading
@@ -127,7 +128,10 @@ _running: list[pytest.Item] = []
 def _celery_process(args: Any) -> str | None:
     """``worker`` or ``beat`` when ``args`` (a Popen command) starts a ``celery worker`` or
     ``celery beat`` (``python -m celery ...`` or a ``celery`` script), else ``None``."""
-    argv = [os.fsdecode(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
+    if isinstance(args, (list, tuple)):
+        argv = [os.fsdecode(a) for a in args]
+    else:  # a command line for a shell
+        argv = shlex.split(os.fsdecode(args))
     celery = any(
         Path(a).name == "celery" or (a == "celery" and argv[i - 1] == "-m")
         for i, a in enumerate(argv[:4])
