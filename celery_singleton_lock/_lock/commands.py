@@ -218,7 +218,7 @@ def _seconds(pttl: Any) -> float:
 def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
     """Run ``cancel`` (lua/cancel.lua) once; it is no longer pending when Redis answered."""
     args = (cancel.owner, cancel.request, runtime.publish_command, META_RETENTION_MS)
-    if int(scripts.CANCEL(client, cancel.keys.pair, (*args, cancel.lease_ms))):
+    if int(scripts.CANCEL(client, cancel.keys.pair, (*args, cancel.lease_ms, cancel.keys.channel))):
         _log_acquire.warning(
             "the acquire of %s by %s whose reply was lost had taken the lock: undone",
             cancel.keys.lock,
@@ -458,7 +458,7 @@ def release(
     A pending cancel runs first (see :func:`acquire`); when it cannot, the release is not sent
     now, but it is in the background with ``retry_for``."""
     runtime = LockRuntime.of(client)
-    args: tuple[Any, ...] = (owner, drop, new_request_id(), META_RETENTION_MS)
+    args: tuple[Any, ...] = (owner, drop, new_request_id(), META_RETENTION_MS, keys.channel)
     if runtime.publish_command == "spublish":
         args += ("spublish",)
     try:  # not backend_errors(): the hot path (see acquire)
@@ -503,7 +503,7 @@ def force_release(
     for state in states:
         if not isinstance(state, str) or not state:
             raise ValueError(f"states must be non-empty labels, got {state!r}")
-    args = (publish_command(client), META_RETENTION_MS, holder, *states)
+    args = (publish_command(client), keys.channel, META_RETENTION_MS, holder, *states)
     with backend_errors("force-release", keys.name):
         done = int(scripts.FORCE_RELEASE(client, keys.pair, args))
     if done:
@@ -515,18 +515,17 @@ def inspect(client: Any, keys: LockKeys) -> LockState:
     """The lock's state, read atomically."""
     with backend_errors("inspect", keys.name):
         reply = scripts.INSPECT(client, keys.pair, ())
-    fence, since = text(reply[1]), text(reply[2])
-    owners = {text(reply[i]): int(reply[i + 1]) for i in range(6, len(reply) - 1, 2)}
-    pttl = int(reply[0])
+    pttl, fence = int(reply[0]), text(reply[1])
     return LockState(
         keys=keys,
         lease_left=pttl / 1000 if pttl >= 0 else None,
         fence=int(fence) if fence else None,
-        since=int(since) / 1000 if since else None,
-        info=text(reply[3]),
-        run_token=text(reply[4]),
-        state=text(reply[5]),
-        owners=owners,
+        # a new holder's fence is the server time in microseconds (see lua/acquire.lua)
+        since=int(fence) / 1e6 if fence else None,
+        info=text(reply[2]),
+        run_token=text(reply[3]),
+        state=text(reply[4]),
+        owners={text(reply[i]): int(reply[i + 1]) for i in range(5, len(reply) - 1, 2)},
     )
 
 

@@ -45,9 +45,9 @@ class LockKeys:
     meta hash but the channel of permit 1, so that one subscription hears every permit of a
     name. Every key of every permit is in the name's hash tag: one Redis Cluster slot.
 
-    Only ``lock`` and ``meta`` are keys of the scripts (:attr:`pair`): the channel is not a
-    key (the scripts build its name from ``lock``), since Redis Cluster refuses a script with
-    a missing key in a migrating slot (TRYAGAIN) and a channel never exists as a key."""
+    Only ``lock`` and ``meta`` are keys of the scripts (:attr:`pair`): the channel is passed
+    as an argument, since Redis Cluster refuses a script with a missing key in a migrating
+    slot (TRYAGAIN) and a channel never exists as a key."""
 
     prefix: str
     name: str
@@ -65,8 +65,8 @@ class LockKeys:
         base = f"{prefix}:{{{escape_name(name)}}}"
         if type(slot) is not int or slot < 1:
             raise ValueError(f"slot must be an int >= 1, got {slot!r}")
-        # The scripts publish on the lock key cut after its hash tag, plus ":wake": the
-        # channel is the same for every permit (see lua/release.lua).
+        # The wake-up channel is named here only (the scripts are passed it): one per name,
+        # shared by every permit.
         lock = base if slot == 1 else f"{base}:s{slot}"
         return cls(prefix, name, lock, lock + ":meta", base + ":wake", slot)
 
