@@ -77,7 +77,7 @@ import redis
 
 import celery_singleton_lock
 from celery_singleton_lock import ReentrantLock
-from celery_singleton_lock._lock.heartbeat import get_heartbeat
+from celery_singleton_lock._lock.runtime import get_heartbeat
 
 try:
     import redis_lock  # type: ignore[import-untyped]  # python-redis-lock
@@ -925,7 +925,7 @@ def section_handoff(url: str, names: Names, rounds: int, slow_rounds: int) -> di
 def section_renewal(
     client: Any, names: Names, count: int, ttl: float, periods: int, own_server: bool
 ) -> dict[str, Any]:
-    from celery_singleton_lock._lock import heartbeat as _heartbeat
+    from celery_singleton_lock._lock import renewal as _renewal
 
     hb = get_heartbeat()
     locks = [
@@ -963,7 +963,7 @@ def section_renewal(
     renewed = renewed2 - renewed1
     full_periods = renewed / count
     evalsha = stats_delta(s1, s2).get("evalsha", (0, 0))[0]
-    batch = getattr(_heartbeat, "BATCH", None)
+    batch = getattr(_renewal, "BATCH", None)
     rt_per_period = round_trips / full_periods if full_periods else math.inf
     return {
         "locks": count,

@@ -23,8 +23,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from celery_singleton_lock import LockBackendError, ReentrantLock
-from celery_singleton_lock._lock.heartbeat import get_heartbeat
-from celery_singleton_lock._lock.runtime import LockRuntime, publish_command
+from celery_singleton_lock._lock.runtime import LockRuntime, get_heartbeat, publish_command
 from celery_singleton_lock.testing import RedisServer, find_redis_server, free_port
 
 # an assertion that fails in a helper thread fails the test

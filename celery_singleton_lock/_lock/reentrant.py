@@ -10,8 +10,7 @@ from typing import Any
 
 from .._errors import LockLostError, LockNotOwnedError, LockTimeoutError
 from . import commands, observe
-from .checks import check_backend_timeout, check_lease_ms, check_wait
-from .client import RedisClient, check_client
+from .checks import RedisClient, check_backend_timeout, check_client, check_lease_ms, check_wait
 from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
 from .deadline import bounded
 from .hold import Hold

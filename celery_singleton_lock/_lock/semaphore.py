@@ -8,12 +8,11 @@ from typing import Any
 
 from .._errors import LockBackendError, LockTimeoutError
 from . import observe
-from .checks import check_backend_timeout, check_lease_ms, check_wait
-from .client import RedisClient
-from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
+from .checks import RedisClient, check_backend_timeout, check_lease_ms, check_wait
+from .commands import ALL_HOLDS, NOT_OWNED, AcquireReply, ReleaseReply
 from .deadline import bounded
 from .keys import LockKeys
-from .permits import NOT_OWNED, check_permits, owned_by, permit_keys, release_everywhere
+from .permits import check_permits, owned_by, permit_keys, release_everywhere
 from .permits import holders as permit_holders
 from .permits import take as take_permit
 from .reentrant import ReentrantLock
