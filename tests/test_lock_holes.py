@@ -106,7 +106,7 @@ def test_a_cancelled_acquire_that_runs_later_is_refused(server: RedisServer) -> 
     finally runs, takes nothing."""
     client = redis.Redis(port=server.port)
     keys = LockKeys.for_name("lock", "voided")
-    args = ("owner-1", "request-1", "publish", commands.META_RETENTION_MS, 30_000)
+    args = ("owner-1", "request-1", "publish", scripts.META_RETENTION_MS, 30_000)
     assert scripts.CANCEL(client, keys.pair, args) == 0
     reply = commands.acquire(client, keys, "owner-1", 30_000, "request-1")
     assert not reply.acquired
@@ -123,7 +123,7 @@ def test_a_cancel_only_drops_the_hold_its_acquire_added(server: RedisServer) -> 
     keys = LockKeys.for_name("lock", "twice")
     assert commands.acquire(client, keys, "task-1", 30_000, "publish").acquired
     assert commands.acquire(client, keys, "task-1", 30_000, "run").hold_count == 2
-    args = ("task-1", "run", "publish", commands.META_RETENTION_MS, 30_000)
+    args = ("task-1", "run", "publish", scripts.META_RETENTION_MS, 30_000)
     assert scripts.CANCEL(client, keys.pair, args) == 1
     assert scripts.CANCEL(client, keys.pair, args) == 0
     assert client.hgetall(keys.lock) == {b"task-1": b"1"}
@@ -139,7 +139,7 @@ def test_a_cancel_after_the_meta_hash_was_lost_keeps_it_past_the_lock(
     keys = LockKeys.for_name("lock", "evicted")
     assert commands.acquire(client, keys, "holder", 600_000, "long").acquired
     client.delete(keys.meta)
-    args = ("other", "short", "publish", commands.META_RETENTION_MS, 1_000)
+    args = ("other", "short", "publish", scripts.META_RETENTION_MS, 1_000)
     assert scripts.CANCEL(client, keys.pair, args) == 0
     assert client.pttl(keys.meta) > client.pttl(keys.lock) > 500_000
 
@@ -197,7 +197,7 @@ def test_a_lease_the_script_cannot_represent_writes_nothing(server: RedisServer)
             commands.acquire(client, keys, "owner", lease_ms, f"request-{lease_ms}")  # type: ignore[arg-type]
         assert client.exists(keys.lock) == 0
     # The largest lease the scripts take is written exactly (no exponent notation).
-    biggest = 2**53 - 1 - commands.META_RETENTION_MS
+    biggest = 2**53 - 1 - scripts.META_RETENTION_MS
     assert commands.acquire(client, keys, "owner", biggest, "request-big").acquired
     assert client.pttl(keys.lock) > 2**52
     assert not commands.park(client, keys, "nobody", 1000)

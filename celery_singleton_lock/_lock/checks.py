@@ -14,16 +14,6 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.client import Pipeline
 from redis.cluster import ClusterPipeline
 
-__all__ = [
-    "MAX_LEASE_SECONDS",
-    "RedisClient",
-    "check_backend_timeout",
-    "check_client",
-    "check_duration",
-    "check_lease_ms",
-    "check_wait",
-]
-
 #: The longest lease the lock takes: ten years, far below what the scripts write exactly
 #: (lease + meta retention < 2**53 ms).
 MAX_LEASE_SECONDS = 10 * 365 * 24 * 3600

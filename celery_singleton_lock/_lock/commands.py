@@ -23,25 +23,6 @@ from .runtime import LockRuntime, PendingCancel, publish_command
 from .scripts import META_RETENTION_MS
 from .sentinel import ACQUIRE_CHECK_INTERVAL
 
-__all__ = [
-    "ALL_HOLDS",
-    "META_RETENTION_MS",
-    "AcquireReply",
-    "LockState",
-    "ReleaseReply",
-    "acquire",
-    "backend_errors",
-    "force_release",
-    "inspect",
-    "is_held",
-    "is_owned",
-    "park",
-    "release",
-    "seconds",
-    "settle",
-    "text",
-]
-
 #: ``release(..., drop=ALL_HOLDS)`` drops every hold of the owner (lua/release.lua's 0)
 ALL_HOLDS = 0
 

@@ -1,9 +1,8 @@
 """One process's hold on one lock, and the registry of the holds taken through one client.
 
-A hold is shared by every lock object with the same client, name and owner, so nested re-entry
-in a process is counted here and never reaches Redis. A registry belongs to its client's
-:class:`~.runtime.LockRuntime` and keeps a hold only while it is held (or being taken); a forked
-child gets new runtimes, so it owns nothing its parent held, and never renews it.
+Every lock object with the same client, name and owner shares one hold, so nested re-entry is
+counted here and never reaches Redis. A registry (one per client's runtime) keeps a hold only
+while it is held or being taken.
 """
 
 from __future__ import annotations
@@ -16,26 +15,18 @@ from typing import Any
 from . import observe
 from .keys import LockKeys
 
-__all__ = ["Hold", "HoldRegistry", "LeaseLost", "after_fork_in_child"]
-
 
 class LeaseLost(threading.Event):
-    """A hold's ``lost``: set by the heartbeat when it finds the lease gone or cannot renew it,
-    and by itself the moment the lease runs out on the local clock while the lock is held.
-
-    The second half matters when the heartbeat cannot say so: a call to a Redis that stopped
-    answering (a client without a socket timeout) can keep the client's renewal lane from
-    renewing, or from reporting anything, for as long as it hangs. A lease that ran out must
-    still never look held.
-    """
+    """A hold's ``lost``: set by the heartbeat when the lease is gone or cannot be renewed, and
+    by itself once the lease runs out on the local clock (a lane stuck on a hung Redis reports
+    nothing, and a lease that ran out must never look held)."""
 
     def __init__(self, hold: Hold) -> None:
         super().__init__()
         self._hold = weakref.ref(hold)
 
     def set(self) -> None:
-        # Every way a lease is lost ends here (the heartbeat, a release that found it gone,
-        # the local clock): the one place to report it, once per hold.
+        # Every way a lease is lost ends here: the one place to report it, once per hold.
         if not threading.Event.is_set(self):
             super().set()
             if observe.observer is not None:

@@ -15,16 +15,6 @@ from . import commands
 from .commands import NOT_OWNED, AcquireReply, ReleaseReply
 from .keys import LockKeys
 
-__all__ = [
-    "check_permits",
-    "holders",
-    "owned_by",
-    "permit_keys",
-    "release_everywhere",
-    "release_owned",
-    "take",
-]
-
 
 def check_permits(permits: object) -> int:
     """``permits`` when it is an int >= 1 (not a bool), else an error naming ``permits``."""

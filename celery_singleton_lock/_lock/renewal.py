@@ -27,8 +27,6 @@ from .deadline import bounded
 from .hold import Hold
 from .scripts import META_RETENTION_MS
 
-__all__ = ["BATCH", "THREAD_NAME", "Lane"]
-
 log = logging.getLogger("celery_singleton_lock.heartbeat")
 
 #: locks per EVALSHA: keeps one script run short, so Redis serves other clients in between

@@ -27,8 +27,6 @@ from .renewal import Lane
 from .sentinel import MasterFollower, master_pool
 from .wakeup import KEEP_IDLE, Contended, WakeHub, probe_publish_command
 
-__all__ = ["Heartbeat", "LockRuntime", "PendingCancel", "get_heartbeat", "publish_command"]
-
 
 class PendingCancel:
     """The cancel of an acquire whose reply was lost (lua/cancel.lua's arguments), kept until

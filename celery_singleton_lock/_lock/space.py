@@ -25,18 +25,6 @@ from .permits import check_permits, owned_by, permit_keys, release_owned, take
 from .reentrant import ReentrantLock
 from .semaphore import Semaphore
 
-__all__ = [
-    "CLAIMED",
-    "CLAIMED_ELSEWHERE",
-    "WAITERS",
-    "WAIT_OVER",
-    "WAIT_REPLACED",
-    "LockSpace",
-    "NamedLock",
-    "RecordReply",
-    "WaitReply",
-]
-
 #: :meth:`NamedLock.claim_waiter`'s answers: claimed; the waiter waits no more; another
 #: wake-up claimed it (or it waits again with another token); the waiter was replaced
 CLAIMED, WAIT_OVER, CLAIMED_ELSEWHERE, WAIT_REPLACED = 1, 0, 2, 3

@@ -19,8 +19,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Contended", "Subscription", "WakeHub", "probe_publish_command"]
-
 log = logging.getLogger("celery_singleton_lock.wakeup")
 
 #: idle subscriptions (connections) a process keeps per client for its next waits
