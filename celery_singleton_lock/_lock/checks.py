@@ -1,6 +1,6 @@
 """Checks of the lock's arguments, raised before anything is sent to Redis: a ``TypeError`` or
 ``ValueError`` that names the parameter and what it takes. :func:`check_duration` is the
-package's one check of a number of seconds (the Celery layer's settings and options use it too).
+package's one check of a number of seconds (the layers above use it too).
 """
 
 from __future__ import annotations

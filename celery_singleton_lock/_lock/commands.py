@@ -306,7 +306,7 @@ def force_release(
     while its hold is in one of them and no run token is recorded); wakes waiters."""
     if isinstance(states, str):
         raise TypeError(
-            f"states must be a collection of labels, such as ('queued',), not {states!r}"
+            f"states must be a collection of labels, such as ('parked',), not {states!r}"
         )
     for state in states:
         if not isinstance(state, str) or not state:

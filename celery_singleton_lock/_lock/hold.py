@@ -98,7 +98,7 @@ class Hold:
         #: nesting depth in this process; Redis counts this whole hold as one
         self.count = 0
         self.fence: int | None = None
-        # made at its first use: most holds end without anyone asking (a Celery run's does)
+        # made at its first use: most holds end without anyone asking
         self._lost: LeaseLost | None = None
         self.mutex = threading.Lock()
         #: set when the hold left the registry; a thread that finds it dead looks again

@@ -81,8 +81,7 @@ class LockKeys:
         return cls.for_name(prefix, unescape_name(tag), slot)
 
     def records(self, kind: str) -> str:
-        """A hash of records kept beside the lock (``<lock key>:<kind>``, in its hash tag):
-        the beat leader's last sends are ``records("last_run")``."""
+        """A hash of records kept beside the lock (``<lock key>:<kind>``, in its hash tag)."""
         return f"{self.lock}:{kind}"
 
     @property

@@ -22,28 +22,19 @@ from .runtime import LockRuntime
 class ReentrantLock:
     """A reentrant lock held in one Redis hash: field = owner token, value = hold count.
 
-    ``ttl`` is the lease in seconds; with ``renew=True`` the heartbeat renews it about every
-    ``ttl/3`` while it is held, so a holder that dies loses it within a lease. ``owner``
-    defaults to a token unique to the calling process and thread (new after fork). Lock objects
-    with the same client, name and owner share one hold, so nesting in a process costs no round
-    trip (they must agree on ``ttl`` and ``renew``); the same owner in another process
-    re-enters through Redis.
+    ``ttl`` is the lease in seconds, renewed about every ``ttl/3`` while held with ``renew``.
+    ``owner`` defaults to a token of the calling process and thread; lock objects of one client,
+    name and owner share one hold (nesting costs no round trip; they must agree on ``ttl`` and
+    ``renew``), and the same owner in another process re-enters through Redis. ``timeout`` is
+    how long :meth:`acquire` waits by default (``None``: as long as it takes); ``prefix`` starts
+    the keys (``prefix:{name}``); ``info`` is text for operators and ``state`` a label that
+    operator commands act on. While a hold has a ``run_token``, the same owner with another one
+    is refused (``other_run``). ``backend_timeout`` bounds each operation on Redis as a whole,
+    resends included (what one cut short leaves open goes on in the background).
 
-    ``timeout`` is how long :meth:`acquire` and ``with lock:`` wait by default (``None``: as
-    long as it takes). ``prefix`` starts the Redis keys (``prefix:{name}``). ``info`` is text
-    for operators; ``state`` a label of the hold that operator commands act on
-    (``LockSpace.force_release(states=...)``). ``run_token`` names one run of an owner that
-    several processes act as: while a hold has one, the same owner with another is refused
-    (``other_run``), and without one may always re-enter.
-
-    ``backend_timeout`` (seconds, ``None``: the client's own bounds only) bounds each operation
-    on Redis as a whole, resends included (one acquire attempt, a release, a park, a check);
-    what one cut short leaves open (the cancel of a lost acquire, a release) goes on in the
-    background.
-
-    The lock is efficiency-grade: a holder paused longer than its lease can lose it while it
-    still runs. Check :attr:`lost` / :meth:`ensure_held`, and pass :attr:`fence` to stores that
-    can refuse writes from an older holder.
+    Efficiency-grade: a holder paused past its lease can lose it while it runs. Check
+    :attr:`lost` / :meth:`ensure_held`, and pass :attr:`fence` to stores that can refuse an
+    older holder's writes.
     """
 
     def __init__(
@@ -166,7 +157,7 @@ class ReentrantLock:
                 hold.set_lease(self._ttl, self._renew)  # nobody holds it: this object's lease
                 try:
                     attempt = self._attempt(runtime, hold)
-                    reply = wait_for(runtime, self._keys.channel, deadline, attempt, self._quiet)
+                    reply = runtime.wait_for(self._keys.channel, deadline, attempt, self._quiet)
                 except BaseException:
                     holds.forget(hold)
                     raise
@@ -371,46 +362,3 @@ class ReentrantLock:
             f"<ReentrantLock {self._keys.lock!r} ttl={self._ttl} owner={self.owner!r} "
             f"hold_count={self.hold_count}>"
         )
-
-
-def wait_for(
-    runtime: LockRuntime,
-    channel: str,
-    deadline: float | None,
-    attempt: Callable[[bool], AcquireReply],
-    quiet: bool = False,
-) -> AcquireReply:
-    """Call ``attempt`` until it acquires or ``deadline`` (monotonic; ``None``: none) passes,
-    waiting in between for a release published on ``channel``, but never longer than the
-    holder's lease left (a lost message costs no more). Reports a refusal (unless ``quiet``)
-    and the time waited."""
-    sub = None
-    # A release woke this thread and it has not tried since: leaving now passes it on.
-    woken = False
-    started = time.monotonic()
-    if (deadline is None or deadline > started) and runtime.contended.recent(channel):
-        # Refused a moment ago: subscribe before the first try (one refused acquire, not two).
-        sub = runtime.hub.join(channel)
-    again = False
-    try:
-        while True:
-            reply = attempt(again)
-            again, woken = True, False
-            left = None if deadline is None else deadline - time.monotonic()
-            if reply.acquired or (left is not None and left <= 0):
-                if observe.observer is not None:
-                    if not reply.acquired and not quiet:
-                        observe.observer.refused()
-                    if sub is not None and (reply.acquired or not quiet):
-                        observe.observer.waited(time.monotonic() - started)
-                return reply
-            if sub is None:
-                # Subscribe, then look again: a release in between is not missed.
-                runtime.contended.note(channel)
-                sub = runtime.hub.join(channel)
-                continue
-            pause = reply.lease_left if reply.lease_left > 0 else 0.001
-            woken = sub.wait(pause if left is None else min(pause, left))
-    finally:
-        if sub is not None:
-            sub.hub.leave(sub, woken=woken)

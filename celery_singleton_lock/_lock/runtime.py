@@ -15,17 +15,32 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from . import hold as _hold
+from . import observe
 from . import owner as _owner
 from .hold import Hold, HoldRegistry
 from .keys import LockKeys
 from .renewal import Lane
 from .sentinel import MasterFollower, master_pool
 from .wakeup import KEEP_IDLE, Contended, WakeHub, probe_publish_command
+
+
+class _Reply(Protocol):
+    """What :meth:`LockRuntime.wait_for` reads of an acquire's reply."""
+
+    @property
+    def acquired(self) -> bool: ...
+
+    @property
+    def lease_left(self) -> float: ...
+
+
+Reply = TypeVar("Reply", bound=_Reply)
 
 
 class PendingCancel:
@@ -207,6 +222,48 @@ class LockRuntime:
                         background=self.retry,
                     )
         return hub
+
+    def wait_for(
+        self,
+        channel: str,
+        deadline: float | None,
+        attempt: Callable[[bool], Reply],
+        quiet: bool = False,
+    ) -> Reply:
+        """Call ``attempt`` until it acquires or ``deadline`` (monotonic; ``None``: none) passes,
+        waiting in between for a release published on ``channel``, but never longer than the
+        holder's lease left (a lost message costs no more). Reports a refusal (unless ``quiet``)
+        and the time waited."""
+        sub = None
+        # A release woke this thread and it has not tried since: leaving now passes it on.
+        woken = False
+        started = time.monotonic()
+        if (deadline is None or deadline > started) and self.contended.recent(channel):
+            # Refused a moment ago: subscribe before the first try (one refusal, not two).
+            sub = self.hub.join(channel)
+        again = False
+        try:
+            while True:
+                reply = attempt(again)
+                again, woken = True, False
+                left = None if deadline is None else deadline - time.monotonic()
+                if reply.acquired or (left is not None and left <= 0):
+                    if observe.observer is not None:
+                        if not reply.acquired and not quiet:
+                            observe.observer.refused()
+                        if sub is not None and (reply.acquired or not quiet):
+                            observe.observer.waited(time.monotonic() - started)
+                    return reply
+                if sub is None:
+                    # Subscribe, then look again: a release in between is not missed.
+                    self.contended.note(channel)
+                    sub = self.hub.join(channel)
+                    continue
+                pause = reply.lease_left if reply.lease_left > 0 else 0.001
+                woken = sub.wait(pause if left is None else min(pause, left))
+        finally:
+            if sub is not None:
+                sub.hub.leave(sub, woken=woken)
 
     def follow_master(self, max_age: float = 0.0) -> None:
         """For a Sentinel client: follow the master if it moved (see :mod:`.sentinel`)."""

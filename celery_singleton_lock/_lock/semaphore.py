@@ -14,7 +14,7 @@ from .keys import LockKeys
 from .permits import check_permits, owned_by, permit_keys, release_everywhere
 from .permits import holders as permit_holders
 from .permits import take as take_permit
-from .reentrant import ReentrantLock, wait_for
+from .reentrant import ReentrantLock
 from .runtime import LockRuntime
 
 
@@ -148,7 +148,7 @@ class Semaphore:
         if self.held is not None:  # a re-entry here waits for nothing
             deadline = started
         runtime = LockRuntime.of(self._client)
-        return wait_for(runtime, self._keys[0].channel, deadline, lambda _: self._try_once())
+        return runtime.wait_for(self._keys[0].channel, deadline, lambda _: self._try_once())
 
     def _try_once(self) -> AcquireReply:
         held = self.held
