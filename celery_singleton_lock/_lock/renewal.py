@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -38,6 +39,7 @@ IDLE_EXIT = 30.0
 THREAD_NAME = "celery-singleton-lock-heartbeat"
 
 
+@dataclass(eq=False, slots=True)
 class _Retry:
     """A call to make again until it returns without raising, or until ``give_up_at``.
 
@@ -46,21 +48,14 @@ class _Retry:
     moves ``give_up_at`` to at least ``span`` s later (a server that does not answer may still
     run what it was sent). ``gave_up()`` is called once the lane gives up."""
 
-    __slots__ = ("attempts", "budget", "call", "gave_up", "give_up_at", "next_try", "span", "what")
-
-    def __init__(
-        self,
-        call: Callable[[], None],
-        what: str,
-        give_up_at: float,
-        budget: float | None,
-        span: float | None,
-        gave_up: Callable[[], None] | None,
-    ) -> None:
-        self.call, self.what, self.give_up_at = call, what, give_up_at
-        self.budget, self.span, self.gave_up = budget, span, gave_up
-        self.next_try = time.monotonic()
-        self.attempts = 0
+    call: Callable[[], None]
+    what: str
+    give_up_at: float
+    budget: float | None
+    span: float | None
+    gave_up: Callable[[], None] | None
+    next_try: float = field(default_factory=time.monotonic)
+    attempts: int = 0
 
 
 class Lane:

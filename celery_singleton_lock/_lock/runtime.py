@@ -18,6 +18,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from . import hold as _hold
@@ -43,17 +44,18 @@ class _Reply(Protocol):
 Reply = TypeVar("Reply", bound=_Reply)
 
 
+@dataclass(eq=False, slots=True)
 class PendingCancel:
     """The cancel of an acquire whose reply was lost (lua/cancel.lua's arguments), kept until
     it has run: the owner's next operation on the lock runs it first (see ``commands.settle``),
     since once the owner acquired again cancel.lua could not tell which hold was the lost one."""
 
-    __slots__ = ("done", "keys", "lease_ms", "owner", "request")
-
-    def __init__(self, keys: LockKeys, owner: str, request: str, lease_ms: int) -> None:
-        self.keys, self.owner, self.request, self.lease_ms = keys, owner, request, lease_ms
-        #: it ran (from the caller's operation or from the lane)
-        self.done = False
+    keys: LockKeys
+    owner: str
+    request: str
+    lease_ms: int
+    #: it ran (from the caller's operation or from the lane)
+    done: bool = False
 
 
 class PendingCancels:
@@ -134,11 +136,6 @@ class LockRuntime:
                 if runtime is None:
                     runtime = _runtimes[client] = cls(client)
         return runtime
-
-    @property
-    def client(self) -> Any:
-        """The client, or ``None`` once its user dropped it."""
-        return self._client()
 
     def _started_lane(self) -> Lane:
         """The lane, started now if there is none (call with ``_mutex`` held)."""
