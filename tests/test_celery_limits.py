@@ -36,7 +36,6 @@ from collections.abc import Iterator
 from contextlib import redirect_stdout
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -123,7 +122,7 @@ def test_slots_of_a_killed_worker_come_back_within_one_lease(
         assert all(s.held for s in space.named(name, 3).inspect())
         doomed.kill_group()  # main process too: nobody releases, the leases must end
         killed = time.monotonic()
-    lease = limited.locking.ttl(app)
+    lease = limited.locking.bound(app).ttl
     wait_until(
         lambda: not any(s.held for s in space.named(name, 3).inspect()),
         lease + 2,

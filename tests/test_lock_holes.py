@@ -30,7 +30,7 @@ from celery_singleton_lock import (
     LockNotOwnedError,
     ReentrantLock,
 )
-from celery_singleton_lock._celery.config import LockConfig, reload_settings
+from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._lock import LockSpace, commands, scripts
 from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock.testing import RedisServer

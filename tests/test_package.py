@@ -27,8 +27,8 @@ from celery import Celery
 
 import celery_singleton_lock
 from celery_singleton_lock import LockBackendError, LockedTask, LockError, MisconfiguredError
-from celery_singleton_lock._celery.options import OPTION_NAMES, options_table
 from celery_singleton_lock._celery.config import LockConfig
+from celery_singleton_lock._celery.options import OPTION_NAMES, options_table
 from celery_singleton_lock._celery.settings import settings_table
 
 PACKAGE = Path(celery_singleton_lock.__file__).resolve().parent
@@ -370,7 +370,11 @@ def test_importing_the_package_connects_no_celery_receiver() -> None:
         print(sorted(name for name in after if after[name] != before[name]))
         from celery_singleton_lock import LockedTask
         app = Celery("made")
-        app.task(base=LockedTask)(lambda x: x)
+
+        def job(x):
+            return x
+
+        app.task(base=LockedTask)(job)
         app.finalize()
         made = receivers()
         print(sorted(name for name in made if made[name] != before[name]))

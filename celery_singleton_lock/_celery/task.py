@@ -28,6 +28,7 @@ from celery import Task, states
 
 from .._lock import LockKeys
 from . import wiring
+from .config import LockConfig
 from .locking import TaskLocking
 from .options import LockOptions
 from .run import current_run, retry_keeping_lock, run_locked
@@ -88,7 +89,9 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     def lock_key_for(self, *args: Any, **kwargs: Any) -> str:
         """The Redis key of the lock these arguments take (``prefix:{task:digest}``)."""
-        prefix = self.locking.prefix(self._get_app())  # no client needed
+        app = self._get_app()
+        LockConfig.of(app).check()  # a wrong setting says so here too (no client needed)
+        prefix = self.locking.prefix(app)
         return LockKeys.for_name(prefix, self._lock_name(args, kwargs)).lock
 
     def is_locked(self, *args: Any, **kwargs: Any) -> bool:
