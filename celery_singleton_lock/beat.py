@@ -191,9 +191,9 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
     def _merge_records(self) -> None:
         """Move every entry's last run forward to what the leaders recorded (never back)."""
         records: dict[str, datetime] = {}
-        for name, when in self._space.records(self._lock_name, RECORDS).items():
+        for name, text in self._space.records(self._lock_name, RECORDS).items():
             try:
-                recorded = datetime.fromisoformat(when)
+                recorded = datetime.fromisoformat(text)
             except ValueError:
                 continue
             records[name] = recorded if recorded.tzinfo else recorded.replace(tzinfo=UTC)
