@@ -9,9 +9,10 @@ names one; with ``--url``, the prefix is ``lock`` unless ``--prefix`` says other
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import click
@@ -20,6 +21,7 @@ from .._celery.config import LockConfig
 from .._celery.install import connect_command_hooks
 from .._celery.task import LockedTask
 from .._errors import LockError
+from .._lock import LockSpace
 from . import locks as ops
 
 __all__ = ["locks", "main"]
@@ -108,6 +110,7 @@ _prefix = click.option(
 )
 _json = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 _match = click.option("--match", default="*", show_default=True, help="glob on the lock name")
+_key = click.argument("key")
 
 
 @click.group(name="locks")
@@ -115,15 +118,25 @@ def locks() -> None:
     """Inspect and release celery-singleton-lock locks."""
 
 
-@locks.command(name="list")
-@_url
-@_prefix
-@_json
-@_match
-@click.pass_context
-def list_(
-    ctx: click.Context, url: str | None, prefix: str | None, as_json: bool, match: str
-) -> None:
+def _command(*options: Any, name: str | None = None) -> Callable[[Callable[..., None]], Any]:
+    """A sub-command with ``options``, ``--url``, ``--prefix`` and ``--json``: its function
+    gets the Redis client, the prefixes to act on, ``as_json`` and its own options."""
+
+    def make(body: Callable[..., None]) -> Any:
+        @functools.wraps(body)
+        def command(url: str | None, prefix: str | None, as_json: bool, **own: Any) -> None:
+            with _target(click.get_current_context(), url, prefix) as (client, prefixes):
+                body(client, prefixes, as_json, **own)
+
+        for option in reversed((*options, _url, _prefix, _json)):
+            command = option(command)
+        return locks.command(name=name)(command)
+
+    return make
+
+
+@_command(_match, name="list")
+def list_(client: Any, prefixes: list[str], as_json: bool, match: str) -> None:
     """Every held lock: key, task, holder, host, pid, state, age, lease, fence, holds, slots.
 
     HOLDS is the holder's hold count in Redis: a lock_at="publish" job shows 2 while it runs
@@ -131,8 +144,7 @@ def list_(
     that ended and cools down (lock_cooldown): LEASE is the cooldown left. SLOTS, for a job
     with a lock_limit above 1, is how many of its slots are held out of the limit (one row
     per slot held)."""
-    with _target(ctx, url, prefix) as (client, prefixes):
-        views = [view for p in prefixes for view in ops.find_locks(client, p, match)]
+    views = [view for p in prefixes for view in ops.find_locks(client, p, match)]
     if as_json:
         click.echo(json.dumps([v.as_dict() for v in views], indent=2))
     elif views:
@@ -141,16 +153,10 @@ def list_(
         click.echo(f"no locks held under prefix {', '.join(map(repr, prefixes))}")
 
 
-@locks.command()
-@click.argument("key")
-@_url
-@_prefix
-@_json
-@click.pass_context
-def show(ctx: click.Context, key: str, url: str | None, prefix: str | None, as_json: bool) -> None:
+@_command(_key)
+def show(client: Any, prefixes: list[str], as_json: bool, key: str) -> None:
     """One lock, by key (prefix:{name}) or name."""
-    with _target(ctx, url, prefix) as (client, prefixes):
-        view = ops.show(client, key, _locate(client, key, prefixes))
+    view = ops.show(client, key, _locate(client, key, prefixes))
     if as_json:
         click.echo(json.dumps(view.as_dict() if view else None, indent=2))
     elif view is None:
@@ -160,26 +166,12 @@ def show(ctx: click.Context, key: str, url: str | None, prefix: str | None, as_j
             click.echo(f"{title:>8}: {_cell(getattr(view, field))}")
 
 
-@locks.command()
-@click.argument("key")
-@click.option("--holder", default=None, help="only if this task id holds it")
-@_url
-@_prefix
-@_json
-@click.pass_context
-def release(
-    ctx: click.Context,
-    key: str,
-    holder: str | None,
-    url: str | None,
-    prefix: str | None,
-    as_json: bool,
-) -> None:
+@_command(_key, click.option("--holder", default=None, help="only if this task id holds it"))
+def release(client: Any, prefixes: list[str], as_json: bool, key: str, holder: str | None) -> None:
     """Force-release one lock (waiters are woken; the fencing token keeps increasing)."""
-    with _target(ctx, url, prefix) as (client, prefixes):
-        where = _locate(client, key, prefixes)
-        done = ops.release(client, key, where, holder or "")
-        current = None if done else ops.show(client, key, where)
+    where = _locate(client, key, prefixes)
+    done = LockSpace(client, where).force_release(key, holder=holder)
+    current = None if done else ops.show(client, key, where)
     if as_json:
         click.echo(json.dumps({"key": key, "released": done, "holder": current and current.holder}))
     elif done:
@@ -190,41 +182,31 @@ def release(
         raise click.ClickException(f"{key}: held by {current.holder}, not {holder}; not released")
 
 
-@locks.command()
-@click.option("--yes", is_flag=True, help="do not ask for confirmation")
-@click.option(
-    "--queued",
-    is_flag=True,
-    help="only locks held for queued messages that no run has entered (after `celery purge`)",
+@_command(
+    click.option("--yes", is_flag=True, help="do not ask for confirmation"),
+    click.option(
+        "--queued",
+        is_flag=True,
+        help="only locks held for queued messages that no run has entered (after `celery purge`)",
+    ),
+    _match,
 )
-@_match
-@_url
-@_prefix
-@_json
-@click.pass_context
 def purge(
-    ctx: click.Context,
-    yes: bool,
-    queued: bool,
-    match: str,
-    url: str | None,
-    prefix: str | None,
-    as_json: bool,
+    client: Any, prefixes: list[str], as_json: bool, yes: bool, queued: bool, match: str
 ) -> None:
     """Force-release every lock under the prefix (or those matching --match).
 
     Locks only: unlike Celery's own `celery purge`, no message is removed from any queue. After
     `celery purge` emptied a queue, `locks purge --queued` frees the publish-time locks of the
     messages it removed (they would otherwise hold their jobs for singleton_lock_queue_ttl)."""
-    with _target(ctx, url, prefix) as (client, prefixes):
-        if not yes:
-            which = "queued lock (no run entered)" if queued else "lock"
-            click.confirm(
-                f"force-release every {which} under {', '.join(map(repr, prefixes))} matching "
-                f"{match!r}? (locks only: no message is touched)",
-                abort=True,
-            )
-        count = sum(ops.purge(client, p, match, queued_only=queued) for p in prefixes)
+    if not yes:
+        which = "queued lock (no run entered)" if queued else "lock"
+        click.confirm(
+            f"force-release every {which} under {', '.join(map(repr, prefixes))} matching "
+            f"{match!r}? (locks only: no message is touched)",
+            abort=True,
+        )
+    count = sum(ops.purge(client, p, match, queued_only=queued) for p in prefixes)
     click.echo(json.dumps({"released": count}) if as_json else f"released {count} lock(s)")
 
 

@@ -1,5 +1,5 @@
 """What operators see of the locks under a prefix: found by SCAN (never KEYS), each read
-atomically; and their force releases."""
+atomically; and a purge of them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from .._celery.hold import HoldState
 from .._lock import LockSpace, LockState
 
-__all__ = ["LockView", "find_locks", "purge", "release", "show"]
+__all__ = ["LockView", "find_locks", "purge", "show"]
 
 
 @dataclass(frozen=True)
@@ -88,11 +88,6 @@ def show(client: Any, key_or_name: str, prefix: str = "lock") -> LockView | None
     space = LockSpace(client, prefix)
     state = space.inspect(key_or_name)
     return _view(state, _info(state), space.server_time()) if state.held else None
-
-
-def release(client: Any, key_or_name: str, prefix: str = "lock", holder: str = "") -> bool:
-    """Force-release one lock (only while ``holder`` holds it, if given)."""
-    return LockSpace(client, prefix).force_release(key_or_name, holder=holder or None)
 
 
 def purge(client: Any, prefix: str = "lock", pattern: str = "*", queued_only: bool = False) -> int:
