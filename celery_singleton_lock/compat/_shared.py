@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import LockedTask, LockKeys, reload_settings
 
-__all__ = ["adopt_defaults", "lock_name", "peer_option_errors", "seconds"]
+__all__ = ["adopt_defaults", "dotted", "lock_name", "peer_option_errors", "seconds"]
 
 
 def seconds(name: str, value: Any) -> float:
@@ -20,6 +20,13 @@ def seconds(name: str, value: Any) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be > 0 (seconds), got {value!r}")
     return float(value)
+
+
+def dotted(path_or_class: Any) -> Any:
+    """A setting that names a class, as its dotted path (a path as it is)."""
+    if isinstance(path_or_class, type):
+        return f"{path_or_class.__module__}.{path_or_class.__qualname__}"
+    return path_or_class
 
 
 @contextlib.contextmanager

@@ -18,9 +18,9 @@ from celery import states
 from celery.result import EagerResult
 
 from .. import AlreadyQueuedError, LockedTask, LockSpace, MisconfiguredError
-from ._shared import adopt_defaults, lock_name, peer_option_errors, seconds
+from ._shared import adopt_defaults, dotted, lock_name, peer_option_errors, seconds
 
-__all__ = ["AlreadyQueued", "File", "QueueOnce", "Redis"]
+__all__ = ["AlreadyQueued", "QueueOnce", "Redis"]
 
 #: the keys celery-once reads from a task's ``once`` dict, and from ``apply_async(once=...)``
 ONCE_KEYS = frozenset({"graceful", "keys", "timeout", "unlock_before_run"})
@@ -31,14 +31,9 @@ _call_timeout: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "celery_singleton_lock_once_timeout", default=None
 )
 
+#: the ``ONCE["backend"]`` paths served (by :class:`Redis`), and celery-once's File backend's
 _REDIS = {"celery_once.backends.Redis", "celery_once.backends.redis.Redis", f"{__name__}.Redis"}
-_FILE = {"celery_once.backends.File", "celery_once.backends.file.File", f"{__name__}.File"}
-_NO_FILE = (
-    "ONCE['backend']: celery-once's File backend is not supported: celery-singleton-lock "
-    "keeps its locks in Redis (a lease, renewal, fencing; shared by every worker). Set "
-    "ONCE = {'backend': 'celery_once.backends.Redis', 'settings': {'url': 'redis://...'}}, "
-    "or app.conf.singleton_lock_redis_url"
-)
+_FILE = {"celery_once.backends.File", "celery_once.backends.file.File"}
 
 
 class AlreadyQueued(AlreadyQueuedError):
@@ -78,24 +73,20 @@ class Redis:
         return self.space.force_release(key)
 
 
-class File:
-    """celery-once's File backend: refused (this package's locks live in Redis)."""
-
-    def __init__(self, settings: Any = None) -> None:
-        raise MisconfiguredError(_NO_FILE)
-
-
 def _once_config(app: Any) -> Mapping[str, Any]:
     once = app.conf.get("ONCE") or {}
     if not isinstance(once, Mapping):
         raise TypeError(
             f"ONCE must be a dict {{'backend': ..., 'settings': {{...}}}}, got {once!r}"
         )
-    path = once.get("backend", "celery_once.backends.Redis")
-    if isinstance(path, type):
-        path = f"{path.__module__}.{path.__qualname__}"
+    path = dotted(once.get("backend", "celery_once.backends.Redis"))
     if path in _FILE:
-        raise MisconfiguredError(_NO_FILE)
+        raise MisconfiguredError(
+            "ONCE['backend']: celery-once's File backend is not supported: celery-singleton-lock "
+            "keeps its locks in Redis (a lease, renewal, fencing; shared by every worker). Set "
+            "ONCE = {'backend': 'celery_once.backends.Redis', 'settings': {'url': "
+            "'redis://...'}}, or app.conf.singleton_lock_redis_url"
+        )
     if path not in _REDIS:
         raise MisconfiguredError(
             f"ONCE['backend']={path!r} cannot be used: celery-singleton-lock serves celery-once's "

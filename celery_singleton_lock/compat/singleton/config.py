@@ -7,16 +7,13 @@ from json import JSONEncoder
 from typing import Any
 
 from ... import LockedTask, LockSpace, MisconfiguredError
-from .._shared import seconds
+from .._shared import dotted, seconds
 from .backends.redis import DEFAULT_KEY_PREFIX, RedisBackend
 
 __all__ = ["Config"]
 
 #: the ``singleton_backend_class`` accepted: celery-singleton's Redis backend, or ours
-_REDIS_BACKENDS = (
-    "celery_singleton.backends.redis.RedisBackend",
-    f"{RedisBackend.__module__}.{RedisBackend.__qualname__}",
-)
+_REDIS_BACKENDS = ("celery_singleton.backends.redis.RedisBackend", dotted(RedisBackend))
 
 
 class Config:
@@ -52,9 +49,7 @@ class Config:
     def check_backend_class(self) -> None:
         """:class:`~celery_singleton_lock.MisconfiguredError` unless ``singleton_backend_class``
         is unset or names the Redis backend."""
-        path = self._get("singleton_backend_class") or _REDIS_BACKENDS[0]
-        if isinstance(path, type):
-            path = f"{path.__module__}.{path.__qualname__}"
+        path = dotted(self._get("singleton_backend_class") or _REDIS_BACKENDS[0])
         if path not in _REDIS_BACKENDS:
             raise MisconfiguredError(
                 f"singleton_backend_class={path!r} cannot be used: celery-singleton's backend "
