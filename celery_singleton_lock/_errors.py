@@ -4,8 +4,6 @@ so a handler of outages never hides a configuration mistake."""
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = [
     "AlreadyQueuedError",
     "ChordDuplicateError",
@@ -121,8 +119,8 @@ class TaskLockedError(LockError):
     """A run-time duplicate with ``lock_on_locked="raise"``: another run (``task_id``, the
     first argument, so that the result backend keeps it) holds the lock."""
 
-    def __init__(self, task_id: str, key: str = "", *args: Any) -> None:
-        super().__init__(task_id, key, *args)
+    def __init__(self, task_id: str, key: str = "") -> None:
+        super().__init__(task_id, key)
         self.task_id = task_id
         self.key = key
 
