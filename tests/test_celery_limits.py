@@ -36,7 +36,6 @@ from collections.abc import Iterator
 from contextlib import redirect_stdout
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -48,8 +47,8 @@ from lock_helpers import lease_end, server_time, wait_until
 from redis.backoff import NoBackoff
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace, ReentrantLock
-from celery_singleton_lock._celery.cooldown import start_cooldown
-from celery_singleton_lock._celery.info import HoldState, holder_info
+from celery_singleton_lock._celery.hold import HoldState, holder_info
+from celery_singleton_lock._celery.parts import Cooldown
 from celery_singleton_lock._lock import DeadlineRetry
 from celery_singleton_lock._ops.cli import main as cli_main
 from celery_singleton_lock._ops.locks import find_locks
@@ -123,7 +122,7 @@ def test_slots_of_a_killed_worker_come_back_within_one_lease(
         assert all(s.held for s in space.named(name, 3).inspect())
         doomed.kill_group()  # main process too: nobody releases, the leases must end
         killed = time.monotonic()
-    lease = limited.locking.ttl(app)
+    lease = limited.locking.bound(app).ttl
     wait_until(
         lambda: not any(s.held for s in space.named(name, 3).inspect()),
         lease + 2,
@@ -559,8 +558,7 @@ def test_a_cooldown_redis_cannot_start_leaves_the_lock_to_its_lease(
     os.kill(server.process.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        # a stand-in for the task: start_cooldown reads its name only
-        assert start_cooldown(SimpleNamespace(name="proj.report"), lock, 3.0)
+        assert Cooldown(3.0, on_failure=True).start("proj.report", lock, 3.0)
         assert time.monotonic() - started < 2.5
     finally:
         os.kill(server.process.pid, signal.SIGCONT)

@@ -512,7 +512,7 @@ def test_default_retry_never_waits_longer_than_the_holders_lease(env: CeleryEnv)
 
 
 def test_lock_retry_delay_grows_with_jitter_and_is_capped() -> None:
-    from celery_singleton_lock._celery.run import RETRY_MIN_DELAY, lock_retry_delay
+    from celery_singleton_lock._celery.conflict import RETRY_MIN_DELAY, lock_retry_delay
 
     for retries in range(0, 40):
         for lease in (-0.002, 0.05, 0.7, 3.0, 30.0, 3600.0):

@@ -23,10 +23,9 @@ from celery_singleton_lock import (
     install,
     reload_settings,
 )
-from celery_singleton_lock._celery import settings as settings_module
-from celery_singleton_lock._celery.client import get_client
-from celery_singleton_lock._celery.settings import setting
-from celery_singleton_lock._celery.startup import _on_worker_init
+from celery_singleton_lock._celery import config as config_module
+from celery_singleton_lock._celery.config import LockConfig
+from celery_singleton_lock._celery.wiring import on_start
 from celery_singleton_lock.testing import RedisServer, free_port
 
 
@@ -214,16 +213,16 @@ def test_django_style_celery_namespace_settings(server: RedisServer) -> None:
 
 def test_settings_are_read_once_and_again_after_reload_settings(server: RedisServer) -> None:
     app = _app("s_reload", broker_url=f"redis://127.0.0.1:{server.port}/3")
-    assert setting(app, "singleton_lock_ttl") == 30.0
+    assert LockConfig.of(app).ttl == 30.0
     app.conf.singleton_lock_ttl = 12
-    app.conf.update(SINGLETON_LOCK_PREFIX="changed")
+    app.conf.update(singleton_lock_prefix="changed")
     # the first use read them: a change made afterwards is not seen ...
-    assert setting(app, "singleton_lock_ttl") == 30.0
-    assert setting(app, "singleton_lock_prefix") == "lock"
+    assert LockConfig.of(app).ttl == 30.0
+    assert LockConfig.of(app).prefix == "lock"
     reload_settings(app)
     # ... until the one call that reads them again
-    assert setting(app, "singleton_lock_ttl") == 12.0
-    assert setting(app, "singleton_lock_prefix") == "changed"
+    assert LockConfig.of(app).ttl == 12.0
+    assert LockConfig.of(app).prefix == "changed"
 
 
 def test_reload_settings_makes_a_new_lock_client_from_the_new_settings(
@@ -238,11 +237,11 @@ def test_reload_settings_makes_a_new_lock_client_from_the_new_settings(
     first = uuid.uuid4().hex
     task.apply_async((first,), queue="csl-nowhere")
     assert server.client(db=4).exists(task.lock_key_for(first))
-    client = get_client(app)
+    client = LockConfig.of(app).client
     app.conf.singleton_lock_redis_url = f"redis://127.0.0.1:{server.port}/5"
-    assert get_client(app) is client  # unseen so far
+    assert LockConfig.of(app).client is client  # unseen so far
     reload_settings(app)
-    assert get_client(app) is not client
+    assert LockConfig.of(app).client is not client
     second = uuid.uuid4().hex
     task.apply_async((second,), queue="csl-nowhere")
     assert server.client(db=5).exists(task.lock_key_for(second))
@@ -257,53 +256,53 @@ def test_reload_settings_keeps_the_lock_client_when_its_settings_did_not_change(
         broker_url=f"redis://127.0.0.1:{server.port}/3",
         singleton_lock_redis_options={"socket_timeout": 4},
     )
-    client = get_client(app)
+    client = LockConfig.of(app).client
     app.conf.singleton_lock_ttl = 12
     app.conf.singleton_lock_redis_options = {"socket_timeout": 4}  # equal: the same client
     reload_settings(app)
-    assert get_client(app) is client
-    assert setting(app, "singleton_lock_ttl") == 12.0
+    assert LockConfig.of(app).client is client
+    assert LockConfig.of(app).ttl == 12.0
     app.conf.broker_url = f"redis://127.0.0.1:{server.port}/6"  # the locks follow the broker
     reload_settings(app)
-    assert get_client(app) is not client
-    assert get_client(app).connection_pool.connection_kwargs["db"] == 6
+    assert LockConfig.of(app).client is not client
+    assert LockConfig.of(app).client.connection_pool.connection_kwargs["db"] == 6
 
 
 def test_reload_settings_checks_again_at_the_next_use() -> None:
     app = _app("s_reload_wrong", broker_url="redis://127.0.0.1:1/0")
-    assert setting(app, "singleton_lock_queue_ttl") == 3600.0
+    assert LockConfig.of(app).queue_ttl == 3600.0
     app.conf.singleton_lock_queue_ttl = "1h"
     reload_settings(app)  # reading again raises nothing itself ...
     with pytest.raises(TypeError, match="singleton_lock_queue_ttl must be a number of seconds"):
-        setting(app, "singleton_lock_queue_ttl")  # ... the use of the wrong value does
+        LockConfig.of(app).check()  # ... the first lock (which checks) does
     app.conf.singleton_lock_queue_ttl = 60
     reload_settings(app)
-    assert setting(app, "singleton_lock_queue_ttl") == 60.0
+    assert LockConfig.of(app).queue_ttl == 60.0
 
 
 def test_a_worker_start_reads_the_settings_again() -> None:
     app = _app("s_worker_start", broker_url="redis://127.0.0.1:1/0")
-    assert setting(app, "singleton_lock_ttl") == 30.0
+    assert LockConfig.of(app).ttl == 30.0
     app.conf.singleton_lock_ttl = 7
-    _on_worker_init(sender=SimpleNamespace(app=app))  # what worker_init does
-    assert setting(app, "singleton_lock_ttl") == 7.0
+    on_start(sender=SimpleNamespace(app=app))  # what worker_init does
+    assert LockConfig.of(app).ttl == 7.0
     app.conf.singleton_lock_ttl = "7s"
     with pytest.raises(SystemExit, match="singleton_lock_ttl must be a number of seconds"):
-        _on_worker_init(sender=SimpleNamespace(app=app))
+        on_start(sender=SimpleNamespace(app=app))
 
 
 def test_install_before_the_app_is_configured_does_not_freeze_the_settings() -> None:
     app = _app("s_install_early", broker_url="redis://127.0.0.1:1/0")
     install(app)  # where the app module calls it, before the rest of its configuration
     app.conf.singleton_lock_ttl = 9
-    assert setting(app, "singleton_lock_ttl") == 9.0
+    assert LockConfig.of(app).ttl == 9.0
 
 
 def test_settings_are_kept_per_app_and_go_with_it() -> None:
     one = _app("s_one", broker_url="redis://127.0.0.1:1/0", singleton_lock_ttl=1)
     two = _app("s_two", broker_url="redis://127.0.0.1:1/0", singleton_lock_ttl=2)
-    assert (setting(one, "singleton_lock_ttl"), setting(two, "singleton_lock_ttl")) == (1.0, 2.0)
-    read = settings_module._read  # noqa: SLF001  # where the package keeps each app's settings
+    assert (LockConfig.of(one).ttl, LockConfig.of(two).ttl) == (1.0, 2.0)
+    read = config_module._configs  # noqa: SLF001  # where the package keeps each app's config
     assert one in read and two in read
     assert "_singleton_lock" not in " ".join(map(str, vars(one.conf)))  # nothing of ours there
     gone = weakref.ref(one)
@@ -316,11 +315,9 @@ def test_settings_are_kept_per_app_and_go_with_it() -> None:
 def test_a_misspelt_setting_is_found_in_the_conf_mapping() -> None:
     app = Celery("s_misspelt", set_as_current=False)
     app.config_from_object({"CELERY_SINGLETON_LOCK_TIMOUT": 5}, namespace="CELERY")
-    from celery_singleton_lock._celery.checks import settings_problems
-
-    problems = settings_problems(app)
+    problems = LockConfig.of(app).problems
     assert len(problems) == 1
-    assert "CELERY_SINGLETON_LOCK_TIMOUT is not a celery-singleton-lock setting" in problems[0]
+    assert "CELERY_SINGLETON_LOCK_TIMOUT is not a celery-singleton-lock setting" in str(problems[0])
 
 
 # -- bad options at decoration time ----------------------------------------------------------

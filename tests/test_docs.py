@@ -22,9 +22,9 @@ from celery_fixtures import Gates, app_task, celery_env, new_app
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock, install
-from celery_singleton_lock._celery import run as run_module
+from celery_singleton_lock._celery import conflict as run_module
+from celery_singleton_lock._celery.hold import HEADER, PERMITS_HEADER, PREFIX_HEADER
 from celery_singleton_lock._celery.install import is_installed
-from celery_singleton_lock._celery.locking import HEADER, PERMITS_HEADER, PREFIX_HEADER
 from celery_singleton_lock._celery.options import options_table
 from celery_singleton_lock._celery.taskkey import MAX_PART, task_lock_name
 from celery_singleton_lock.testing import RedisServer
@@ -248,7 +248,7 @@ def test_the_examples_readme_quotes_the_worker_s_skip_line() -> None:
     quoted = [q for q in re.findall(r"`(skipped <[^`]*)`", readme) if "[" in q]
     assert len(quoted) == 1, quoted
     assert re.sub(r"<[^>]+>", "%s", quoted[0]) == fmt
-    assert "celery_singleton_lock.run" in readme and run_module.log_run.name == (
+    assert "celery_singleton_lock.run" in readme and run_module.log.name == (
         "celery_singleton_lock.run"
     )
 
@@ -405,8 +405,8 @@ def test_the_metrics_the_docs_list_are_those_metrics_py_defines() -> None:
         for node in ast.walk(source):
             if (
                 isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "duplicate"
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "report_duplicate"
                 and len(node.args) == 2
             ):
                 arg = node.args[1]
@@ -415,7 +415,7 @@ def test_the_metrics_the_docs_list_are_those_metrics_py_defines() -> None:
     assert actions == {"skipped", "retried", "raised", "returned", "replaced"}
     (duplicates,) = [line for line in section.split("\n- ") if "duplicates_total" in line]
     assert set(re.findall(r"`(\w+)`", duplicates)) >= actions
-    cooldown = ast.parse((PACKAGE / "_celery" / "cooldown.py").read_text(encoding="utf-8"))
+    cooldown = ast.parse((PACKAGE / "_celery" / "parts.py").read_text(encoding="utf-8"))
     reasons = {
         str(node.value.value)
         for node in ast.walk(cooldown)

@@ -13,7 +13,8 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock
-from celery_singleton_lock._celery.settings import check_seconds, setting
+from celery_singleton_lock._celery.config import LockConfig
+from celery_singleton_lock._celery.settings import check_seconds
 from celery_singleton_lock._lock import MAX_LEASE_SECONDS, check_duration
 
 #: a client whose server does not exist: nothing below may get as far as sending
@@ -66,7 +67,7 @@ def _space_lease(value: Any) -> None:
 def _setting(value: Any) -> None:
     app = Celery("durations", set_as_current=False)
     app.conf.singleton_lock_ttl = value
-    setting(app, "singleton_lock_ttl")
+    LockConfig.of(app).check()
 
 
 def _option(value: Any) -> None:

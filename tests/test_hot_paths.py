@@ -1,13 +1,12 @@
 """The shortcuts on the hot paths (see bench/bench_celery.py) behave exactly like the slow paths
-they replace: the settings lookup and the operator info; and the lock scripts, sent through
-redis-py's public EVALSHA, see whatever the client does (a wrapped ``execute_command``, a
+they replace: the settings read once per app and the operator info; and the lock scripts, sent
+through redis-py's public EVALSHA, see whatever the client does (a wrapped ``execute_command``, a
 restart, a connection the server closed)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections import UserDict
 from typing import Any, ClassVar
 
 import pytest
@@ -15,34 +14,30 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import ReentrantLock, reload_settings
-from celery_singleton_lock._celery.info import HOST, holder_info
-from celery_singleton_lock._celery.settings import DEFAULTS, setting
+from celery_singleton_lock._celery.config import LockConfig
+from celery_singleton_lock._celery.hold import HOST, holder_info
 from celery_singleton_lock.testing import RedisServer
 
-
-def _setting_by_conf_get(app: Any, name: str) -> Any:
-    """The reference: what ``setting()`` did before its fast path."""
-    for candidate in (name, name.upper(), "CELERY_" + name.upper()):
-        value = app.conf.get(candidate)
-        if value is not None:
-            return value
-    return DEFAULTS[name]
+#: LockConfig's attributes with nothing configured
+DEFAULT_VALUES = {"prefix": "lock", "ttl": 30.0, "queue_ttl": 3600.0, "backend_timeout": 5.0}
 
 
 class _ConfigObject:
     singleton_lock_prefix = "from-object"
-    CELERY_SINGLETON_LOCK_TTL = 9
-    #: set and deleted by test_setting_sees_changes_made_after_the_first_read
+    CELERY_SINGLETON_LOCK_TTL = 9  # not read: this app has no CELERY namespace
+    #: set and deleted by test_a_config_is_read_once_and_again_when_asked
     singleton_lock_queue_ttl: ClassVar[int]
 
 
 class _DjangoLike:
-    SINGLETON_LOCK_PREFIX = "upper"
+    SINGLETON_LOCK_PREFIX = "upper"  # not read: upper case without the namespace's CELERY_
     singleton_lock_ttl = None
     CELERY_SINGLETON_LOCK_TTL = 4
 
 
-def _apps() -> list[Celery]:
+def _apps() -> list[tuple[Celery, dict[str, Any], list[str]]]:
+    """Apps configured every way users do, with the settings each must read and the names it
+    must report as not read."""
     direct = Celery("direct", broker="redis://127.0.0.1:1/0")
     direct.conf.singleton_lock_ttl = 5
     namespaced = Celery("namespaced")
@@ -55,31 +50,42 @@ def _apps() -> list[Celery]:
     from_object.config_from_object(_ConfigObject)
     django_like = Celery("django_like")
     django_like.config_from_object(_DjangoLike, namespace="CELERY")
-    odd_defaults = Celery("odd_defaults")
-    odd_defaults.conf.add_defaults(UserDict({"singleton_lock_prefix": "user-dict"}))
-    return [direct, namespaced, upper, from_object, django_like, odd_defaults, Celery("empty")]
+    return [
+        (direct, {"ttl": 5.0}, []),
+        (namespaced, {"prefix": "zz"}, []),
+        (upper, {}, ["SINGLETON_LOCK_QUEUE_TTL"]),
+        (from_object, {"prefix": "from-object"}, ["CELERY_SINGLETON_LOCK_TTL"]),
+        (django_like, {"ttl": 4.0}, ["SINGLETON_LOCK_PREFIX"]),
+        (Celery("empty"), {}, []),
+    ]
 
 
-@pytest.mark.parametrize("app", _apps(), ids=lambda app: app.main)
-def test_setting_fast_path_reads_what_conf_get_reads(app: Celery) -> None:
-    for name in DEFAULTS:
-        assert setting(app, name) == _setting_by_conf_get(app, name), name
+@pytest.mark.parametrize(("app", "read", "not_read"), _apps(), ids=lambda a: getattr(a, "main", ""))
+def test_the_config_reads_what_celery_s_conf_get_reads(
+    app: Celery, read: dict[str, Any], not_read: list[str]
+) -> None:
+    """One spelling per setting, through Celery's own ``conf.get`` (whose namespace gives
+    Django's ``CELERY_SINGLETON_LOCK_*``); a name the app does not read is reported."""
+    config = LockConfig.of(app)
+    for attribute, value in {**DEFAULT_VALUES, **read}.items():
+        assert getattr(config, attribute) == value, attribute
+    assert [str(p).split(" ", 1)[0] for p in config.problems] == not_read
+    for problem in config.problems:
+        assert "is not read by this app" in str(problem)
 
 
-def test_setting_sees_changes_made_after_the_first_read() -> None:
+def test_a_config_is_read_once_and_again_when_asked() -> None:
     app = Celery("changes", broker="redis://127.0.0.1:1/0")
-    assert setting(app, "singleton_lock_prefix") == "lock"
+    assert LockConfig.of(app).prefix == "lock"
     app.conf.singleton_lock_prefix = "changed"
-    reload_settings(app)  # read once per app: seen after this call
-    assert setting(app, "singleton_lock_prefix") == "changed"
-    app.conf.update(SINGLETON_LOCK_TTL=12)
+    assert LockConfig.of(app).prefix == "lock"  # read once per app
     reload_settings(app)
-    assert setting(app, "singleton_lock_ttl") == 12
+    assert LockConfig.of(app).prefix == "changed"
     _ConfigObject.singleton_lock_queue_ttl = 99  # a config object changed in place
     try:
         from_object = Celery("from_object")
         from_object.config_from_object(_ConfigObject)
-        assert setting(from_object, "singleton_lock_queue_ttl") == 99
+        assert LockConfig.of(from_object).queue_ttl == 99
     finally:
         del _ConfigObject.singleton_lock_queue_ttl
 

@@ -30,7 +30,7 @@ from celery_singleton_lock import (
     LockNotOwnedError,
     ReentrantLock,
 )
-from celery_singleton_lock._celery.client import get_client
+from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._lock import LockSpace, commands, scripts
 from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock.testing import RedisServer
@@ -175,7 +175,7 @@ def test_a_publish_whose_lock_reply_is_lost_does_not_drop_the_job(
     direct = redis.Redis(port=server.port)
     # Connected, and the script loaded, before the stall (see above; a NOSCRIPT reply would
     # make the acquire fail before it ran).
-    scripts.ACQUIRE.load(get_client(publish_app))
+    scripts.ACQUIRE.load(LockConfig.of(publish_app).client)
     sleeper = _stall(server.port, 1.5)
     with pytest.raises(LockBackendError):
         report.delay("monday")

@@ -6,6 +6,8 @@ names.
 - Outside the lock layer, nothing imports its modules: only what ``_lock/__init__.py`` exports
   (the scripts, the commands, the client's runtime stay inside).
 - The README's options and settings tables are made from their one definition.
+- Importing the package changes nothing in Celery (no signal gets a receiver), and no module of
+  the package imports, through others, the module that imports it (no import cycle).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from celery import Celery
 
 import celery_singleton_lock
 from celery_singleton_lock import LockBackendError, LockedTask, LockError, MisconfiguredError
+from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._celery.options import OPTION_NAMES, options_table
-from celery_singleton_lock._celery.settings import setting, settings_table
+from celery_singleton_lock._celery.settings import settings_table
 
 PACKAGE = Path(celery_singleton_lock.__file__).resolve().parent
 ROOT = PACKAGE.parent
@@ -44,26 +47,31 @@ def _is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """Every module ``path`` imports (relative imports resolved), with its line number."""
+def _import_statements(path: Path) -> list[tuple[int, str, list[str]]]:
+    """Every import statement of ``path``: its line, the module (relative imports resolved)
+    and the names taken from it (none for ``import x``)."""
     module = _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found = []
+    found: list[tuple[int, str, list[str]]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
+            found += [(node.lineno, alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.append((node.lineno, base))
-            # `from . import x` imports the module x, when x is a module
-            found += [
-                (node.lineno, f"{base}.{alias.name}")
-                for alias in node.names
-                if _is_module(f"{base}.{alias.name}")
-            ]
+            found.append((node.lineno, base, [alias.name for alias in node.names]))
+    return found
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module ``path`` imports (relative imports resolved), with its line number."""
+    found = []
+    for line, module, names in _import_statements(path):
+        found.append((line, module))
+        # `from . import x` imports the module x, when x is a module
+        found += [(line, f"{module}.{name}") for name in names if _is_module(f"{module}.{name}")]
     return found
 
 
@@ -130,6 +138,25 @@ def test_outside_the_lock_layer_only_its_api_is_imported() -> None:
     assert offending == []
 
 
+def test_compat_uses_the_public_api_only() -> None:
+    """The drop-ins are written as a user's code would be: from the package they import only
+    names of ``celery_singleton_lock.__all__``, besides their own modules."""
+    modules = sorted((PACKAGE / "compat").rglob("*.py"))
+    assert len(modules) >= 5
+    offending = []
+    for path in modules:
+        for line, module, names in _import_statements(path):
+            where = f"{path.relative_to(PACKAGE)}:{line}"
+            if module == "celery_singleton_lock":
+                private = sorted(set(names) - set(celery_singleton_lock.__all__))
+                offending += [f"{where}: {name}" for name in private]
+            elif module.startswith("celery_singleton_lock.") and not module.startswith(
+                "celery_singleton_lock.compat"
+            ):
+                offending.append(f"{where}: {module}")
+    assert offending == []
+
+
 def test_the_readme_tables_are_the_definitions() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert options_table() in readme
@@ -176,7 +203,7 @@ def test_a_wrong_setting_is_named_when_it_is_read(
     app = Celery("pkg_settings", set_as_current=False)
     app.conf[name] = value
     with pytest.raises(error) as info:
-        setting(app, name)
+        LockConfig.of(app).check()
     assert name in str(info.value) and says in str(info.value)
 
 
@@ -279,3 +306,108 @@ def test_every_type_a_public_method_returns_is_exported() -> None:
 
 def test_the_version_comes_from_the_package_metadata() -> None:
     assert celery_singleton_lock.__version__ == version("celery-singleton-lock")
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    """The lines of ``if TYPE_CHECKING:`` blocks (imports there never run)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (at import time or in a function: a cycle
+    dodged by a late import is still a cycle), the parents of a module left out (Python has
+    imported them before the module runs)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        skipped = _type_checking_lines(ast.parse(path.read_text(encoding="utf-8")))
+        targets = {
+            name
+            for line, name in _imports(path)
+            if line not in skipped
+            and name.startswith("celery_singleton_lock")
+            and _is_module(name)
+            and not module.startswith(name + ".")
+            and name != module
+        }
+        # `from .x import y` of a package x names its __init__; keep the most specific modules
+        graph[module] = {t for t in targets if not any(o.startswith(t + ".") for o in targets)}
+    return graph
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = _import_graph()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_importing_the_package_connects_no_celery_receiver() -> None:
+    """In a fresh interpreter: every Celery signal's receivers before and after importing the
+    package and every module of it that a user imports (compat's drop-ins, beat, metrics, the
+    testing helpers); a LockedTask made and bound to an app is what connects them."""
+    code = textwrap.dedent(
+        """
+        import importlib
+        from celery import Celery, signals
+        from celery.utils.dispatch import Signal
+
+        def receivers():
+            return {
+                name: len(signal.receivers)
+                for name, signal in vars(signals).items()
+                if isinstance(signal, Signal)
+            }
+
+        before = receivers()
+        for module in (
+            "celery_singleton_lock",
+            "celery_singleton_lock.beat",
+            "celery_singleton_lock.compat.singleton",
+            "celery_singleton_lock.compat.once",
+            "celery_singleton_lock.metrics",
+            "celery_singleton_lock.testing",
+        ):
+            importlib.import_module(module)
+        after = receivers()
+        print(sorted(name for name in after if after[name] != before[name]))
+        from celery_singleton_lock import LockedTask
+        app = Celery("made")
+
+        def job(x):
+            return x
+
+        app.task(base=LockedTask)(job)
+        app.finalize()
+        made = receivers()
+        print(sorted(name for name in made if made[name] != before[name]))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    imported, made = done.stdout.splitlines()
+    assert imported == "[]"
+    assert "task_revoked" in made and "worker_init" in made  # a locked task connects them

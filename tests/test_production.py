@@ -22,7 +22,7 @@ import redis
 from lock_helpers import wait_until, wake_subscribers
 
 from celery_singleton_lock import LockSpace, ReentrantLock, Semaphore
-from celery_singleton_lock._celery.info import holder_info
+from celery_singleton_lock._celery.hold import holder_info
 from celery_singleton_lock._ops.locks import find_locks, purge
 from celery_singleton_lock.testing import RedisServer
 

@@ -19,7 +19,7 @@ from lock_helpers import wait_until, wake_subscribers
 from tls_helpers import TlsRedis, tls_redis
 
 from celery_singleton_lock import LockBackendError, LockedTask, ReentrantLock
-from celery_singleton_lock._celery.client import get_client, reset_client
+from celery_singleton_lock._celery.config import LockConfig, reload_settings
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +82,11 @@ def test_the_settings_url_with_its_tls_options_in_the_query(tls: TlsRedis) -> No
         f"{tls.url(2)}?ssl_cert_reqs=required&ssl_ca_certs={tls.files.ca}"
     )
     try:
-        client = get_client(app)
+        client = LockConfig.of(app).client
         assert client.ping()
         assert client.connection_pool.connection_class is redis.SSLConnection
     finally:
-        reset_client(app)
+        reload_settings(app)
 
 
 gates = Gates()
@@ -117,13 +117,13 @@ def tls_worker(tls: TlsRedis) -> Iterator[TlsRedis]:
         broker_use_ssl=use_ssl,
         redis_backend_use_ssl=use_ssl,
     )
-    reset_client(app)
+    reload_settings(app)
     try:
         with running_worker(app):
             yield tls
     finally:
         gates.open_all()
-        reset_client(app)
+        reload_settings(app)
 
 
 def test_a_worker_on_a_tls_broker_locks_over_tls(tls_worker: TlsRedis) -> None:
@@ -136,7 +136,7 @@ def test_a_worker_on_a_tls_broker_locks_over_tls(tls_worker: TlsRedis) -> None:
     gates.open(k)
     assert first.get(timeout=10) == "ran"
     assert gates.runs[k] == 1
-    assert get_client(app).connection_pool.connection_class is redis.SSLConnection
+    assert LockConfig.of(app).client.connection_pool.connection_class is redis.SSLConnection
 
 
 def test_a_publish_lock_over_tls_returns_the_first_job(tls_worker: TlsRedis) -> None:
@@ -159,6 +159,6 @@ def test_the_default_lock_client_without_broker_use_ssl_cannot_verify(
     bare.conf.broker_url = tls.url(0)
     try:
         with pytest.raises(redis.ConnectionError, match=r"(?i)certificate verify failed"):
-            get_client(bare).ping()
+            LockConfig.of(bare).client.ping()
     finally:
-        reset_client(bare)
+        reload_settings(bare)

@@ -1,28 +1,18 @@
-"""The Celery layer: ``LockedTask``, ``install()`` and the worker's hooks, built on the lock
-layer's API (:mod:`celery_singleton_lock._lock`) only.
+"""The Celery layer: ``LockedTask``, ``install()`` and the worker's hooks, on the lock layer's
+API (:mod:`celery_singleton_lock._lock`) only. Importing it connects no signal receiver
+(:mod:`.wiring` says who does).
 
-Modules, along a task's life: ``options`` and ``settings`` (each defined once), ``client``
-(the Redis client from the settings), ``taskkey`` (the lock name of a call), ``locking`` (a
-task class's options and leases), ``info`` (what operators see of a hold), ``publish``,
-``run`` (run and retry), ``canvas`` (a duplicate inside a group, chord or chain), ``checks``
-(every setting checked at once), ``worker`` (the main process's side), ``revoked``, ``dropped``
-(messages a worker drops unrun), ``startup`` (the settings checked and the setting's tasks
-locked when a worker or beat starts), ``task``
-(``LockedTask``, a thin class of hooks), ``install``.
+Modules: ``settings`` and ``config`` (the settings, one config per app), ``client`` (its Redis
+client), ``options`` (the task options), ``taskkey`` (a call's lock name), ``locking`` (a task
+class's locking), ``hold`` (a hold's state, the message's lock headers), ``modes`` (one object
+per ``lock_at``), ``parts`` (cooldown, debounce), ``conflict`` (``lock_on_locked``), ``run`` (a
+run's lock), ``worker`` (the main process's releases), ``canvas``, ``wiring``, ``task``
+(``LockedTask``), ``install``.
 """
 
 from __future__ import annotations
 
-from .dropped import connect_dropped_receivers
 from .install import install
-from .metrics_server import connect_metrics_receivers
-from .revoked import connect_revoke_receiver
-from .startup import connect_startup_receivers
 from .task import LockedTask
 
 __all__ = ["LockedTask", "install"]
-
-connect_revoke_receiver()
-connect_dropped_receivers()
-connect_metrics_receivers()
-connect_startup_receivers()

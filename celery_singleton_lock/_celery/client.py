@@ -1,29 +1,29 @@
-"""The Redis client the Celery layer uses: made from the settings once per app and process."""
+"""The Redis client of an app's locks, made from its settings (:class:`.config.LockConfig`
+makes it once, at its first lock): a URL (``redis://``, ``rediss://``, ``unix://``, a
+``sentinel://`` list), the broker's when that is Redis, or a client of the user's."""
 
 from __future__ import annotations
 
-import os
-import threading
-import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlparse
 
 from .._errors import MisconfiguredError
-from .._lock import DeadlineRetry, LockSpace
-from .checks import check_settings
-from .settings import REDIS_SCHEMES, parse_sentinel_url, scheme_of, setting
+from .._lock import DeadlineRetry
+from .settings import REDIS_SCHEMES, parse_sentinel_url, scheme_of
 
-__all__ = ["get_client", "lock_space", "make_client", "reset_client"]
+if TYPE_CHECKING:
+    from .config import LockConfig
+
+__all__ = ["SOCKET_TIMEOUT", "make_client"]
 
 
-def _resolve_url(app: Any) -> tuple[str, str]:
+def _resolve_url(config: LockConfig, conf: Any) -> tuple[str, str]:
     """The URL of the locks' Redis, and the setting it came from (for errors):
     ``singleton_lock_redis_url``, or a Redis broker's URL."""
-    url: str | None = setting(app, "singleton_lock_redis_url")  # checked: a Redis URL
-    if url:
-        return url, "singleton_lock_redis_url"
-    broker = app.conf.broker_url or ""
+    if config.redis_url:
+        return config.redis_url, "singleton_lock_redis_url"
+    broker = conf.broker_url or ""
     if isinstance(broker, (list, tuple)):
         # kombu takes a list as it takes a ';'-separated string: each URL an alternate, every
         # sentinel:// one a sentinel to ask
@@ -47,12 +47,12 @@ def _resolve_url(app: Any) -> tuple[str, str]:
 _SSL_KEYS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 
 
-def _broker_ssl(app: Any, url: str) -> dict[str, Any]:
+def _broker_ssl(config: LockConfig, conf: Any, url: str) -> dict[str, Any]:
     """The broker's TLS options, for a lock client that shares the broker's ``rediss://``
     URL: without them it could not verify a server the broker can (a private CA)."""
-    if setting(app, "singleton_lock_redis_url") or not url.lower().startswith("rediss:"):
+    if config.redis_url or not url.lower().startswith("rediss:"):
         return {}
-    use_ssl = app.conf.broker_use_ssl
+    use_ssl = conf.broker_use_ssl
     if not isinstance(use_ssl, Mapping):
         return {}
     return {k: use_ssl[k] for k in _SSL_KEYS if k in use_ssl}
@@ -64,13 +64,12 @@ def _broker_ssl(app: Any, url: str) -> dict[str, Any]:
 SOCKET_TIMEOUT = 5
 
 
-def _socket_timeout(app: Any) -> float:
+def _socket_timeout(config: LockConfig) -> float:
     """The socket and connect timeouts of the clients made here: :data:`SOCKET_TIMEOUT`, or
     the backend timeout when that is shorter. One wait for a reply is bounded by the socket
     timeout only (redis-py offers no public bound on it below that), so a backend timeout
     shorter than the socket timeout would otherwise not bound a call to a Redis that hangs."""
-    backend: float | None = setting(app, "singleton_lock_backend_timeout")
-    return SOCKET_TIMEOUT if backend is None else min(SOCKET_TIMEOUT, backend)
+    return min(SOCKET_TIMEOUT, config.backend_timeout)
 
 
 def _retry() -> DeadlineRetry:
@@ -83,7 +82,9 @@ def _retry() -> DeadlineRetry:
     return DeadlineRetry(ExponentialBackoff(cap=0.5, base=0.05), 3)
 
 
-def _sentinel_client(url: str, where: str, options: dict[str, Any], app: Any) -> Any:
+def _sentinel_client(
+    url: str, where: str, options: dict[str, Any], config: LockConfig, conf: Any
+) -> Any:
     """A client of the master that the ``sentinel://`` list ``url`` (from the setting
     ``where``) names: read as the broker reads it (:func:`.settings.parse_sentinel_url`),
     with ``master_name``, ``sentinel_kwargs`` and ``min_other_sentinels`` from ``options``
@@ -94,7 +95,7 @@ def _sentinel_client(url: str, where: str, options: dict[str, Any], app: Any) ->
 
     parsed = parse_sentinel_url(url, where)
     opts = dict(options)
-    transport = app.conf.broker_transport_options or {}
+    transport = conf.broker_transport_options or {}
     master = opts.pop("master_name", None) or transport.get("master_name")
     if not master:
         if where == "broker_url":
@@ -112,7 +113,7 @@ def _sentinel_client(url: str, where: str, options: dict[str, Any], app: Any) ->
     min_other = opts.pop("min_other_sentinels", None)
     if min_other is None:
         min_other = transport.get("min_other_sentinels", 0)
-    timeout = _socket_timeout(app)
+    timeout = _socket_timeout(config)
     opts.setdefault("socket_timeout", timeout)
     opts.setdefault("socket_connect_timeout", timeout)
     opts.setdefault("retry", _retry())
@@ -148,9 +149,10 @@ def _sentinel_client(url: str, where: str, options: dict[str, Any], app: Any) ->
     return sentinel.master_for(master, db=parsed.db)  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
 
-def make_client(app: Any) -> Any:
-    """A new redis-py client from the settings (the injected client wins)."""
-    injected = setting(app, "singleton_lock_client")
+def make_client(config: LockConfig, conf: Any) -> Any:
+    """A new redis-py client from the settings (an injected client wins), ``conf`` being the
+    app's configuration (the broker's settings)."""
+    injected = config.client_setting
     if injected is not None:
         client = injected() if callable(injected) and not hasattr(injected, "evalsha") else injected
         if not hasattr(client, "evalsha"):
@@ -159,15 +161,15 @@ def make_client(app: Any) -> Any:
                 f"got {type(client).__name__}"
             )
         return client
-    url, where = _resolve_url(app)
-    options = {**_broker_ssl(app, url), **setting(app, "singleton_lock_redis_options")}
+    url, where = _resolve_url(config, conf)
+    options = {**_broker_ssl(config, conf, url), **config.redis_options}
     if url.split(":", 1)[0].lower() == "sentinel":
-        return _sentinel_client(url, where, options, app)
+        return _sentinel_client(url, where, options, config, conf)
     cluster = options.pop("cluster", False)
     # Bounded waits: a lock call must fail with LockBackendError, never hang on a dead server,
     # and within the backend timeout.
-    options.setdefault("socket_timeout", _socket_timeout(app))
-    options.setdefault("socket_connect_timeout", _socket_timeout(app))
+    options.setdefault("socket_timeout", _socket_timeout(config))
+    options.setdefault("socket_connect_timeout", _socket_timeout(config))
     options.setdefault("retry", _retry())
     try:
         if cluster:
@@ -188,58 +190,3 @@ def make_client(app: Any) -> Any:
             f"cannot make the lock client from {where} ({scheme_of(url)}) and "
             f"singleton_lock_redis_options: {exc}"
         ) from exc
-
-
-#: app -> (pid, the socket timeout it was made with, its lock client): made once per process
-#: (a forked child makes its own) and again when a new backend timeout changes its socket
-#: timeout (see _socket_timeout), and gone with the app (a new app that happens to get a dead
-#: app's id must not get its client)
-_clients: weakref.WeakKeyDictionary[Any, tuple[int, float, Any]] = weakref.WeakKeyDictionary()
-_clients_lock = threading.Lock()
-
-
-def get_client(app: Any) -> Any:
-    """The app's lock client, made once per process (a forked child makes its own)."""
-    pid = os.getpid()
-    entry = _clients.get(app)
-    if entry is not None and entry[0] == pid and entry[1] == _socket_timeout(app):
-        return entry[2]
-    with _clients_lock:
-        entry = _clients.get(app)
-        if entry is None or entry[0] != pid:
-            # The first lock client of a process checks every setting: a publisher finds a
-            # wrong or misspelt one at its first publish, before a worker fails on it.
-            check_settings(app)
-        timeout = _socket_timeout(app)
-        if entry is None or entry[0] != pid or entry[1] != timeout:
-            entry = (pid, timeout, make_client(app))
-            _clients[app] = entry
-        return entry[2]
-
-
-def reset_client(app: Any) -> None:
-    """Forget the app's cached client (after changing its settings, in tests)."""
-    with _clients_lock:
-        _clients.pop(app, None)
-
-
-def lock_space(app: Any, prefix: str | None = None) -> LockSpace:
-    """The app's locks under ``prefix`` (``None``: ``singleton_lock_prefix``; a task class's
-    own is :meth:`TaskLocking.space`): its lock client and ``singleton_lock_backend_timeout``
-    (every lock operation of the Celery layer, each of its locks' included, is bounded by
-    it)."""
-    client = get_client(app)
-    if prefix is None:
-        prefix = setting(app, "singleton_lock_prefix")
-    timeout: float = setting(app, "singleton_lock_backend_timeout")
-    spaces = _spaces.get(app)
-    if spaces is None:
-        spaces = _spaces[app] = {}
-    space = spaces.get(prefix)
-    if space is None or space.client is not client or space.backend_timeout != timeout:
-        space = spaces[prefix] = LockSpace(client, prefix, backend_timeout=timeout)
-    return space
-
-
-#: app -> {prefix: its LockSpace} (made again when the client or backend timeout changes)
-_spaces: weakref.WeakKeyDictionary[Any, dict[str, LockSpace]] = weakref.WeakKeyDictionary()

@@ -21,13 +21,13 @@ from typing import Any
 
 from celery import signals
 
-from .locking import HEADER
+from . import wiring
+from .config import LockConfig, peek
+from .hold import HEADER
 from .options import validate_options
-from .publish import take_for_message
-from .settings import peek_setting
 from .task import LockedTask
 
-__all__ = ["install", "is_installed"]
+__all__ = ["connect_command_hooks", "install", "is_installed"]
 
 log = logging.getLogger("celery_singleton_lock.install")
 
@@ -42,7 +42,7 @@ def install(app: Any, tasks: Mapping[str, Mapping[str, Any]] | None = None) -> N
     """Connect the signal hooks for ``app`` (idempotent) and lock the tasks named in
     ``tasks`` (merged with the ``singleton_lock_tasks`` setting): ``{task name: options}``,
     the options being those of :class:`LockedTask`. Call it once where the app is defined."""
-    configured = peek_setting(app, "singleton_lock_tasks")
+    configured = peek(app, "singleton_lock_tasks")
     merged: dict[str, dict[str, Any]] = {}
     for source, where in ((configured, "singleton_lock_tasks"), (tasks or {}, "tasks")):
         if not isinstance(source, Mapping):
@@ -58,6 +58,13 @@ def install(app: Any, tasks: Mapping[str, Mapping[str, Any]] | None = None) -> N
     with _lock:
         first = app not in _configs
         _configs.setdefault(app, {}).update(merged)
+    wiring.connect()
+    signals.before_task_publish.connect(
+        _before_publish, weak=False, dispatch_uid="celery_singleton_lock.before_task_publish"
+    )
+    signals.worker_init.connect(
+        _on_worker_init, weak=False, dispatch_uid="celery_singleton_lock.install.worker_init"
+    )
     if first:
         # sender is the app: no closure keeps it alive
         app.on_after_finalize.connect(_on_after_finalize, weak=False)
@@ -165,12 +172,36 @@ def _before_publish(
         return
     task_id = headers.get("id")
     if isinstance(task_id, str):
-        take_for_message(task, task_id, args, kw, headers)
+        task.locking.mode.take_for_message(task, task_id, args, kw, headers)
 
 
-signals.before_task_publish.connect(
-    _before_publish, weak=False, dispatch_uid="celery_singleton_lock.publish"
-)
-signals.worker_init.connect(
-    _on_worker_init, weak=False, dispatch_uid="celery_singleton_lock.worker_init"
-)
+def _lock_configured_tasks(app: Any, what: str) -> None:
+    """A worker or beat started by the ``celery`` command locks the ``singleton_lock_tasks``
+    setting's tasks, even where the app module never calls :func:`install`."""
+    tasks = LockConfig.of(app).tasks
+    if not tasks or is_installed(app):
+        return
+    install(app)
+    publish_mode = sorted(n for n, o in tasks.items() if o.get("lock_at", "run") != "run")
+    if publish_mode:
+        log.warning(
+            "singleton_lock_tasks: locking %s in this %s, but the app module does not call "
+            "install(app): a process that publishes %s without it sends duplicates, which are "
+            "skipped here only while the job they duplicate still runs (one that arrives after "
+            "it ended runs again) instead of kept out at publish; call install(app) where the "
+            "app is defined",
+            ", ".join(sorted(tasks)),
+            what,
+            ", ".join(publish_mode),
+        )
+
+
+def connect_command_hooks() -> None:
+    """For the ``celery`` command (its ``locks`` entry point): a worker's or beat's start
+    checks the settings and locks ``singleton_lock_tasks`` (idempotent)."""
+    if _lock_configured_tasks not in wiring.START_HOOKS:
+        wiring.START_HOOKS.append(_lock_configured_tasks)
+    for signal in (signals.worker_init, signals.beat_init):
+        signal.connect(
+            wiring.on_start, weak=False, dispatch_uid=f"celery_singleton_lock.{signal.name}"
+        )

@@ -1,19 +1,11 @@
-"""Settings (``app.conf``; under Django's ``CELERY_`` namespace, ``CELERY_SINGLETON_LOCK_*``):
-their one definition, and how they are read and validated.
-
-Each setting is one :class:`Setting`: name, default, the README's description and a check.
-An app's settings are read from ``app.conf`` once per process, through its public mapping
-interface (``conf.get``, ``conf.keys()``), at the app's first use (a worker's or beat's start,
-a publisher's first lock), checked, and kept per app (:class:`Settings`, in a
-``WeakKeyDictionary``) until :func:`reload_settings`. A wrong value fails at its use with an
-error that names the setting as the user wrote it and says what it must be (:mod:`.checks`
-reports them all at once, and finds misspelt names).
+"""The settings: their one definition (name, default, the README's words, a check), and how
+``app.conf`` is read for them: with Celery's own ``conf.get``, whose namespace mapping gives a
+Django project's ``CELERY_SINGLETON_LOCK_*`` names. :mod:`.config` keeps what is read, per app.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,18 +19,13 @@ __all__ = [
     "SETTINGS",
     "SentinelURL",
     "Setting",
-    "Settings",
     "check_seconds",
-    "is_set",
+    "given",
     "parse_sentinel_url",
-    "peek_setting",
-    "read_settings",
-    "reload_settings",
+    "read",
     "scheme_of",
-    "setting",
-    "settings_of",
     "settings_table",
-    "user_names",
+    "spelling",
 ]
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -308,204 +295,81 @@ SETTINGS: dict[str, Setting] = {
 DEFAULTS: dict[str, Any] = {name: s.default for name, s in SETTINGS.items()}
 
 
-#: what every setting's name starts with, under each of its spellings (lower-cased)
-_PREFIXES = ("singleton_lock_", "celery_singleton_lock_")
+#: names under this package's prefix that belong to another package, never a misspelling of
+#: ours: celery-singleton's lease setting, which its drop-in (compat.singleton) reads
+_OTHER_PACKAGES_NAMES = frozenset({"singleton_lock_expiry"})
 
 
-def _raw(conf: Any, name: str) -> Any:
-    """The value the user set for ``name`` under any of its spellings (``singleton_lock_ttl``,
-    ``SINGLETON_LOCK_TTL``, Django's ``CELERY_SINGLETON_LOCK_TTL``), or ``None``: Celery's own
-    ``conf.get``, which applies the app's namespace."""
-    for candidate in (name, name.upper(), "CELERY_" + name.upper()):
-        try:
-            value = conf.get(candidate)
-        except Exception:  # pragma: no cover - odd conf objects
-            value = None
-        if value is not None:
-            return value
-    return None
+def given(conf: Any, name: str) -> Any:
+    """The value the user gave the setting ``name`` in ``conf`` (an ``app.conf``), or ``None``:
+    Celery's ``conf.get``, which applies the app's namespace (Django's ``CELERY_``)."""
+    return conf.get(name)
 
 
-def user_names(conf: Any) -> dict[str, str]:
-    """{setting name: the name the user wrote} for every configured name under this package's
-    prefix (``singleton_lock_*``, ``SINGLETON_LOCK_*``, Django's ``CELERY_SINGLETON_LOCK_*``),
-    known or not; the canonical name of ``CELERY_SINGLETON_LOCK_TTL`` is
-    ``singleton_lock_ttl``. ``conf`` is read as the mapping it is (its keys, ``get``)."""
-    names: dict[str, str] = {}
-    try:
-        keys = list(conf.keys())
-    except Exception:  # pragma: no cover - a conf object that cannot list its keys
-        return names
-    for key in keys:
-        if not isinstance(key, str):
-            continue
-        lowered = key.lower()
-        if lowered.startswith(_PREFIXES[1]):
-            lowered = lowered[len("celery_") :]
-        if lowered.startswith(_PREFIXES[0]) and conf.get(key) is not None:
-            names.setdefault(lowered, key)
-    return names
+def _ours(key: object) -> str | None:
+    """The setting a configuration key means (``CELERY_SINGLETON_LOCK_TTL`` means
+    ``singleton_lock_ttl``), when it is under this package's prefix."""
+    if not isinstance(key, str):
+        return None
+    lowered = key.lower()
+    lowered = lowered.removeprefix("celery_")
+    return lowered if lowered.startswith("singleton_lock_") else None
 
 
-@dataclass(frozen=True)
-class Settings:
-    """One app's settings as read from ``app.conf`` at one time: its first use in the process
-    (a worker's or beat's start, a publisher's first lock), or the first use after
-    :func:`reload_settings`."""
-
-    #: {setting: its checked value, or its default when unset} (a wrong value is left out)
-    values: Mapping[str, Any]
-    #: {setting: the value the user gave it}, for the settings the user set
-    given: Mapping[str, Any]
-    #: the settings whose value fails its check
-    wrong: frozenset[str]
-    #: {name: the name the user wrote} for every name under this package's prefix
-    written: Mapping[str, str]
-    #: what the app's lock client is made from (ours and the broker's settings): the client
-    #: is made again when they change
-    client_from: tuple[Any, ...] = ()
-
-    def spelling(self, name: str) -> str:
-        """``name`` as the user wrote it (``CELERY_SINGLETON_LOCK_TTL`` in Django's settings)."""
-        return self.written.get(name, name)
-
-    def get(self, name: str) -> Any:
-        """The value of ``name``; a wrong value raises its check's error (``TypeError`` /
-        ``ValueError``), naming the setting as the user wrote it."""
-        if name in self.wrong:
-            SETTINGS[name].check(self.spelling(name), self.given[name])  # raises
-        return self.values[name]
-
-    def problems(self) -> list[TypeError | ValueError]:
-        """The error of every wrong value, in the order of the definition."""
-        problems: list[TypeError | ValueError] = []
-        for name in SETTINGS:
-            try:
-                self.get(name)
-            except (TypeError, ValueError) as exc:
-                problems.append(exc)
-        return problems
+def spelling(conf: Any, name: str) -> str:
+    """``name`` as the user wrote it in ``conf`` (looked up only for an error's sake)."""
+    return next((key for key in list(conf.keys()) if _ours(key) == name), name)
 
 
-def _check(name: str, value: Any, conf: Any, written: Mapping[str, str] | None) -> Any:
-    check = SETTINGS[name].check
-    if written is not None:
-        return check(written.get(name, name), value)
-    try:
-        return check(name, value)
-    except (TypeError, ValueError):
-        # Only now look up how the user wrote it (a scan of the configuration's keys): the
-        # same check raises again, naming CELERY_SINGLETON_LOCK_TTL rather than our name.
-        spelling = user_names(conf).get(name, name)
-        if spelling != name:
-            check(spelling, value)
-        raise
-
-
-def read_settings(conf: Any) -> Settings:
-    """Every setting of ``conf`` (an ``app.conf``), read and checked now."""
-    written = user_names(conf)
+def read(conf: Any) -> tuple[dict[str, Any], list[TypeError | ValueError]]:
+    """Every setting of ``conf`` (an ``app.conf``), checked: its value or default, and every
+    problem in words: a value its setting cannot take (named as the user wrote it), and a name
+    under this package's prefix that no setting reads (a misspelling, with the closest
+    setting; or a spelling this app's configuration does not read, such as an upper-case name
+    without Django's ``CELERY`` namespace)."""
     values: dict[str, Any] = {}
-    given: dict[str, Any] = {}
-    wrong: set[str] = set()
+    problems: list[TypeError | ValueError] = []
     for name, definition in SETTINGS.items():
-        value = _raw(conf, name)
+        value = given(conf, name)
         if value is None:
             values[name] = definition.default
             continue
-        given[name] = value
         try:
-            values[name] = _check(name, value, conf, written)
+            values[name] = definition.check(name, value)
         except (TypeError, ValueError):
-            wrong.add(name)
-    return Settings(values, given, frozenset(wrong), written, _client_from(conf))
+            values[name] = definition.default
+            try:
+                definition.check(spelling(conf, name), value)
+            except (TypeError, ValueError) as exc:
+                problems.append(exc)
+    for key in list(conf.keys()):
+        meant = _ours(key)
+        if meant is None or meant in _OTHER_PACKAGES_NAMES or conf.get(key) is None:
+            continue
+        if meant not in SETTINGS:
+            close = difflib.get_close_matches(meant, list(SETTINGS), 1)
+            hint = f" (did you mean {_respelled(key, close[0])}?)" if close else ""
+            known = ", ".join(_respelled(key, s) for s in SETTINGS)
+            problems.append(
+                ValueError(
+                    f"{key} is not a celery-singleton-lock setting{hint}; the settings are {known}"
+                )
+            )
+        elif given(conf, meant) is None:
+            problems.append(
+                ValueError(
+                    f"{key} is not read by this app: write {meant} (or, in a Django project "
+                    f"whose Celery app reads the settings with namespace='CELERY', "
+                    f"CELERY_{meant.upper()})"
+                )
+            )
+    return values, problems
 
 
-#: the settings, ours and Celery's, that the app's lock client is made from (:mod:`.client`)
-_CLIENT_SETTINGS = (
-    "singleton_lock_client",
-    "singleton_lock_redis_url",
-    "singleton_lock_redis_options",
-)
-_BROKER_SETTINGS = ("broker_url", "broker_use_ssl", "broker_transport_options")
-
-
-def _client_from(conf: Any) -> tuple[Any, ...]:
-    """What the app's lock client is made from, as ``conf`` has it now."""
-    ours = (_raw(conf, name) for name in _CLIENT_SETTINGS)
-    broker = (conf.get(name) for name in _BROKER_SETTINGS)
-    return (*ours, *broker)
-
-
-#: app -> its settings, read at its first use in this process; gone with the app
-_read: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
-#: app -> what its lock client is made from, as its settings were last read (kept across
-#: reload_settings, which compares it with the configuration's)
-_client_inputs: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
-_read_lock = threading.Lock()
-
-
-def settings_of(app: Any) -> Settings:
-    """The app's settings: read from ``app.conf`` the first time they are needed in this
-    process, then kept until :func:`reload_settings`."""
-    try:
-        found = _read.get(app)
-    except TypeError:  # pragma: no cover - an app object that cannot be weakly referenced
-        return read_settings(app.conf)
-    if found is None:
-        # Read outside the lock: reading may load the configuration (Django's settings), which
-        # may run code of the user's that reads a setting too.
-        fresh = read_settings(app.conf)
-        with _read_lock:
-            found = _read.setdefault(app, fresh)
-            _client_inputs[app] = found.client_from
-    return found
-
-
-def reload_settings(app: Any) -> None:
-    """Read the app's ``celery-singleton-lock`` settings from ``app.conf`` again.
-
-    The settings are read once per app and process, when a worker or beat starts or at the
-    first publish or lock; a change made to ``app.conf`` after that is seen once this is
-    called. The next use reads and checks every setting again, as the first one did (a wrong
-    value raises then, naming it; a misspelt name is reported by the next check). The lock
-    client is made again when what it is made from changed (the lock URL, its options, an
-    injected client, the broker's URL and TLS options); otherwise it is kept, with its
-    connections."""
-    with _read_lock:
-        _read.pop(app, None)
-        inputs = _client_inputs.get(app)
-    if inputs is None or inputs != _client_from(app.conf):
-        from .client import reset_client  # the client module reads the settings: imported late
-
-        reset_client(app)
-
-
-def setting(app: Any, name: str) -> Any:
-    """A setting from ``app.conf``, under its own name or Django's ``CELERY_`` namespace, its
-    default when unset, as read at the app's first use (see :func:`reload_settings`). A wrong
-    value raises ``TypeError`` / ``ValueError`` naming the setting as the user wrote it."""
-    return settings_of(app).get(name)
-
-
-def peek_setting(app: Any, name: str) -> Any:
-    """:func:`setting`, without reading all the settings for good when the app has not been
-    used yet: for :func:`~celery_singleton_lock.install`, called while the app module is still
-    being configured."""
-    found = _read.get(app)
-    if found is not None:
-        return found.get(name)
-    value = _raw(app.conf, name)
-    return DEFAULTS[name] if value is None else _check(name, value, app.conf, None)
-
-
-def is_set(app: Any, name: str) -> bool:
-    """Whether the user set ``name`` (under any of its spellings), as opposed to its default
-    (like :func:`peek_setting`, it does not read all the settings for good)."""
-    found = _read.get(app)
-    if found is not None:
-        return name in found.given
-    return _raw(app.conf, name) is not None
+def _respelled(written: str, name: str) -> str:
+    """The setting ``name`` spelt as ``written`` is (upper case, Django's ``CELERY_``)."""
+    spelt = "celery_" + name if written.lower().startswith("celery_") else name
+    return spelt.upper() if written.isupper() else spelt
 
 
 def settings_table() -> str:

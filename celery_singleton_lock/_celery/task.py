@@ -1,19 +1,18 @@
 """``LockedTask``: run-time singletons and publish-time dedup for Celery tasks.
 
 A thin class of hooks, as Celery's own ``contrib/abortable.py`` is: each hook hands its part of
-the task's life to the module that owns it.
+the task's life to the class's mode (:mod:`.modes`, made with the class).
 
-* publish (:mod:`.publish`): ``apply_async``. Signal receivers cannot veto a publish (their
-  exceptions are swallowed), so the dedup that must *not send* lives here.
+* publish: ``apply_async`` (a signal receiver cannot veto a publish: Celery swallows its
+  errors), so the dedup that must *not send* lives here.
 * run and retry (:mod:`.run`): ``__call__`` takes the lock before the body and releases it as
   the body returns, before the result is stored; ``retry`` parks it for the retry. Whatever
   the class's ``__call__`` chain (a base class that pushes an app context or a DB session and
   calls ``self.run``, before or after ``LockedTask`` in the MRO), the lock is taken before the
   first ``__call__`` of the chain and the rest of the chain runs inside it.
 * the worker's request (:mod:`.worker`): a task class's own ``Request`` is composed with
-  ``LockedRequest``, never replaced by it.
-* pool child killed, hard time limit, revoke: the worker's main process releases
-  (:mod:`.worker`, :mod:`.revoked`), without waiting for the lease.
+  ``LockedRequest``, never replaced by it; it releases for a pool process killed or out of
+  time, without waiting for the lease.
 * ``after_return``: an idempotent safety net.
 """
 
@@ -21,16 +20,18 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, ClassVar
 
 from celery import Task, states
 
-from .._lock import LockKeys
+from .._lock import LockKeys, LockSpace
+from . import wiring
+from .config import LockConfig
 from .locking import TaskLocking
 from .options import LockOptions
-from .publish import publish_once
 from .run import current_run, retry_keeping_lock, run_locked
 from .worker import LOCKED_REQUEST, with_locked_request
 
@@ -47,14 +48,16 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     makes no sense or a misspelt ``lock_*`` name raises, naming the task and the option.
 
     Inside a run, ``self.lock`` is the held :class:`ReentrantLock` (with ``lock_limit`` above
-    1, the slot the run holds; ``None`` when none).
+    1, the slot the run holds; ``None`` when none). A subclass may override the extension
+    points :meth:`key_prefix`, :meth:`queue_lease` and :meth:`key_encoder` (the drop-ins of
+    :mod:`celery_singleton_lock.compat` do).
     """
 
     #: the worker's request class (a task class's own ``Request`` is composed with it)
     Request: ClassVar[Any] = LOCKED_REQUEST
 
     #: the class's options as validated, and how it makes lock names
-    locking: ClassVar[TaskLocking] = TaskLocking(LockOptions(), None)
+    locking: ClassVar[TaskLocking]
 
     #: the ``__call__`` after ``LockedTask``'s in the class's MRO, ``None`` for Celery's own
     next_call: ClassVar[Callable[..., Any] | None] = None
@@ -76,6 +79,40 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if own_request is not None:
             cls.Request = with_locked_request(own_request, cls.__qualname__)
 
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """A locked task bound to an app needs the worker's receivers: connected now (once)."""
+        wiring.connect()
+        super().on_bound(app)
+
+    # -- extension points: what a subclass (a drop-in) may resolve its own way -----------------
+
+    @classmethod
+    def key_prefix(cls, app: Any) -> str:
+        """The prefix of this class's lock keys under ``app``: ``singleton_lock_prefix``. An
+        override must give the same in every process that knows the class; it is asked once
+        per app config."""
+        return LockConfig.of(app).prefix
+
+    @classmethod
+    def queue_lease(cls, app: Any) -> float:
+        """Seconds a hold lasts while its message waits (taken at publish, or parked for a
+        retry): ``lock_queue_ttl``, else ``singleton_lock_queue_ttl``. Asked for each hold."""
+        ttl = cls.locking.options.lock_queue_ttl
+        return LockConfig.of(app).queue_ttl if ttl is None else ttl
+
+    @classmethod
+    def key_encoder(cls) -> type[json.JSONEncoder] | None:
+        """A JSON encoder class that writes a call's arguments for its lock name, as they are
+        (a value it refuses in the canonical form); ``None``: the canonical form alone. Asked
+        for every name made without ``lock_key``, on the publisher and the worker alike."""
+        return None
+
+    @classmethod
+    def lock_space(cls, app: Any) -> LockSpace:
+        """This class's locks under ``app``: the app's lock client, under :meth:`key_prefix`."""
+        return cls.locking.space(app)
+
     # -- the job's lock, from outside a run ----------------------------------------------------
 
     def _lock_name(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -83,8 +120,9 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     def lock_key_for(self, *args: Any, **kwargs: Any) -> str:
         """The Redis key of the lock these arguments take (``prefix:{task:digest}``)."""
-        prefix = self.locking.prefix(self._get_app())  # no client needed
-        return LockKeys.for_name(prefix, self._lock_name(args, kwargs)).lock
+        app = self._get_app()
+        LockConfig.of(app).check()  # a wrong setting says so here too (no client needed)
+        return LockKeys.for_name(self.key_prefix(app), self._lock_name(args, kwargs)).lock
 
     def is_locked(self, *args: Any, **kwargs: Any) -> bool:
         """Whether a run (or a queued publish, or a cooldown) of this job holds its lock now:
@@ -132,7 +170,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if not self.locking.at_publish or self._get_app().conf.task_always_eager:
             return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         callbacks = bool(link or link_error or options.get("chain") or options.get("chord"))
-        return publish_once(
+        return self.locking.mode.publish(
             self,
             lambda new_id, opts: send(
                 args, kwargs, new_id, producer, link, link_error, shadow, **opts
@@ -251,3 +289,4 @@ def _own_request(cls: type[LockedTask]) -> Any:
 for _option in fields(LockOptions):
     setattr(LockedTask, _option.name, _option.default)
 del _option
+LockedTask.locking = TaskLocking(LockOptions(), None, task_class=LockedTask)

@@ -1,12 +1,10 @@
-"""The worker's main-process side: release a task's lock when its pool child cannot.
+"""The worker's main-process side: a task's lock freed when its pool process cannot free it.
 
-Only the main process hears of a pool child killed (SIGKILL, OOM), a hard time limit or a
-terminating revoke; Celery then calls the request's ``on_failure`` / ``on_timeout`` there (and
-sends ``task_revoked``, see :mod:`.revoked`). It releases the lock at once, or keeps it for what
-comes next: for the task's ``lock_cooldown`` (a run that died counts as failed), or, when the
-message goes back to the queue (``acks_late`` with ``reject_on_worker_lost``), parked for its
-redelivery, which re-enters it at once with no gap for a duplicate. A whole worker killed runs
-none of this: its locks end with their leases.
+Only the main process hears of a pool process killed (SIGKILL, OOM), a hard time limit, a
+revoke, or a message dropped unrun (a task it does not know, a message it rejects). Celery then
+calls the request's ``on_failure`` / ``on_timeout`` there, or sends ``task_revoked``,
+``task_unknown`` or ``task_rejected``: the lock is released at once (or parked for what comes
+next: a redelivery, a cooldown) instead of waiting for its lease.
 """
 
 from __future__ import annotations
@@ -18,12 +16,19 @@ from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 from kombu.utils.imports import symbol_by_name
 
-from .cooldown import cooldown_after
-from .info import HoldState, holder_info
-from .locking import HEADER, TaskLocking
-from .wake import WAIT_HEADER, Wait, wait_of, wake_waiting
+from .config import LockConfig
+from .hold import HoldState, MessageLock
+from .modes.wake import WAIT_HEADER, request_wait, wait_of
 
-__all__ = ["LOCKED_REQUEST", "LockedRequest", "release_for_request", "with_locked_request"]
+__all__ = [
+    "LOCKED_REQUEST",
+    "LockedRequest",
+    "on_task_rejected",
+    "on_task_revoked",
+    "on_task_unknown",
+    "release_for_request",
+    "with_locked_request",
+]
 
 log = logging.getLogger("celery_singleton_lock.release")
 
@@ -35,57 +40,25 @@ def release_for_request(
     task_id: str,
     args: Any,
     kwargs: Any,
-    header: Any,
+    headers: Any,
     why: str,
+    *,
     requeued: bool = False,
     ran: bool = False,
-    wait: Wait | None = None,
+    wait: Any = None,
 ) -> None:
-    """Release every hold of ``task_id`` on its job's lock, from the worker's main process
-    (its pool child died, hit the hard time limit, or the task was revoked). With
-    ``lock_at="queue"``, a run freed this way wakes the copy that waits for its end, as a run
-    that returns does; ``wait``: the wait the message carried (a queued copy's wake or
-    fallback), which ends with it.
-
-    ``requeued``: the message goes back to the queue (``reject_on_worker_lost``): the hold is
-    parked for its redelivery instead (kept, not renewed, run token cleared), so the
-    redelivered run re-enters it at once and no duplicate gets in meanwhile. ``ran``: the run
-    had started and ended as a failure (its process died): the task's ``lock_cooldown``, if it
-    starts after a failure, keeps the hold for that long instead."""
+    """Release the holds of ``task_id`` on its job's lock, from the worker's main process (see
+    the mode's ``release_for``); ``headers``: the message's (they name its lock). Never
+    raises: a lock not released ends with its lease."""
     locking = getattr(task, "locking", None)
-    if not isinstance(locking, TaskLocking):
+    mode = getattr(locking, "mode", None)
+    if locking is None or mode is None:
         return  # not a locked task
     try:
-        message = header if isinstance(header, str) and header else None
-        message = message or locking.message_lock(locking.lock_name(task.name, args, kwargs))
-        name = locking.run_lock(message)
-        permits = locking.options.lock_limit
-        app = task.app
-        space = locking.space(app)
-        key = space.keys(name).lock
-        info = holder_info(task.name, task_id)
-        if requeued:
-            lease = locking.queue_ttl(app)
-            state = HoldState.REQUEUED
-            if space.named(name, permits).park(task_id, lease, info=info, state=state):
-                log.info(
-                    "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
-                )
-            return
-        if message != name:
-            # lock_at="queue": a run killed while its copy still waited frees the queue too
-            space.named(message).release(task_id, retry_for=locking.queue_ttl(app))
-        cooldown = cooldown_after(task, failed=True) if ran else None
-        if cooldown is not None:
-            state = HoldState.COOLDOWN
-            if space.named(name, permits).park(task_id, cooldown, info=info, state=state):
-                log.info("%s cools down for %.1f s after %s[%s]", key, cooldown, task.name, why)
-                return
-        # Resent from the background when Redis fails (a transient Cluster state, a dropped
-        # connection), for as long as the run's lease could keep the hold.
-        reply = space.named(name, permits).release(task_id, retry_for=locking.ttl(app))
-        if message != name and (reply.freed or wait is not None):
-            wake_waiting(task, space, name, task_id, wait, wake=reply.freed)
+        lock = MessageLock.of(headers)
+        message = lock.name if lock is not None else None
+        message = message or mode.message_lock(locking.lock_name(task.name, args, kwargs))
+        mode.release_for(task, task_id, message, why, requeued=requeued, ran=ran, wait=wait)
     except Exception as exc:
         log.error(
             "could not release the lock of %s[%s] after %s: %s; it frees itself when its "
@@ -95,9 +68,60 @@ def release_for_request(
             why,
             exc,
         )
+
+
+def on_task_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+    """``task_revoked``: a task revoked while it runs, or when a worker reaches its message."""
+    if request is None:
         return
-    if reply.freed:
-        log.info("released %s of %s[%s] after %s", key, task.name, task_id, why)
+    release_for_request(
+        sender,
+        request.id,
+        request.args,
+        request.kwargs,
+        request,
+        "revoke" + (" (terminated)" if kwargs.get("terminated") else ""),
+        # a queued copy's wake or fallback: the copy will not run, its wait ends
+        wait=request_wait(request),
+    )
+
+
+def _release_dropped(consumer: Any, message: Any, why: str) -> None:
+    """A message the worker drops unrun: no run will ever release the lock its publisher took
+    for it. Freed where its headers say (its prefix too: the task may be unknown here), only
+    while its task id holds it for a message that waits, checked in Redis."""
+    headers = getattr(message, "headers", None) or {}
+    lock, task_id = MessageLock.of(headers), headers.get("id")
+    app = getattr(consumer, "app", None)
+    if lock is None or app is None or not (isinstance(task_id, str) and task_id):
+        return
+    try:
+        job = LockConfig.of(app).space(lock.prefix).named(lock.name, lock.permits)
+        freed = job.force_release(holder=task_id, states=(HoldState.QUEUED, HoldState.REQUEUED))
+    except Exception as exc:
+        log.error(
+            "could not release the lock of dropped task %s (%s): %s; it frees itself when its "
+            "lease ends",
+            task_id,
+            why,
+            exc,
+        )
+        return
+    if freed:
+        log.warning(
+            "released %s: the worker dropped the message of task %s (%s)",
+            job.keys[0].lock,
+            task_id,
+            why,
+        )
+
+
+def on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **_: Any) -> None:
+    _release_dropped(sender, message, f"task {name!r} is not registered in this worker")
+
+
+def on_task_rejected(sender: Any = None, message: Any = None, exc: Any = None, **_: Any) -> None:
+    _release_dropped(sender, message, f"message rejected: {exc!r}" if exc else "message rejected")
 
 
 class LockedRequest(Request):  # type: ignore[misc]  # celery ships no type information
@@ -110,9 +134,9 @@ class LockedRequest(Request):  # type: ignore[misc]  # celery ships no type info
             self.id,
             self.args,
             self.kwargs,
-            message.get(HEADER),
+            message,
             why,
-            requeued,
+            requeued=requeued,
             ran=True,
             wait=wait_of(message.get(WAIT_HEADER), message.get("retries")),
         )

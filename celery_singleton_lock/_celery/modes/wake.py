@@ -30,18 +30,18 @@ from celery.canvas import Signature
 from celery.exceptions import Ignore, Reject, Retry
 from kombu.serialization import dumps, loads, prepare_accept_content
 
-from .._errors import LockBackendError
-from .._lock import (
+from ..._errors import LockBackendError
+from ..._lock import (
     CLAIMED,
     WAIT_OVER,
     WAIT_REPLACED,
     AcquireReply,
-    LockSpace,
+    NamedLock,
     ReentrantLock,
     Semaphore,
 )
-from .debounce import skip_replaced
-from .locking import HEADER, TaskLocking
+from ..hold import HEADER
+from ..parts import skip_replaced
 
 __all__ = [
     "WAIT_HEADER",
@@ -109,19 +109,17 @@ def request_wait(request: Any) -> Wait | None:
     return wait_of(get(WAIT_HEADER), getattr(request, "retries", 0))
 
 
-def claim_wait(
-    task: Any, request: Any, space: LockSpace, name: str, message_lock: str, wait: Wait
-) -> bool:
+def claim_wait(task: Any, request: Any, job: NamedLock, queued_key: str, wait: Wait) -> bool:
     """Go on only if this message claims the copy's wait (``True``: it had claimed it before,
     and is delivered again); else end it: as replaced (SKIPPED) when a later call replaced the
     copy while it waited (``lock_debounce``), else without a trace (its other message runs
     the copy, or ran it, or the copy's wait was dropped)."""
-    code, again = space.named(name).claim_waiter(request.id, wait.token, wait.mark)
+    code, again = job.claim_waiter(request.id, wait.token, wait.mark)
     if code == CLAIMED:
         return again == "again"
     by = again
     if code == WAIT_REPLACED:
-        skip_replaced(task, request, space.keys(message_lock).lock, by)
+        skip_replaced(task, request, queued_key, by)
     log.info(
         "%s[%s]: this message of the queued copy ends unrun: %s",
         task.name,
@@ -131,13 +129,15 @@ def claim_wait(
     raise Ignore()
 
 
-def end_claim(space: LockSpace, name: str, task_id: str, wait: Wait) -> None:
+def end_claim(job: NamedLock, task_id: str, wait: Wait) -> None:
     """The copy whose wait this message claimed (or was woken for) will not run: drop its
     record. Best effort: a record left behind ends with the records' lifetime."""
     try:
-        space.named(name).waiters(drop=task_id, token=wait.token, claim=wait.claim, listing=False)
+        job.waiters(drop=task_id, token=wait.token, claim=wait.claim, listing=False)
     except LockBackendError as exc:
-        log.warning("could not drop the wait record of task %s beside %s: %s", task_id, name, exc)
+        log.warning(
+            "could not drop the wait record of task %s beside %s: %s", task_id, job.name, exc
+        )
 
 
 def _payload(task: Any, request: Any, retries: int, headers: dict[str, Any]) -> str:
@@ -153,8 +153,7 @@ def _payload(task: Any, request: Any, retries: int, headers: dict[str, Any]) -> 
 def wait_for_run(
     task: Any,
     request: Any,
-    space: LockSpace,
-    name: str,
+    job: NamedLock,
     lock: ReentrantLock | Semaphore,
     refusal: AcquireReply,
 ) -> AcquireReply:
@@ -165,10 +164,10 @@ def wait_for_run(
     ``max_retries``), then writes its wait record and raises the retry: the message ends.
     Returns the lock's reply instead when a slot was found free meanwhile and taken (the
     fallback, sent already, then finds no wait to claim and ends unrun)."""
-    locking: TaskLocking = task.locking
+    locking = task.locking
     options = locking.options
     app = task.app
-    lease = locking.ttl(app)
+    lease = locking.bound(app).ttl
     retries = request.retries + 1
     headers = {k: v for k, v in (request.headers or {}).items() if k != WAIT_HEADER}
     token = _new_id()
@@ -195,14 +194,12 @@ def wait_for_run(
     # The record outlives the fallback's countdown by as long as a queued message's hold does.
     keep = countdown + locking.queue_ttl(app)
     for attempt in range(PARK_TRIES):
-        parked = space.named(name, options.lock_limit).add_waiter(
-            request.id, record, keep, force=attempt == PARK_TRIES - 1
-        )
+        parked = job.add_waiter(request.id, record, keep, force=attempt == PARK_TRIES - 1)
         if parked:
             if parked.lease_left == 0:
                 # Written although a slot is free (lost to another taker each time): its wake
                 # goes now, so it tries again from the queue, not from this pool process.
-                _send_wake(task, name, record)
+                _send_wake(task, job.name, record)
             break
         reply = lock.try_acquire()  # the run ended just now: try again at once
         if reply.acquired:
@@ -212,7 +209,7 @@ def wait_for_run(
         "%.1f s at the latest",
         task.name,
         request.id,
-        space.keys(name).lock,
+        job.keys[0].lock,
         countdown,
     )
     raise ending
@@ -233,8 +230,7 @@ def retry_in_queue(task: Any, request: Any, refusal: AcquireReply, countdown: fl
 
 def wake_waiting(
     task: Any,
-    space: LockSpace,
-    name: str,
+    job: NamedLock,
     task_id: str = "",
     wait: Wait | None = None,
     *,
@@ -245,7 +241,7 @@ def wake_waiting(
     ``wait`` (this run was that copy, or that copy ends unrun). One round trip, plus one
     publish per copy woken; never raises (a copy not woken comes back by its fallback)."""
     try:
-        waiting = space.named(name).waiters(
+        waiting = job.waiters(
             drop=task_id if wait is not None else "",
             token=wait.token if wait is not None else "",
             claim=wait.claim if wait is not None else "",
@@ -255,19 +251,19 @@ def wake_waiting(
         log.warning(
             "could not read the copies waiting for %s (%s); they come back by their fallback, "
             "within a lease",
-            space.keys(name).lock,
+            job.keys[0].lock,
             exc,
         )
         return
     for waiter, record in waiting.items():
         try:
-            _send_wake(task, name, record)
+            _send_wake(task, job.name, record)
         except Exception as exc:  # the fallback still runs the copy
             log.warning(
                 "could not wake task %s, which waits for %s (%s: %s); it comes back by its "
                 "fallback, within a lease",
                 waiter,
-                space.keys(name).lock,
+                job.keys[0].lock,
                 type(exc).__name__,
                 exc,
             )
@@ -286,7 +282,7 @@ def _send_wake(task: Any, name: str, record: str) -> None:
     target = task if sig.task == task.name else app.tasks[sig.task]
     options = dict(sig.options)
     headers = dict(options.get("headers") or {})
-    headers[HEADER] = target.locking.message_lock(name)
+    headers[HEADER] = target.locking.mode.message_lock(name)
     headers[WAIT_HEADER] = _header(token, _new_id(), options.get("retries"))
     options["headers"] = headers
     # Celery's own apply_async: the copy's queued lock is its already (this is no new call).

@@ -1,0 +1,136 @@
+"""What a run-time duplicate does (``lock_on_locked``): one class per choice, made once per task
+class. ``Wait`` blocks for the lock first, then skips as ``Skip`` does; ``Retry`` comes back
+later, then skips when its retries run out; ``Raise`` fails the run with
+:class:`TaskLockedError`. A chord header member that would be skipped fails instead: a skip
+never reports to its chord, which would wait for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, NoReturn
+
+from celery.exceptions import Ignore, MaxRetriesExceededError
+
+from .._errors import TaskLockedError
+from .._lock import AcquireReply
+from .canvas import chord_member_of
+from .hold import report_duplicate, store_skipped
+from .options import LockOptions
+
+__all__ = ["Conflict", "conflict_for", "lock_retry_delay"]
+
+log = logging.getLogger("celery_singleton_lock.run")
+
+#: a retried duplicate's first retry comes back after about this long (seconds); each later
+#: one waits twice as long, up to the holder's remaining lease
+RETRY_FIRST_DELAY = 1.0
+#: no lock retry is sooner than this (seconds): each one costs the broker a message
+RETRY_MIN_DELAY = 0.1
+
+
+def lock_retry_delay(retries: int, holder_lease: float) -> float:
+    """The default countdown of a retried duplicate: a backoff that doubles from
+    :data:`RETRY_FIRST_DELAY` with the request's retries, capped by the holder's remaining lease
+    (seconds), with equal jitter (so duplicates refused together do not come back together)."""
+    backoff = RETRY_FIRST_DELAY * 2.0 ** min(max(retries, 0), 30)
+    ceiling = min(backoff, max(holder_lease, RETRY_MIN_DELAY))
+    return max(RETRY_MIN_DELAY, ceiling * random.uniform(0.5, 1.0))
+
+
+class Conflict:
+    """``lock_on_locked="skip"``: the duplicate's body does not run; it ends ``SKIPPED``."""
+
+    #: seconds to block for the lock before giving up (``None``: try once)
+    wait_timeout: float | None = None
+
+    def __init__(self, options: LockOptions) -> None:
+        self.options = options
+
+    def retry_countdown(self, request: Any, refusal: AcquireReply) -> float:
+        """``lock_retry_countdown``, else the growing backoff."""
+        fixed = self.options.lock_retry_countdown
+        return fixed or lock_retry_delay(request.retries, refusal.lease_left)
+
+    def refused(
+        self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
+    ) -> NoReturn:
+        """End the duplicate (``reason``: ``locked``, ``limit`` or ``cooldown``)."""
+        if chord_member_of(request):
+            log.warning(
+                "%s[%s] is a chord header member and lock %s is held by task %s: failing it "
+                "(TaskLockedError), so its chord ends with ChordError instead of waiting",
+                task.name,
+                request.id,
+                key,
+                refusal.holder,
+            )
+            report_duplicate(task.name, "raised")
+            raise TaskLockedError(refusal.holder, key)
+        if reason == "cooldown":
+            log.info(
+                "skipped %s[%s]: lock %s cools down after task %s (%.1f s left)",
+                task.name,
+                request.id,
+                key,
+                refusal.holder,
+                refusal.lease_left,
+            )
+        else:
+            log.info(
+                "skipped %s[%s]: lock %s is held by task %s",
+                task.name,
+                request.id,
+                key,
+                refusal.holder,
+            )
+        report_duplicate(task.name, "skipped")
+        store_skipped(task, request, {"holder": refusal.holder, "lock": key, "reason": reason})
+        raise Ignore()
+
+
+class Wait(Conflict):
+    """``"wait"``: block up to ``lock_wait_timeout`` for the lock, then skip."""
+
+    def __init__(self, options: LockOptions) -> None:
+        super().__init__(options)
+        self.wait_timeout = options.lock_wait_timeout
+
+
+class Raise(Conflict):
+    """``"raise"``: the run fails with :class:`TaskLockedError` naming the holder."""
+
+    def refused(
+        self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
+    ) -> NoReturn:
+        report_duplicate(task.name, "raised")
+        raise TaskLockedError(refusal.holder, key)
+
+
+class Retry(Conflict):
+    """``"retry"``: come back later (counted against ``max_retries``); skip when they run
+    out."""
+
+    def refused(
+        self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
+    ) -> NoReturn:
+        report_duplicate(task.name, "retried")
+        try:
+            raise task.retry(countdown=self.retry_countdown(request, refusal))
+        except MaxRetriesExceededError:
+            log.info("%s[%s] ran out of retries waiting for lock %s", task.name, request.id, key)
+        super().refused(task, request, key, refusal, reason)
+
+
+_BY_CHOICE: dict[str, type[Conflict]] = {
+    "skip": Conflict,
+    "wait": Wait,
+    "raise": Raise,
+    "retry": Retry,
+}
+
+
+def conflict_for(options: LockOptions) -> Conflict:
+    """The class's ``lock_on_locked`` choice."""
+    return _BY_CHOICE[options.lock_on_locked](options)

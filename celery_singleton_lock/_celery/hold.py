@@ -1,0 +1,179 @@
+"""What a task's hold on its job's lock says about itself, and how a message names that lock.
+
+:class:`HoldState` is the hold's state, a field of its own in Redis (the lock layer's
+``state``): what acts on some holds only (``celery locks purge --queued``, a debounce replacing
+a waiting call, the revoked-holder check, a dropped message's release) asks Redis to release a
+hold only while it is in the states it names, in the same step as the release. The operator
+info (:func:`holder_info`: which task, which id, where) is display text that nothing reads
+back. :class:`MessageLock` is the one codec of the lock a message's headers carry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable, Collection
+from contextlib import suppress
+from dataclasses import dataclass
+from enum import StrEnum
+from json.encoder import encode_basestring_ascii as _json_str
+from typing import Any, Protocol
+
+from .._lock import NamedLock
+
+__all__ = [
+    "HEADER",
+    "PERMITS_HEADER",
+    "PREFIX_HEADER",
+    "SKIPPED",
+    "HoldState",
+    "JobObserver",
+    "MessageLock",
+    "holder_info",
+    "observer",
+    "release_if_in",
+    "report_duplicate",
+    "report_refusal",
+    "set_job_observer",
+    "store_skipped",
+]
+
+#: the state a skipped duplicate records (not a ready state: ``.get()`` on it waits)
+SKIPPED = "SKIPPED"
+
+
+class HoldState(StrEnum):
+    """The state of a task's hold (its value is the label Redis keeps; ``locks list`` shows
+    it)."""
+
+    #: a message waits in a queue (its publish took the hold); no run of it has started
+    QUEUED = "queued"
+    #: a run holds it
+    RUNNING = "running"
+    #: a run started and its message waits again (a retry's countdown, a redelivery after its
+    #: worker was lost): never replaced by a debounce, never purged as queued
+    REQUEUED = "requeued"
+    #: the job ended, and its key stays taken for ``lock_cooldown``
+    COOLDOWN = "cooldown"
+
+
+HOST = socket.gethostname()
+_HOST_JSON = _json_str(HOST)
+
+
+def holder_info(task_name: str, task_id: str, limit: int = 1) -> str:
+    """``{"task", "id", "host", "pid"}`` as compact JSON (with ``"limit"`` for a job of several
+    slots), spelt out: every publish and run writes one."""
+    if not (type(task_name) is str and type(task_id) is str):
+        info: dict[str, object] = {"task": task_name, "id": task_id, "host": HOST}
+        info["pid"] = os.getpid()
+        if limit != 1:
+            info["limit"] = int(limit)
+        return json.dumps(info, separators=(",", ":"))
+    slots = f',"limit":{int(limit)}' if limit != 1 else ""
+    return (
+        f'{{"task":{_json_str(task_name)},"id":{_json_str(task_id)},'
+        f'"host":{_HOST_JSON},"pid":{os.getpid()}{slots}}}'
+    )
+
+
+def release_if_in(
+    job: NamedLock,
+    holder: str,
+    states: Collection[HoldState],
+    also: Callable[[], bool] | None = None,
+) -> bool:
+    """Force-release ``job`` from ``holder`` only while its hold is in one of ``states`` (no
+    run inside it) and ``also()`` agrees; Redis checks the holder, the state and the run token
+    again in the release's own step, so a run that enters meanwhile keeps its lock."""
+    if not holder:
+        return False
+    held = next((s for s in job.inspect() if s.holder == holder), None)
+    if held is None or held.run_token or held.state not in states:
+        return False
+    if also is not None and not also():
+        return False
+    return job.force_release(holder=holder, states=states)
+
+
+#: message header that carries the lock's name from the publisher to the worker
+HEADER = "singleton_lock"
+#: ... the prefix of its keys (a drop-in's ``SINGLETONLOCK_``): a worker that drops the message
+#: unrun frees the lock without knowing the task
+PREFIX_HEADER = "singleton_lock_prefix"
+#: ... how many messages of the job may hold it at once, when more than one
+PERMITS_HEADER = "singleton_lock_permits"
+
+
+@dataclass(frozen=True)
+class MessageLock:
+    """The lock a message's publish took, as the message's headers carry it."""
+
+    name: str
+    #: ``None`` in a message from a version that did not send it (the task's prefix applies)
+    prefix: str | None = None
+    permits: int = 1
+
+    def put_in(self, headers: dict[str, Any]) -> None:
+        headers[HEADER] = self.name
+        if self.prefix is not None:
+            headers[PREFIX_HEADER] = self.prefix
+        if self.permits != 1:
+            headers[PERMITS_HEADER] = self.permits
+
+    @classmethod
+    def of(cls, headers: Any) -> MessageLock | None:
+        """The lock a message's headers name (a mapping, or a worker's request), or ``None``."""
+        get = getattr(headers, "get", None)
+        if get is None:
+            return None
+        name = get(HEADER)
+        if not isinstance(name, str) or not name:
+            return None
+        prefix, permits = get(PREFIX_HEADER), get(PERMITS_HEADER)
+        return cls(
+            name,
+            prefix if isinstance(prefix, str) and prefix else None,
+            permits if type(permits) is int and permits > 1 else 1,
+        )
+
+
+def store_skipped(task: Any, request: Any, meta: dict[str, Any]) -> None:
+    """Record the run of ``request`` as :data:`SKIPPED` with ``meta`` (not in eager mode, nor
+    without a result backend)."""
+    if not request.is_eager:
+        with suppress(NotImplementedError):  # no result backend configured
+            task.backend.store_result(request.id, meta, SKIPPED, request=request)
+
+
+class JobObserver(Protocol):
+    """What the Celery layer reports, for metrics (:mod:`celery_singleton_lock.metrics`)."""
+
+    def duplicate(self, task: str, action: str) -> None:
+        """A duplicate of ``task`` was ``skipped``, ``retried`` or ``raised`` at run time,
+        ``returned`` or ``raised`` at publish, or ``replaced`` (``lock_debounce``)."""
+
+    def refused_by(self, task: str, reason: str) -> None:
+        """A duplicate of ``task`` was refused for ``reason``: ``limit`` or ``cooldown``."""
+
+
+#: the process's observer, or None (read directly by the call sites)
+observer: JobObserver | None = None
+
+
+def set_job_observer(new: JobObserver | None) -> None:
+    global observer
+    observer = new
+
+
+def report_duplicate(task_name: str, action: str) -> None:
+    """Count a duplicate of ``task_name`` and what was done with it (see :class:`JobObserver`)."""
+    if observer is not None:
+        observer.duplicate(task_name, action)
+
+
+def report_refusal(task_name: str, reason: str) -> None:
+    """Count why a duplicate of ``task_name`` was refused (see :class:`JobObserver`)."""
+    if observer is not None:
+        observer.refused_by(task_name, reason)

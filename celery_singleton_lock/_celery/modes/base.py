@@ -1,0 +1,278 @@
+"""``lock_at="run"``, and what every mode shares: the run takes its job's lock (with
+``lock_limit`` above 1, one of its leased slots) before the body and lets it go as the body
+returns; a duplicate that reaches a worker meanwhile is handled as ``lock_on_locked`` says.
+
+A mode is made once per task class, with the class's options and its parts (its cooldown, its
+``lock_on_locked`` choice); :mod:`.publish` and :mod:`.queue` extend it. Its methods are the
+job's life: ``enter`` (a run starts), what a run's end or retry does (:mod:`..run`), and
+``release_for`` (the worker's main process, for a run whose pool process cannot).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from celery import states
+from celery.exceptions import Ignore
+
+from ..._errors import LockBackendError
+from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore, new_run_token
+from ..config import Bound
+from ..conflict import Conflict, conflict_for
+from ..hold import HoldState, MessageLock, holder_info, release_if_in
+from ..options import LockOptions
+from ..parts import Cooldown, refusal_reason
+from ..run import TaskRun
+
+__all__ = ["Mode", "RunMode", "free_revoked_holder"]
+
+log = logging.getLogger("celery_singleton_lock.run")
+log_release = logging.getLogger("celery_singleton_lock.release")
+
+
+class RunMode:
+    """``lock_at="run"``: held while the task runs."""
+
+    name: ClassVar[str] = "run"
+    #: a publish takes a lock for its message
+    at_publish: ClassVar[bool] = False
+
+    def __init__(self, options: LockOptions) -> None:
+        self.options = options
+        self.limit = options.lock_limit
+        self.conflict: Conflict = conflict_for(options)
+        self.cooldown = (
+            None
+            if options.lock_cooldown is None
+            else Cooldown(options.lock_cooldown, options.lock_cooldown_on_failure)
+        )
+
+    # -- the job's locks --------------------------------------------------------------------
+
+    @property
+    def message_permits(self) -> int:
+        """How many messages of one job may hold its message lock at once."""
+        return 1
+
+    def message_lock(self, name: str) -> str:
+        """The lock a queued message of the job ``name`` holds (its publish takes it)."""
+        return name
+
+    def run_lock(self, message_lock: str) -> str:
+        """The lock a run takes, from the lock its message holds."""
+        return message_lock
+
+    def message_lock_of(
+        self, task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> str:
+        """The lock this run's message holds or would hold: the one its headers name (its
+        publish took it), else the one its arguments make."""
+        lock = MessageLock.of(request)
+        if lock is not None:
+            return lock.name
+        return self.message_lock(task.locking.lock_name(task.name, args, kwargs))
+
+    # -- a run starts -----------------------------------------------------------------------
+
+    def enter(
+        self, task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> TaskRun:
+        """Take the job's lock for this run, or handle the run as a duplicate (raises)."""
+        message = self.message_lock_of(task, request, args, kwargs)
+        bound = task.locking.bound(task.app)
+        try:
+            return self.take(task, request, bound, message)
+        except LockBackendError as exc:
+            if not bound.config.proceed_on_backend_error:
+                raise
+            log.error(
+                "Redis failed for the lock of task %s; going on WITHOUT the lock "
+                "(singleton_lock_on_backend_error='proceed'): %s",
+                task.name,
+                exc,
+            )
+            return TaskRun(task, None)
+
+    def take(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
+        name = self.run_lock(message)
+        lock = self.new_lock(task, bound, name, request.id)
+        reply = lock.try_acquire()
+        if (
+            not reply.acquired
+            and not reply.other_run
+            and self.limit == 1
+            and free_revoked_holder(task, bound.space.named(name), reply.holder)
+        ):
+            reply = lock.try_acquire()  # a holder revoked while queued never lets go
+        if not reply.acquired and self.conflict.wait_timeout is not None:
+            reply = lock.try_acquire(self.conflict.wait_timeout)
+        if reply.acquired:
+            held = lock.held if isinstance(lock, Semaphore) else lock
+            assert held is not None, "an acquired semaphore holds a slot"
+            return self.entered(task, request, bound, held, message)
+        if reply.other_run:
+            log.warning(
+                "not running %s[%s]: this message was delivered again while its first run is "
+                "still alive (it holds %s); dropping this delivery",
+                task.name,
+                request.id,
+                lock.key,
+            )
+            raise Ignore()
+        job = bound.space.named(name, self.limit)
+        return self.refused(task, request, bound, message, job, lock, reply)
+
+    def new_lock(
+        self, task: Any, bound: Bound, name: str, task_id: str
+    ) -> ReentrantLock | Semaphore:
+        """The lock (or slots) a run of ``task`` takes: owned by the task id, with a run token
+        of its own, renewed while it runs."""
+        info = holder_info(task.name, task_id, self.limit)
+        if self.limit > 1:
+            return bound.space.semaphore(
+                name,
+                self.limit,
+                ttl=bound.ttl,
+                owner=task_id,
+                info=info,
+                run_token=new_run_token(),
+                state=HoldState.RUNNING,
+            )
+        return bound.space.lock(
+            name,
+            ttl=bound.ttl,
+            owner=task_id,
+            info=info,
+            run_token=new_run_token(),
+            state=HoldState.RUNNING,
+        )
+
+    def publish(
+        self,
+        task: Any,
+        send: Any,
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        options: dict[str, Any],
+        has_callbacks: bool,
+    ) -> Any:
+        """``apply_async``: a run-time lock takes nothing at publish."""
+        return send(task_id, options)
+
+    def take_for_message(
+        self, task: Any, task_id: str, args: Any, kwargs: Any, headers: dict[str, Any]
+    ) -> None:
+        """``install()``'s receiver for a message sent by name: nothing to take."""
+
+    def entered(
+        self, task: Any, request: Any, bound: Bound, lock: ReentrantLock, message: str
+    ) -> TaskRun:
+        """The run holds its job's lock."""
+        return TaskRun(task, lock)
+
+    def refused(
+        self,
+        task: Any,
+        request: Any,
+        bound: Bound,
+        message: str,
+        job: NamedLock,
+        lock: ReentrantLock | Semaphore,
+        refusal: AcquireReply,
+    ) -> TaskRun:
+        """A run-time duplicate: ``lock_on_locked``'s choice (it raises)."""
+        reason = refusal_reason(task, self.cooldown, job, refusal.holder)
+        self.conflict.refused(task, request, lock.key, refusal, reason)
+
+    def failed_before_body(
+        self,
+        task: Any,
+        request: Any,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        exc: BaseException,
+    ) -> None:
+        """A run that failed before its body (a setting Redis cannot use, Redis failing):
+        nothing of it is held (its publish's hold is freed by the modes that take one)."""
+
+    # -- the worker's main process ------------------------------------------------------------
+
+    def release_for(
+        self,
+        task: Any,
+        task_id: str,
+        message: str,
+        why: str,
+        *,
+        requeued: bool = False,
+        ran: bool = False,
+        wait: Any = None,
+    ) -> None:
+        """Release every hold of ``task_id`` on its job's lock after its pool process died, a
+        hard time limit or a revoke. ``requeued``: the message goes back to the queue
+        (``reject_on_worker_lost``): the hold is parked for its redelivery. ``ran``: the run
+        had started and ended as a failure: its cooldown, if a failure starts one, parks it."""
+        app = task.app
+        bound = task.locking.bound(app)
+        name = self.run_lock(message)
+        job = bound.space.named(name, self.limit)
+        key = job.keys[0].lock
+        info = holder_info(task.name, task_id)
+        if requeued:
+            lease = task.locking.queue_ttl(app)
+            if job.park(task_id, lease, info=info, state=HoldState.REQUEUED):
+                log_release.info(
+                    "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
+                )
+            return
+        self.release_queued(task, bound, message, task_id)
+        seconds = None if self.cooldown is None or not ran else self.cooldown.after(True)
+        if seconds is not None and job.park(task_id, seconds, info=info, state=HoldState.COOLDOWN):
+            log_release.info("%s cools down for %.1f s after %s[%s]", key, seconds, task.name, why)
+            return
+        # Resent from the background when Redis fails, for as long as the run's lease could
+        # keep the hold.
+        reply = job.release(task_id, retry_for=bound.ttl)
+        self.released(task, bound, name, task_id, reply.freed, wait)
+        if reply.freed:
+            log_release.info("released %s of %s[%s] after %s", key, task.name, task_id, why)
+
+    def replaced(self, task: Any, job: NamedLock, holder: str, by: str) -> None:
+        """A debounced call ``by`` replaced the message of ``holder`` holding ``job``."""
+
+    def release_queued(self, task: Any, bound: Bound, message: str, task_id: str) -> None:
+        """The run's message lock, when it is another lock than the run's (queue mode)."""
+
+    def released(
+        self, task: Any, bound: Bound, name: str, task_id: str, freed: bool, wait: Any
+    ) -> None:
+        """The main process let the run's lock go (queue mode wakes the copy waiting)."""
+
+
+#: every mode is a :class:`RunMode`
+Mode = RunMode
+
+
+def free_revoked_holder(task: Any, job: NamedLock, holder: str) -> bool:
+    """Free the hold of ``holder`` on ``job`` if that task was revoked while its message
+    waited (queued, or requeued for a retry): no worker may reach its message for a long time,
+    or ever. Only when its state is REVOKED, and atomically (Redis checks the holder and its
+    state again as it releases); on any error the holder is taken to be alive."""
+    try:
+        freed = release_if_in(
+            job,
+            holder,
+            (HoldState.QUEUED, HoldState.REQUEUED),
+            lambda: task.backend.get_state(holder) == states.REVOKED,
+        )
+    except Exception as exc:
+        log_release.debug("not freeing %s of revoked task %s: %r", job.name, holder, exc)
+        return False
+    if freed:
+        log_release.info(
+            "released %s: its holder, task %s, was revoked while queued", job.keys[0].lock, holder
+        )
+    return freed

@@ -1,0 +1,304 @@
+"""``lock_at="publish"``: a job's lock taken by its publish, for its task id, and held through
+the end of its run; a duplicate publish sends nothing and returns (or raises for) the job.
+
+Two ways in: :meth:`PublishMode.publish` is ``LockedTask.apply_async`` (it can veto the send),
+:meth:`PublishMode.take_for_message` is ``install()``'s ``before_task_publish`` receiver for
+messages sent by name (it cannot: Celery swallows a receiver's error, so such a duplicate is
+handled by the worker's run-time check). Both hold the lock for as long as the message may wait
+(:func:`queue_lease`) and name it in the message's headers, so the worker never computes it
+again. With ``lock_release_on_start`` the run lets it go as it starts (the queue is deduplicated,
+not the runs); with ``lock_debounce`` a call replaces the one still waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..._errors import AlreadyQueuedError, LockBackendError, MisconfiguredError
+from ..._lock import MAX_LEASE_SECONDS, AcquireReply, NamedLock, ReentrantLock, Semaphore
+from ..canvas import (
+    canvas_member,
+    chord_member_of,
+    fail_member,
+    refuse_chord_member,
+    sent_by_worker,
+)
+from ..config import Bound
+from ..hold import HoldState, MessageLock, holder_info, report_duplicate
+from ..options import LockOptions
+from ..parts import Debounce, refusal_reason, skip_replaced
+from ..run import TaskRun, seconds_until
+from .base import RunMode, free_revoked_holder
+
+__all__ = ["PublishMode", "queue_lease"]
+
+log = logging.getLogger("celery_singleton_lock.publish")
+log_release = logging.getLogger("celery_singleton_lock.release")
+
+#: ``send(task_id, options)``: the plain ``Task.apply_async`` with the other arguments bound
+Send = Callable[[str, dict[str, Any]], Any]
+
+
+def queue_lease(
+    queue_ttl: float, expires: Any = None, eta: Any = None, countdown: Any = None
+) -> float:
+    """How long a message's lock is held while it waits: until it expires (at least 1 s), or
+    its delay plus ``queue_ttl``; at most the longest lease the lock takes."""
+    until_expiry = seconds_until(expires)
+    if until_expiry is not None:
+        return min(max(until_expiry, 1.0), MAX_LEASE_SECONDS)
+    delay = seconds_until(eta) or countdown or 0.0
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise TypeError(f"countdown must be a number of seconds, got {countdown!r}")
+    if math.isnan(delay):
+        raise ValueError(f"countdown must be a number of seconds, got {countdown!r}")
+    return min(max(float(delay), 0.0) + queue_ttl, MAX_LEASE_SECONDS)
+
+
+class PublishMode(RunMode):
+    """``lock_at="publish"``: taken at publish, held through the end of the run."""
+
+    name = "publish"
+    at_publish = True
+
+    def __init__(self, options: LockOptions) -> None:
+        super().__init__(options)
+        self.debounce = None if options.lock_debounce is None else Debounce(options.lock_debounce)
+        self.release_on_start = options.lock_release_on_start
+
+    @property
+    def message_permits(self) -> int:
+        return self.limit  # a message's hold is its run's
+
+    # -- publish ----------------------------------------------------------------------------
+
+    def publish(
+        self,
+        task: Any,
+        send: Send,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+        task_id: str | None,
+        options: dict[str, Any],
+        has_callbacks: bool,
+    ) -> Any:
+        """``apply_async``: take the job's lock for the new task id and send, or send nothing
+        and return (or raise) the holder's."""
+        locking = task.locking
+        app = task.app
+        task_id = task_id or str(uuid.uuid4())
+        name = self.message_lock(locking.lock_name(task.name, args, kwargs))
+        if self.debounce is not None:
+            self.debounce.delay(task, task_id, options)
+        lease = queue_lease(
+            locking.queue_ttl(app),
+            options.get("expires"),
+            options.get("eta"),
+            options.get("countdown"),
+        )
+        retry = task_id == task.request.id  # the retry of the run in progress
+        info = holder_info(task.name, task_id, self.message_permits)
+        # A retry re-enters the hold its run parked: "" keeps its state (requeued: never
+        # replaced by a debounced call, never purged as queued).
+        state = "" if retry else HoldState.QUEUED
+        bound = locking.bound(app)
+        job = bound.space.named(name, self.message_permits)
+        try:
+            reply = job.take(task_id, lease, info=info, state=state)
+            if not reply.acquired and (
+                free_revoked_holder(task, job, reply.holder)
+                or (
+                    self.debounce is not None
+                    and not retry
+                    and self.debounce.replace(task, job, reply.holder, by=task_id)
+                )
+            ):
+                reply = job.take(task_id, lease, info=info, state=state)
+        except LockBackendError as exc:
+            if not bound.config.proceed_on_backend_error:
+                raise
+            log.error(
+                "Redis failed for the lock of task %s; publishing WITHOUT the lock "
+                "(singleton_lock_on_backend_error='proceed'): %s",
+                task.name,
+                exc,
+            )
+            # The header marks the message as handled here (install()'s receiver must not try
+            # again); it names the lock only.
+            return send(task_id, _with_lock(options, MessageLock(name)))
+        if not reply.acquired and retry:
+            # The retry of a run that holds no lock (a duplicate retrying): it must be sent,
+            # or the job would be lost.
+            return send(task_id, options)
+        if not reply.acquired:
+            return self.duplicate_publish(task, job, task_id, options, reply, has_callbacks)
+        lock = MessageLock(name, bound.space.prefix, self.message_permits)
+        try:
+            return send(task_id, _with_lock(options, lock))
+        except BaseException:
+            # Nothing was sent: no lock for a message that does not exist (and while Redis
+            # fails, keep trying for as long as that lock could live).
+            try:
+                job.release(task_id, holds=1, retry_for=lease)
+            except LockBackendError as exc:
+                log.error(
+                    "could not undo the publish lock %s yet (%s); retrying in the background",
+                    job.keys[0].lock,
+                    exc,
+                )
+            raise
+
+    def duplicate_publish(
+        self,
+        task: Any,
+        job: NamedLock,
+        task_id: str,
+        options: dict[str, Any],
+        reply: AcquireReply,
+        has_callbacks: bool,
+    ) -> Any:
+        """A duplicate publish: return the holder's result, or raise; a canvas member records
+        its own id as failed (its canvas must end, never wait for a message never sent)."""
+        ttl = max(reply.lease_left, 0.0)
+        key = job.keys[0].lock
+        cooldown = refusal_reason(task, self.cooldown, job, reply.holder) == "cooldown"
+        log.info(
+            "not publishing %s: a duplicate of task %s, which holds %s (%.1f s left%s)",
+            task.name,
+            reply.holder,
+            key,
+            ttl,
+            " of its cooldown" if cooldown else "",
+        )
+        in_canvas = canvas_member(options)
+        by_worker = in_canvas and sent_by_worker(task.app, options)
+        if in_canvas and not by_worker and chord_member_of(options):
+            report_duplicate(task.name, "raised")
+            refuse_chord_member(task, options, reply.holder, ttl, key)
+        # Raised inside a worker's chain step, it would fail the task before it instead.
+        raising = self.options.lock_on_duplicate == "raise" and not by_worker
+        report_duplicate(task.name, "raised" if raising else "returned")
+        error = AlreadyQueuedError(reply.holder, ttl, key, cooldown=cooldown)
+        if in_canvas:
+            fail_member(task, task_id, options, error)
+            log.warning(
+                "%s[%s] was not published (a duplicate of task %s): recorded as failed with "
+                "AlreadyQueuedError, so its group, chain or chord ends with that error (the "
+                "rest of its chain was not sent)",
+                task.name,
+                task_id,
+                reply.holder,
+            )
+        elif has_callbacks and not raising:
+            log.warning(
+                "%s was not published (a duplicate of task %s), and with it its callbacks "
+                "(link, chain or chord members after it) were not sent either",
+                task.name,
+                reply.holder,
+            )
+        if raising:
+            raise error
+        return task.AsyncResult(reply.holder)
+
+    def take_for_message(
+        self, task: Any, task_id: str, args: Any, kwargs: Any, headers: dict[str, Any]
+    ) -> None:
+        """The lock of a message sent by name (``before_task_publish``): taken when free, and
+        named in the message's headers; a duplicate is only logged (the worker skips it only
+        while the job it duplicates holds the lock)."""
+        locking = task.locking
+        app = task.app
+        try:
+            name = self.message_lock(locking.lock_name(task.name, args, kwargs))
+            lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
+            bound = locking.bound(app)
+            job = bound.space.named(name, self.message_permits)
+            reply = job.take(
+                task_id,
+                lease,
+                info=holder_info(task.name, task_id, self.message_permits),
+                state=HoldState.QUEUED,
+            )
+        except (LockBackendError, MisconfiguredError, TypeError, ValueError) as exc:
+            log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)
+            return
+        # The lock goes with the message either way: the worker checks that same lock.
+        MessageLock(name, bound.space.prefix, self.message_permits).put_in(headers)
+        if not reply.acquired:
+            log.warning(
+                "%s[%s] was published by name (send_task or beat) while task %s holds %s; it "
+                "cannot be stopped at publish: the worker skips it if that job still holds the "
+                "lock when it arrives",
+                task.name,
+                task_id,
+                reply.holder,
+                job.keys[0].lock,
+            )
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def take(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
+        if not self.release_on_start:
+            return super().take(task, request, bound, message)
+        job = bound.space.named(self.run_lock(message), self.limit)
+        released = job.release(request.id)
+        if not released.owned and self.debounce is not None:
+            holder = job.holder()
+            if holder and holder != request.id:
+                skip_replaced(task, request, job.keys[0].lock, holder)
+        return TaskRun(task, None)
+
+    def refused(
+        self,
+        task: Any,
+        request: Any,
+        bound: Bound,
+        message: str,
+        job: NamedLock,
+        lock: ReentrantLock | Semaphore,
+        refusal: AcquireReply,
+    ) -> TaskRun:
+        if self.debounce is not None:
+            # its own publish hold was taken over by a later call (or ran out)
+            skip_replaced(task, request, lock.key, refusal.holder)
+        return super().refused(task, request, bound, message, job, lock, refusal)
+
+    def failed_before_body(
+        self,
+        task: Any,
+        request: Any,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        exc: BaseException,
+    ) -> None:
+        """A run that failed before its body ends its job: free the hold its publish took, or
+        a new publish of the job would get this failed one back for the rest of the queue
+        lease."""
+        if request.is_eager:
+            return
+        try:
+            name = self.message_lock_of(task, request, args, kwargs)
+            job = task.locking.bound(task.app).space.named(name, self.message_permits)
+            # Redis may be what failed: keep trying for as long as the hold could live.
+            job.release(request.id, retry_for=task.locking.queue_ttl(task.app))
+        except Exception as release_exc:
+            log_release.error(
+                "%s[%s] failed before its body (%s: %s) and its publish lock could not be freed "
+                "(%s); a new publish of this job returns this task until the lock's lease ends",
+                task.name,
+                request.id,
+                type(exc).__name__,
+                exc,
+                release_exc,
+            )
+
+
+def _with_lock(options: dict[str, Any], lock: MessageLock) -> dict[str, Any]:
+    headers = dict(options.get("headers") or {})
+    lock.put_in(headers)
+    options["headers"] = headers
+    return options

@@ -1,0 +1,178 @@
+"""``lock_at="queue"``: one copy of a job queued and one running; the queued copy starts when the
+running one ends.
+
+A job has two locks: its *queued* lock (the job's lock name + :data:`QUEUED`), held by the one
+message that waits (its publish takes it), and its lock itself, held by the one run. A run
+takes the job's lock first and only then lets the queued lock go, so a publish meanwhile is
+handed the copy about to start, and a new copy can be queued the moment it has. A queued copy
+that finds the job running is never dropped: it waits beside the job's lock, with no pool
+process, and the run's end wakes it (:mod:`.wake`); its retries keep its queued lock whatever
+``lock_on_locked`` says, and do not count against ``max_retries``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.exceptions import Ignore
+
+from ..._errors import LockBackendError
+from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
+from ..config import Bound
+from ..hold import HoldState, holder_info, report_duplicate, store_skipped
+from ..parts import skip_replaced
+from ..run import TaskRun
+from .publish import PublishMode
+from .wake import (
+    Wait,
+    claim_wait,
+    end_claim,
+    request_wait,
+    retry_in_queue,
+    wait_for_run,
+    wake_waiting,
+)
+
+__all__ = ["QUEUED", "QueueMode"]
+
+log = logging.getLogger("celery_singleton_lock.run")
+
+#: the queued lock of a job is its lock's name with this after it
+QUEUED = ":queued"
+
+
+class QueueMode(PublishMode):
+    """``lock_at="queue"``: one copy queued and one running."""
+
+    name = "queue"
+
+    @property
+    def message_permits(self) -> int:
+        return 1  # the one copy that waits
+
+    def message_lock(self, name: str) -> str:
+        return name + QUEUED
+
+    def run_lock(self, message_lock: str) -> str:
+        return message_lock[: -len(QUEUED)] if message_lock.endswith(QUEUED) else message_lock
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def take(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
+        wait = request_wait(request)
+        if wait is not None:
+            # a wake or a fallback: only the first of them runs the copy
+            job = bound.space.named(self.run_lock(message), self.limit)
+            again = claim_wait(task, request, job, bound.space.keys(message).lock, wait)
+        else:
+            again = False
+        self.still_queued(task, request, bound, message, wait, again)
+        return super().take(task, request, bound, message)
+
+    def still_queued(
+        self, task: Any, request: Any, bound: Bound, message: str, wait: Wait | None, again: bool
+    ) -> None:
+        """Make sure this message is the job's one queued copy: re-enter its queued lock (or
+        take it, when its hold ran out while it waited). Held by another task, this message is
+        not that copy: a later call replaced it (``lock_debounce``), or it duplicates a copy
+        published by name; it is skipped either way."""
+        queued = bound.space.named(message)
+        lease = task.locking.queue_ttl(task.app)
+        info = holder_info(task.name, request.id)
+        if wait is not None and self.debounce is not None and not again:
+            # A copy that waited: its queued lock is its own still, or a later call replaced
+            # it meanwhile (and may have run already, leaving that lock free): kept, not taken.
+            if queued.park(request.id, lease, info=info, state=HoldState.QUEUED):
+                return
+            reply = AcquireReply(False, holder=queued.holder() or "")
+        else:
+            reply = queued.take(request.id, lease, info=info, state=HoldState.QUEUED)
+        if reply.acquired:
+            return
+        key = queued.keys[0].lock
+        if wait is not None:
+            end_claim(bound.space.named(self.run_lock(message), self.limit), request.id, wait)
+        if self.debounce is not None:
+            skip_replaced(task, request, key, reply.holder)
+        log.info(
+            "skipped %s[%s]: task %s is this job's queued copy (lock %s)",
+            task.name,
+            request.id,
+            reply.holder,
+            key,
+        )
+        report_duplicate(task.name, "skipped")
+        store_skipped(task, request, {"holder": reply.holder, "lock": key, "reason": "queued"})
+        raise Ignore()
+
+    def entered(
+        self, task: Any, request: Any, bound: Bound, lock: ReentrantLock, message: str
+    ) -> TaskRun:
+        """The run has the job's lock: free the queued lock for the next copy; the run's end
+        wakes the copy that waits for it."""
+        task_id = request.id
+        try:
+            bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
+        except LockBackendError as exc:
+            log.error(
+                "%s[%s] runs, but its queued lock %s could not be freed yet (%s): a publish of "
+                "this job gets this task back until it is (retried in the background)",
+                task.name,
+                task_id,
+                bound.space.keys(message).lock,
+                exc,
+            )
+        job = bound.space.named(self.run_lock(message), self.limit)
+        wait = request_wait(request)
+
+        def after_end() -> None:
+            # After the release: a copy that checked the lock before saw it held, and so wrote
+            # its wait record before this read.
+            wake_waiting(task, job, task_id, wait)
+
+        def after_park() -> None:
+            # A woken copy that retries: its retry waits for nothing, so its claim ends here.
+            if wait is not None:
+                end_claim(job, task_id, wait)
+
+        return TaskRun(task, lock, after_end, after_park)
+
+    def refused(
+        self,
+        task: Any,
+        request: Any,
+        bound: Bound,
+        message: str,
+        job: NamedLock,
+        lock: ReentrantLock | Semaphore,
+        refusal: AcquireReply,
+    ) -> TaskRun:
+        """The job runs: wait beside its lock for the run to end (never dropped)."""
+        if request.is_eager:
+            retry_in_queue(task, request, refusal, self.conflict.retry_countdown(request, refusal))
+        reply = wait_for_run(task, request, job, lock, refusal)  # raises its retry, or:
+        held = lock.held if isinstance(lock, Semaphore) else lock  # a slot came free
+        assert reply.acquired and held is not None
+        return self.entered(task, request, bound, held, message)
+
+    # -- debounce and the worker's main process -----------------------------------------------
+
+    def replaced(self, task: Any, job: NamedLock, holder: str, by: str) -> None:
+        """A copy that waits beside the running job learns it was replaced from its record, when
+        its wake or fallback starts, and no run's end wakes it again."""
+        bound = task.locking.bound(task.app)
+        try:
+            bound.space.named(self.run_lock(job.name), self.limit).replace_waiter(holder, by)
+        except LockBackendError as exc:  # its message finds its queued lock gone instead
+            log.warning("could not mark task %s as replaced by %s: %s", holder, by, exc)
+
+    def release_queued(self, task: Any, bound: Bound, message: str, task_id: str) -> None:
+        # A run killed while its copy still waited frees the queue too.
+        bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
+
+    def released(
+        self, task: Any, bound: Bound, name: str, task_id: str, freed: bool, wait: Any
+    ) -> None:
+        if freed or wait is not None:
+            wake_waiting(task, bound.space.named(name, self.limit), task_id, wait, wake=freed)
