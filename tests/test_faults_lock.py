@@ -17,7 +17,13 @@ from typing import Any
 
 import pytest
 import redis
-from lock_helpers import fenced_write, paused_holder_worker, server_stalled, wait_until
+from lock_helpers import (
+    debug_command_args,
+    fenced_write,
+    paused_holder_worker,
+    server_stalled,
+    wait_until,
+)
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -101,7 +107,7 @@ class FreezableProxy:
 
 @pytest.fixture
 def debug_server(make_redis_server: Any) -> RedisServer:
-    made: RedisServer = make_redis_server("--enable-debug-command", "yes")
+    made: RedisServer = make_redis_server(*debug_command_args())
     return made
 
 

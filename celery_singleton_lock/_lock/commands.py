@@ -194,7 +194,7 @@ def _cancel(client: Any, keys: LockKeys, owner: str, request: str, lease_ms: int
     attempt that timed out, since a server that does not answer (stalled, or a silent path
     that still delivers later) may run the acquire when it wakes, long after it was sent; a
     server that refuses the connection has lost it with the old connection."""
-    args = (owner, request, publish_command(client), META_RETENTION_MS, lease_ms)
+    args = (owner, request, publish_command(client, keys.prefix), META_RETENTION_MS, lease_ms)
 
     def cancel() -> None:
         if int(scripts.CANCEL(client, keys.pair, args)):
@@ -293,7 +293,7 @@ def release(
     ``retry_for`` seconds (a hold cannot outlive its lease), or until ``retry_unless()`` says
     the hold is someone's again (the owner took it anew: its own release settles it)."""
     args: tuple[Any, ...] = (owner, drop, new_request_id(), META_RETENTION_MS)
-    if publish_command(client) == "spublish":
+    if publish_command(client, keys.prefix) == "spublish":
         args += ("spublish",)
     try:  # not backend_errors(): the hot path (see acquire)
         left = int(scripts.RELEASE(client, keys.pair, args))
@@ -328,7 +328,12 @@ def force_release(
 ) -> bool:
     """Delete the lock whoever holds it (or only when ``holder`` holds it, and with
     ``unentered`` only while no run has entered it); wakes waiters."""
-    args = (publish_command(client), META_RETENTION_MS, holder, "1" if unentered else "")
+    args = (
+        publish_command(client, keys.prefix),
+        META_RETENTION_MS,
+        holder,
+        "1" if unentered else "",
+    )
     with backend_errors("force-release", keys.name):
         done = int(scripts.FORCE_RELEASE(client, keys.pair, args))
     if done:

@@ -34,12 +34,17 @@ class WakeHub:
         self,
         client: weakref.ReferenceType[Any],
         *,
-        sharded: bool,
+        sharded: Callable[[str], bool],
         keep_idle: int,
         background: Background,
     ) -> None:
         self._client = client
-        self.sharded = sharded
+        #: ``sharded(channel)``: whether to subscribe with SSUBSCRIBE (a Redis Cluster with
+        #: sharded pub/sub, as its releases SPUBLISH), asked at the first subscription
+        self._sharded_of = sharded
+        #: SSUBSCRIBE rather than SUBSCRIBE (valid once ``_sharded_known``)
+        self.sharded = False
+        self._sharded_known = False
         #: idle connections kept (none for a cluster client: its pub/sub objects hold it)
         self._keep_idle = keep_idle
         self._background = background
@@ -161,6 +166,10 @@ class WakeHub:
                 raise RuntimeError("the client of this wake-up hub is gone")
             pubsub = client.pubsub(ignore_subscribe_messages=False)
         try:
+            if not self._sharded_known:
+                # (the first waiters of two locks may both ask: they get the same answer)
+                self.sharded = self._sharded_of(channel)
+                self._sharded_known = True
             if self.sharded:
                 pubsub.ssubscribe(channel)
             else:

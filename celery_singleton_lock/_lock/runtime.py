@@ -158,14 +158,29 @@ class LockRuntime:
         lane = self._lane
         return self._retired[1] + (0 if lane is None else lane.renewed)
 
-    @property
-    def publish_command(self) -> str:
+    def publish_command(self, prefix: str) -> str:
         """The command a release wakes waiters with (``"spublish"`` on a Redis Cluster with
-        sharded pub/sub, else ``"publish"``), found at its first use."""
+        sharded pub/sub, else ``"publish"``), found by a probe at its first use, on a channel
+        under ``prefix`` (see :func:`~.wakeup.probe_publish_command`). While the probe gets no
+        answer (the server is unreachable), ``"publish"``, which every server has; the next
+        use probes again."""
+        try:
+            return self._probed_command(prefix)
+        except Exception:
+            return "publish"
+
+    def _probed_command(self, prefix: str) -> str:
+        """:meth:`publish_command`, or the probe's error when it got no answer."""
         command = self._publish
         if command is None:
-            command = self._publish = probe_publish_command(self._client())
+            command = self._publish = probe_publish_command(self._client(), prefix)
         return command
+
+    def _sharded(self, channel: str) -> bool:
+        """Whether waiters subscribe with ``SSUBSCRIBE`` (the hub asks at its first
+        subscription; an error leaves that one unsubscribed, and the next asks again)."""
+        # A wake-up channel is ``prefix:{name}:wake``, and a prefix has no '{'.
+        return self._probed_command(channel.partition(":{")[0]) == "spublish"
 
     @property
     def hub(self) -> WakeHub:
@@ -178,7 +193,7 @@ class LockRuntime:
                     cluster = hasattr(self._client(), "get_nodes")
                     hub = self._hub = WakeHub(
                         self._client,
-                        sharded=self.publish_command == "spublish",
+                        sharded=self._sharded,
                         # a cluster's pub/sub objects hold their client: none kept idle
                         keep_idle=0 if cluster else KEEP_IDLE,
                         background=self.retry,
@@ -215,9 +230,9 @@ _registry_lock = threading.Lock()
 _closed = [0, 0]
 
 
-def publish_command(client: Any) -> str:
-    """:attr:`LockRuntime.publish_command` of ``client``'s runtime."""
-    return LockRuntime.of(client).publish_command
+def publish_command(client: Any, prefix: str) -> str:
+    """:meth:`LockRuntime.publish_command` of ``client``'s runtime."""
+    return LockRuntime.of(client).publish_command(prefix)
 
 
 def all_runtimes() -> list[LockRuntime]:

@@ -27,10 +27,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from redis import exceptions as errors
+
 if TYPE_CHECKING:
     from .hub import WakeHub
 
-__all__ = ["Contended", "Subscription", "WakeHub", "probe_publish_command"]
+__all__ = ["Contended", "Subscription", "WakeHub", "probe_channel", "probe_publish_command"]
 
 log = logging.getLogger("celery_singleton_lock.wakeup")
 
@@ -41,6 +43,16 @@ KEEP_IDLE = 2
 CONTENDED_FOR = 10.0
 #: how long a waiter waits for its SUBSCRIBE to be confirmed before it polls by lease instead
 SUBSCRIBE_TIMEOUT = 2.0
+
+#: the probe's errors that say nothing about the server's commands (it is unreachable, or its
+#: cluster is down or resharding): asked again later
+_NO_ANSWER = (
+    errors.ConnectionError,
+    errors.TimeoutError,
+    errors.ClusterError,
+    errors.RedisClusterException,
+    errors.TryAgainError,
+)
 
 #: what Subscription._read saw
 _NOTHING, _RELEASE, _BROKEN = 0, 1, 2
@@ -167,13 +179,41 @@ class Contended:
         return at is not None and time.monotonic() - at < CONTENDED_FOR
 
 
-def probe_publish_command(client: Any) -> str:
+def probe_channel(prefix: str) -> str:
+    """The channel :func:`probe_publish_command` publishes on: under the locks' key prefix, so
+    the ACL that lets the locks publish on their wake-up channels (``&prefix:*``) allows it too;
+    no lock's channel (theirs end in ``:wake``), and nobody subscribes to it."""
+    return f"{prefix}:{{csl-probe}}:probe"
+
+
+def probe_publish_command(client: Any, prefix: str) -> str:
     """``"spublish"`` for a Redis Cluster client whose servers have sharded pub/sub (Redis 7+),
-    else ``"publish"`` (one probe; the client's runtime keeps the answer)."""
-    if hasattr(client, "get_nodes") and hasattr(client.pubsub(), "ssubscribe"):
-        try:
-            client.execute_command("SPUBLISH", "{csl-probe}:wake", "")
-        except Exception:  # an older server: plain PUBLISH, which the cluster bus spreads
-            return "publish"
-        return "spublish"
-    return "publish"
+    else ``"publish"``: one ``SPUBLISH`` of an empty message on :func:`probe_channel` of
+    ``prefix`` (the client's runtime keeps the answer).
+
+    Raises what the client raised when the server gave no answer (unreachable, a cluster
+    down): the caller asks again later rather than keep a guess."""
+    if not (hasattr(client, "get_nodes") and hasattr(client.pubsub(), "ssubscribe")):
+        return "publish"
+    channel = probe_channel(prefix)
+    try:
+        client.execute_command("SPUBLISH", channel, "")
+    except errors.NoPermissionError as exc:
+        # The server has SPUBLISH but the Redis user may not send it: the locks still work,
+        # by PUBLISH, which the cluster bus copies to every node.
+        log.warning(
+            "the Redis user may not SPUBLISH on %s (%s): release wake-ups go by PUBLISH to "
+            "every node of the cluster; allow +spublish +ssubscribe +sunsubscribe on the "
+            "locks' channels (see the ACL rule in docs/production.md)",
+            channel,
+            exc,
+        )
+        return "publish"
+    except _NO_ANSWER:
+        raise
+    except Exception:
+        # An older server (Redis 6.2): it answers "unknown command", or redis-py's cluster
+        # client finds no SPUBLISH in the server's command table and refuses to send it.
+        # Plain PUBLISH, which the cluster bus spreads.
+        return "publish"
+    return "spublish"
