@@ -89,13 +89,15 @@ class RedisServer:
         """Start the server (unless it runs) and wait until it answers."""
         if self.process is not None and self.process.poll() is None:
             return self
-        self.process = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        # The server's own output goes to a file: what it prints before its log file is open
+        # (an option it does not know, say) is why it exited at start.
+        with open(self.dir / "server.out", "ab") as out:
+            self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.binary} exited at start: {self.log()[-2000:]}")
+                said = (self.dir / "server.out").read_text(errors="replace") + self.log()
+                raise RuntimeError(f"{self.binary} exited at start: {said[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
                     sock.sendall(b"PING\r\n")

@@ -20,7 +20,7 @@ import redis.asyncio
 from celery import Celery
 from celery_fixtures import app_task, configure
 from kombu.exceptions import OperationalError
-from lock_helpers import server_stalled, wait_until
+from lock_helpers import debug_command_args, server_stalled, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -68,7 +68,7 @@ def _stall(port: int, seconds: float) -> threading.Thread:
 
 @pytest.fixture
 def server(make_redis_server: Any) -> RedisServer:
-    made: RedisServer = make_redis_server("--enable-debug-command", "yes")
+    made: RedisServer = make_redis_server(*debug_command_args())
     return made
 
 

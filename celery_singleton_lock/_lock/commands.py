@@ -178,7 +178,12 @@ def acquire(
 def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
     """Run ``cancel`` once; it is no longer pending when Redis answered."""
     keys = cancel.keys
-    args = (cancel.owner, cancel.request, runtime.publish_command, META_RETENTION_MS)
+    args = (
+        cancel.owner,
+        cancel.request,
+        runtime.publish_command(cancel.keys.prefix),
+        META_RETENTION_MS,
+    )
     if int(scripts.CANCEL(client, keys.pair, (*args, cancel.lease_ms, keys.channel))):
         _log_acquire.warning(
             "the acquire of %s by %s whose reply was lost had taken the lock: undone",
@@ -269,7 +274,7 @@ def release(
     ``retry_unless()`` says the owner took the lock anew. A pending cancel runs first."""
     runtime = LockRuntime.of(client)
     args: tuple[Any, ...] = (owner, drop, new_request_id(), META_RETENTION_MS, keys.channel)
-    if runtime.publish_command == "spublish":
+    if runtime.publish_command(keys.prefix) == "spublish":
         args += ("spublish",)
     try:  # not backend_errors(): the hot path (see acquire)
         if runtime.cancels.by_owner:
@@ -311,7 +316,7 @@ def force_release(
     for state in states:
         if not isinstance(state, str) or not state:
             raise ValueError(f"states must be non-empty labels, got {state!r}")
-    args = (publish_command(client), keys.channel, META_RETENTION_MS, holder, *states)
+    args = (publish_command(client, keys.prefix), keys.channel, META_RETENTION_MS, holder, *states)
     with backend_errors("force-release", keys.name):
         done = int(scripts.FORCE_RELEASE(client, keys.pair, args))
     if done:

@@ -194,13 +194,24 @@ class LockRuntime:
         lane = self._lane
         return self._retired[1] + (0 if lane is None else lane.renewed)
 
-    @property
-    def publish_command(self) -> str:
-        """``"spublish"`` on a Redis Cluster with sharded pub/sub, else ``"publish"``."""
+    def publish_command(self, prefix: str) -> str:
+        """``"spublish"`` on a Redis Cluster with sharded pub/sub, else ``"publish"``: probed
+        once, on a channel under ``prefix``; while the probe gets no answer, ``"publish"`` (every
+        server has it), and the next use probes again."""
+        try:
+            return self._probed(prefix)
+        except Exception:
+            return "publish"
+
+    def _probed(self, prefix: str) -> str:
         command = self._publish
         if command is None:
-            command = self._publish = probe_publish_command(self._client())
+            command = self._publish = probe_publish_command(self._client(), prefix)
         return command
+
+    def _sharded(self, channel: str) -> bool:
+        # a wake-up channel is ``prefix:{name}:wake``, and a prefix has no '{'
+        return self._probed(channel.partition(":{")[0]) == "spublish"
 
     @property
     def hub(self) -> WakeHub:
@@ -213,7 +224,7 @@ class LockRuntime:
                     cluster = hasattr(self._client(), "get_nodes")
                     hub = self._hub = WakeHub(
                         self._client,
-                        sharded=self.publish_command == "spublish",
+                        sharded=self._sharded,
                         # a cluster's pub/sub objects hold their client: none kept idle
                         keep_idle=0 if cluster else KEEP_IDLE,
                         background=self.retry,
@@ -291,8 +302,8 @@ _registry_lock = threading.Lock()
 _closed = [0, 0]
 
 
-def publish_command(client: Any) -> str:
-    return LockRuntime.of(client).publish_command
+def publish_command(client: Any, prefix: str) -> str:
+    return LockRuntime.of(client).publish_command(prefix)
 
 
 class Heartbeat:

@@ -19,7 +19,19 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from redis import exceptions as errors
+
 log = logging.getLogger("celery_singleton_lock.wakeup")
+
+#: errors of the probe that say nothing about the server's commands (it is unreachable, its
+#: cluster down or resharding): it is asked again later
+_NO_ANSWER = (
+    errors.ConnectionError,
+    errors.TimeoutError,
+    errors.ClusterError,
+    errors.RedisClusterException,
+    errors.TryAgainError,
+)
 
 #: idle subscriptions (connections) a process keeps per client for its next waits
 KEEP_IDLE = 2
@@ -150,16 +162,35 @@ class Contended:
         return at is not None and time.monotonic() - at < CONTENDED_FOR
 
 
-def probe_publish_command(client: Any) -> str:
+def probe_channel(prefix: str) -> str:
+    """The probe's channel: under the locks' key prefix, so the ACL that lets the locks publish
+    on their wake-up channels (``&prefix:*``) allows it; no lock's channel, and unsubscribed."""
+    return f"{prefix}:{{csl-probe}}:probe"
+
+
+def probe_publish_command(client: Any, prefix: str) -> str:
     """``"spublish"`` for a Redis Cluster client whose servers have sharded pub/sub (Redis 7+),
-    else ``"publish"``."""
-    if hasattr(client, "get_nodes") and hasattr(client.pubsub(), "ssubscribe"):
-        try:
-            client.execute_command("SPUBLISH", "{csl-probe}:wake", "")
-        except Exception:  # an older server: plain PUBLISH, which the cluster bus spreads
-            return "publish"
-        return "spublish"
-    return "publish"
+    else ``"publish"``: one ``SPUBLISH`` on :func:`probe_channel`. Raises what the client raised
+    when the server gave no answer (the caller asks again later rather than keep a guess)."""
+    if not (hasattr(client, "get_nodes") and hasattr(client.pubsub(), "ssubscribe")):
+        return "publish"
+    channel = probe_channel(prefix)
+    try:
+        client.execute_command("SPUBLISH", channel, "")
+    except errors.NoPermissionError as exc:
+        log.warning(
+            "the Redis user may not SPUBLISH on %s (%s): release wake-ups go by PUBLISH to "
+            "every node of the cluster; allow +spublish +ssubscribe +sunsubscribe on the "
+            "locks' channels (see the ACL rule in docs/production.md)",
+            channel,
+            exc,
+        )
+        return "publish"
+    except _NO_ANSWER:
+        raise
+    except Exception:  # an older server (6.2), or one redis-py finds without SPUBLISH
+        return "publish"
+    return "spublish"
 
 
 class WakeHub:
@@ -171,12 +202,15 @@ class WakeHub:
         self,
         client: weakref.ReferenceType[Any],
         *,
-        sharded: bool,
+        sharded: Callable[[str], bool],
         keep_idle: int,
         background: Background,
     ) -> None:
         self._client = client
-        self.sharded = sharded
+        #: ``sharded(channel)``: SSUBSCRIBE rather than SUBSCRIBE, asked at the first subscription
+        self._sharded_of = sharded
+        self.sharded = False
+        self._sharded_known = False
         self._keep_idle = keep_idle
         self._background = background
         # Reentrant: close() may run from the garbage collector on a thread that holds it.
@@ -289,6 +323,9 @@ class WakeHub:
                 raise RuntimeError("the client of this wake-up hub is gone")
             pubsub = client.pubsub(ignore_subscribe_messages=False)
         try:
+            if not self._sharded_known:
+                self.sharded = self._sharded_of(channel)
+                self._sharded_known = True
             if self.sharded:
                 pubsub.ssubscribe(channel)
             else:
