@@ -109,8 +109,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=2000, help="tasks per round")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--profile", choices=["run", "publish"], default=None)
+    parser.add_argument("--profile", choices=["run", "publish", "publish-run"], default=None)
     parser.add_argument("--top", type=int, default=25, help="cProfile entries shown")
+    parser.add_argument("--sort", default="tottime", help="cProfile's sort key (cumtime, ...)")
+    parser.add_argument("--match", default="", help="only the entries whose file matches")
     opts = parser.parse_args()
     with RedisServer() as server:
         app, tasks = make_app(f"redis://127.0.0.1:{server.port}")
@@ -136,13 +138,13 @@ def main() -> None:
         if opts.profile:
             profiler = cProfile.Profile()
             profiler.enable()
-            if opts.profile == "run":
-                run_tasks(app, tasks["run"], opts.n)
+            if opts.profile in ("run", "publish-run"):
+                run_tasks(app, tasks[opts.profile.partition("-")[0]], opts.n)
             else:
                 publish_tasks(tasks["publish"], opts.n)
             profiler.disable()
             stats = pstats.Stats(profiler)
-            stats.sort_stats("tottime").print_stats(opts.top)
+            stats.sort_stats(opts.sort).print_stats(opts.match, opts.top)
 
 
 if __name__ == "__main__":

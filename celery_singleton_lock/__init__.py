@@ -1,14 +1,10 @@
 """celery-singleton-lock: deduplicated jobs and singleton tasks for Celery.
 
 A reentrant, hash-based Redis lock (:class:`ReentrantLock`), renewed by one heartbeat thread
-per process, woken by push, with fencing tokens; and on it a Celery ``Task`` base class
-(:class:`LockedTask`) and :func:`install` for tasks that cannot use it.
-
-:class:`LockSpace` and its :class:`NamedLock` act on locks held elsewhere (a queued message's,
-an operator's view); every type a public method returns (:class:`AcquireReply`,
-:class:`ReleaseReply`, :class:`LockState`, :class:`LockKeys`, :class:`RecordReply`,
-:class:`WaitReply`) is importable from here. The
-settings are read once per app at its first use; :func:`reload_settings` reads them again.
+per process, woken by push, fenced; on it a Celery ``Task`` base class (:class:`LockedTask`)
+and :func:`install` for tasks that cannot use it. :class:`LockSpace` and its
+:class:`NamedLock` act on locks held elsewhere. Every type a public method returns is
+importable from here; anything else is private.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The exceptions of celery-singleton-lock: one base class, one subclass per way a lock can fail.
-
-Every one is a :class:`LockError`; :class:`LockBackendError` (Redis failed: an outage) and
-:class:`MisconfiguredError` (a setting to fix) are apart, so a handler of outages never hides
-a configuration mistake.
-"""
+"""The exceptions: one base class (:class:`LockError`), one subclass per way a lock fails. An
+outage (:class:`LockBackendError`) and a setting to fix (:class:`MisconfiguredError`) are apart,
+so a handler of outages never hides a configuration mistake."""
 
 from __future__ import annotations
-
-from typing import Any
 
 __all__ = [
     "AlreadyQueuedError",
@@ -48,21 +43,16 @@ class LockBackendError(LockError):
 
 
 class MisconfiguredError(LockError):
-    """No usable Redis is configured for the locks (e.g. ``singleton_lock_redis_url`` is
-    missing and the broker is not Redis), or a setting asks for what the package cannot do: a
-    setting to fix, never an outage. It is not a :class:`LockBackendError`, so neither an
-    ``except LockBackendError`` nor ``singleton_lock_on_backend_error="proceed"`` goes on
+    """No usable Redis is configured for the locks (``singleton_lock_redis_url`` is missing
+    and the broker is not Redis), or a setting asks for what the package cannot do. Not a
+    :class:`LockBackendError`: ``singleton_lock_on_backend_error="proceed"`` never goes on
     past it."""
 
 
 class AlreadyQueuedError(LockError):
-    """A publish-time duplicate: the same job is already queued or running.
-
-    Raised by ``apply_async`` for tasks with ``lock_on_duplicate="raise"``.
-    ``task_id`` is the id of the task that holds the lock, ``ttl`` the seconds left on its lease.
-    ``cooldown`` says that task has ended and its job cools down (``lock_cooldown``): ``ttl``
-    is then the cooldown left.
-    """
+    """A publish-time duplicate (``lock_on_duplicate="raise"``): the job is already queued or
+    running. ``task_id`` holds the lock, ``ttl`` is the seconds left on its lease; with
+    ``cooldown``, that task has ended and ``ttl`` is the ``lock_cooldown`` left."""
 
     def __init__(self, task_id: str, ttl: float, key: str = "", cooldown: bool = False) -> None:
         super().__init__(task_id, ttl, key, cooldown)
@@ -84,14 +74,10 @@ class AlreadyQueuedError(LockError):
 
 
 class ChordDuplicateError(AlreadyQueuedError):
-    """A publish-time duplicate inside a chord header: the chord was not sent.
-
-    Raised whatever ``lock_on_duplicate`` says, since returning the first job's result would
-    leave the chord waiting for a member that never reports to it. ``revoked`` lists the ids of
-    the members of that header this publish had sent already, now revoked (their publish locks
-    freed); ``in_header`` says whether the holder was one of them (the same job twice in the
-    header).
-    """
+    """A publish-time duplicate in a chord header, whatever ``lock_on_duplicate`` says (the
+    first job's result would leave the chord waiting): the chord was not sent. ``revoked``:
+    the header's members already sent, now revoked (their locks freed); ``in_header``: the
+    holder was one of them (the same job twice in the header)."""
 
     def __init__(
         self,
@@ -130,14 +116,11 @@ class ChordDuplicateError(AlreadyQueuedError):
 
 
 class TaskLockedError(LockError):
-    """A run-time duplicate with ``lock_on_locked="raise"``: another run holds the lock.
+    """A run-time duplicate with ``lock_on_locked="raise"``: another run (``task_id``, the
+    first argument, so that the result backend keeps it) holds the lock."""
 
-    ``task_id`` (the holder) is the first constructor argument, so it survives the result
-    backend's round trip of the exception.
-    """
-
-    def __init__(self, task_id: str, key: str = "", *args: Any) -> None:
-        super().__init__(task_id, key, *args)
+    def __init__(self, task_id: str, key: str = "") -> None:
+        super().__init__(task_id, key)
         self.task_id = task_id
         self.key = key
 

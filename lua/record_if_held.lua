@@ -1,21 +1,14 @@
--- record_if_held.lua: write one record beside a lock, only while its owner holds it with
--- enough of its lease left.
+-- record_if_held.lua: write one record beside a lock, only while its owner holds it with enough
+-- of its lease left: a holder about to lose its lease records nothing (and so does nothing
+-- that the record stands for), and the next holder reads what was recorded.
 --
--- The beat leader records each entry's send here before it sends it: the record (and so the
--- send) happens only while Redis says this beat still holds the leader lock with a margin of
--- its lease left, so a beat that lost its lease, or is about to, sends nothing; the next
--- leader reads the records when it takes over, and never sends a recorded tick again.
---
--- KEYS[1]  lock hash
--- KEYS[2]  records hash (in the lock's hash tag: "<lock key>:<kind>")
--- ARGV[1]  owner token
--- ARGV[2]  the record's field (a beat entry's name)
--- ARGV[3]  the record's value (the send's time, ISO 8601)
+-- KEYS[1]  lock hash, KEYS[2] records hash ("<lock key>:<kind>", in the lock's hash tag)
+-- ARGV[1]  owner token, ARGV[2] the record's field, ARGV[3] its value
 -- ARGV[4]  the least lease, ms, that must be left on the lock
 -- ARGV[5]  how long the records hash lives after this write, ms
 --
--- Returns {1, pttl} when recorded, {0, 0} when the owner does not hold the lock, and
--- {-1, pttl} when less than ARGV[4] ms of its lease is left (nothing written).
+-- Returns {1, lease_left_ms} when recorded, {0, 0} when the owner does not hold the lock, and
+-- {-1, lease_left_ms} when less than ARGV[4] ms of its lease is left (nothing written).
 
 local lock, records = KEYS[1], KEYS[2]
 local margin, keep = tonumber(ARGV[4]), tonumber(ARGV[5])

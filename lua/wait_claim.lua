@@ -1,25 +1,18 @@
--- wait_claim.lua: a message of a waiting queued copy (Celery's lock_at="queue") claims the
--- copy's wait, so that only one of its messages runs it.
+-- wait_claim.lua: one of a waiter's wake-ups claims its wait, so that only one of them goes on.
 --
--- A copy that waits has two messages that may run it: the wake a run sends when it ends, and
--- its own fallback, delayed until about when the run's lease would run out (a run's end may
--- also wake it twice: each slot of a lock_limit). Each message carries the wait token and a
--- mark of its own. The first to claim the token runs the copy; its claim stays in the record
--- until its run ends (wait_end.lua), so a redelivery of that same message (acks_late) claims
--- it again.
+-- A waiter has two wake-ups: the one a release sends, and its own fallback (a release of a
+-- lock of several permits may send more). Each carries the wait token and a mark of its own;
+-- the first to claim the token goes on, and its claim stays in the record until the waiter's
+-- hold ends (wait_end.lua), so that the same wake-up delivered again claims it again.
 --
--- KEYS[1]  the job's wait records (see wait_park.lua)
--- ARGV[1]  the waiting task id
--- ARGV[2]  the wait token the message carries
--- ARGV[3]  the message's own mark
+-- KEYS[1]  the waiter records (see wait_park.lua)
+-- ARGV[1]  the waiter id, ARGV[2] the wait token the wake-up carries, ARGV[3] its mark
 --
--- Returns {1, ""}: this message claimed the wait and runs the copy; {1, "again"}: it had
---                  claimed it before (it is delivered again) and runs the copy;
---         {0, ""}: the copy waits no more (its run ended, its wait was dropped or ran out);
---         {2, ""}: another message claimed this wait, or the copy waits again with another
---                  token;
---         {3, id}: the copy was replaced by task id (see wait_mark.lua): this message ends it
---                  as replaced, and its record goes (its other message finds {0, ""}).
+-- Returns {1, ""}: claimed, go on; {1, "again"}: this wake-up had claimed it (delivered again);
+--         {0, ""}: the waiter waits no more (its wait ended, was dropped or ran out);
+--         {2, ""}: another wake-up claimed it, or the waiter waits again with another token;
+--         {3, id}: the waiter was replaced by id (wait_mark.lua): its record goes, and its
+--                  other wake-up finds {0, ""}.
 
 local record = redis.call('hget', KEYS[1], ARGV[1])
 if not record then

@@ -1,18 +1,15 @@
--- wait_end.lua: a run of a job ended (its lock, or a slot of it, was released just before):
--- the records of the queued copies that wait for it (Celery's lock_at="queue"), to wake
--- them; and the end of one copy's own wait, if this run was that copy.
+-- wait_end.lua: a hold of the lock ended (released just before): the records of the waiters to
+-- wake, and the end of one waiter's own wait (the hold that ended was that waiter's).
 --
--- KEYS[1]  the job's wait records (see wait_park.lua)
--- ARGV[1]  a task id whose record goes ("" for none): the run's own claim, or the wait of a
---          copy that was revoked
--- ARGV[2]  that record's wait token: the record goes while its first line is this token
---          (the copy still waits with it) or ARGV[3]; any other record of the task id (a
---          newer wait) stays
--- ARGV[3]  the claim of that wait ("!token mark"; "" for none)
+-- KEYS[1]  the waiter records (see wait_park.lua)
+-- ARGV[1]  a waiter id whose record goes ("" for none)
+-- ARGV[2]  its wait token: the record goes while its first line is this token or ARGV[3]; a
+--          newer wait of the same id stays
+-- ARGV[3]  that wait's claim ("!token mark"; "" for none)
 -- ARGV[4]  "1": return the waiting records
 --
--- Returns {task id, record, ...} of the copies that wait (claimed and replaced ones are left
--- out) when ARGV[4] is "1", else {}.
+-- Returns {waiter id, record, ...} of the waiters not claimed nor replaced when ARGV[4] is "1",
+-- else {}.
 
 local records = KEYS[1]
 if ARGV[1] ~= '' then

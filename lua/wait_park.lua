@@ -1,26 +1,22 @@
--- wait_park.lua: a queued copy (Celery's lock_at="queue") that its job's lock refused waits
--- beside that lock, until the run that holds it ends.
+-- wait_park.lua: a waiter that a lock refused leaves, to be woken by the lock's next release.
 --
--- The copy writes its wait record only while the lock is still held, in one step with the
--- check. A run that ends releases its lock first and reads the records after (wait_end.lua),
--- so one of the two sees the other: either this script finds a slot free and writes nothing
--- (the copy tries the lock again at once), or the ending run reads the record and wakes the
--- copy. The copy's own delayed message (the fallback) comes back about when the lease that
--- frees first would run out, for a holder that dies without a word.
+-- Its record is written only while every permit of the lock is held, checked in this step. A
+-- holder that ends releases first and reads the records after (wait_end.lua): either this
+-- script finds a permit free and writes nothing (the waiter tries again at once), or that read
+-- finds the record and wakes it. The waiter's own fallback (a wake-up it schedules for itself,
+-- about when the lease that frees first would run out) covers a holder that ends without a word.
 --
--- KEYS[1]   the job's wait records: a hash "<job lock key>:wait", field = the waiting task
---           id, value = its record (see below), in the lock's hash tag
--- KEYS[2..] the job's lock: each of its slots (one key unless lock_limit says more)
--- ARGV[1]   the waiting task id
--- ARGV[2]   its record: the wait token (unique per wait), a newline, what the wake sends
+-- KEYS[1]   the waiter records: a hash "<lock key>:wait" (field = waiter id, value = its record)
+-- KEYS[2..] the lock's permits (one key unless there are several)
+-- ARGV[1]   the waiter id
+-- ARGV[2]   its record: the wait token (one per wait), a newline, what its wake-up carries
 -- ARGV[3]   how long the records live at least after this write, ms
--- ARGV[4]   "1": write the record even when a slot is free (the copy found one free and lost
---           it again too often meanwhile; it sends its own wake at once)
+-- ARGV[4]   "1": write the record even when a permit is free (the waiter found one free and
+--           lost it again too often; it wakes itself at once)
 --
--- Returns {1, pttl} when the record was written: pttl = ms left on the lease that frees
--- first (0 when a slot is free, -1 when no slot has a lease); {0, 0} when a slot is free and
--- nothing was written. A record replaces the task id's earlier one (its previous wait, or the
--- claim of the message that is waiting again).
+-- Returns {1, lease_left_ms} when written: the lease that frees first (0 when a permit is
+-- free, -1 when none has a lease); {0, 0} when a permit is free and nothing was written. A
+-- record replaces the waiter's earlier one (its previous wait, or its claim).
 
 local records = KEYS[1]
 local keep = tonumber(ARGV[3])

@@ -34,7 +34,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.control import inspect_command
 
 from celery_singleton_lock import LockedTask, LockLostError
-from celery_singleton_lock._lock.heartbeat import get_heartbeat
+from celery_singleton_lock._lock.runtime import get_heartbeat
 from celery_singleton_lock.compat.once import QueueOnce
 from celery_singleton_lock.compat.singleton import Singleton
 

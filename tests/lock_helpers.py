@@ -3,7 +3,10 @@ processes that the multi-process tests start (module-level, so any start method 
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
@@ -13,7 +16,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock import LockKeys, ReentrantLock
-from celery_singleton_lock._lock.heartbeat import get_heartbeat
+from celery_singleton_lock._lock.runtime import get_heartbeat, publish_command
+from celery_singleton_lock.testing import find_redis_server
 
 T = TypeVar("T")
 
@@ -95,14 +99,42 @@ def wake_subscribers(client: Any, key: str) -> int:
     is ``key`` (``<key>:wake``, or for a semaphore's permit ``k`` the channel of its name's
     first permit; sharded pub/sub on a Redis Cluster). A waiter that was refused subscribes
     there before it blocks, so this is how a test sees that a waiter is waiting."""
-    channel = LockKeys.from_lock_key(key).channel
-    if hasattr(client, "get_node_from_key"):  # a RedisCluster: the channel's shard answers
+    keys = LockKeys.from_lock_key(key)
+    channel = keys.channel
+    if hasattr(client, "get_node_from_key"):  # a RedisCluster: the channel's node answers
         node = client.get_node_from_key(channel)
-        reply = client.pubsub_shardnumsub(channel, target_nodes=node)
+        if publish_command(client, keys.prefix) == "spublish":
+            reply = client.pubsub_shardnumsub(channel, target_nodes=node)
+        else:  # Redis 6.2: plain pub/sub, on the node of the channel's slot (redis-py's pick)
+            reply = client.pubsub_numsub(channel, target_nodes=node)
     else:
         reply = client.pubsub_numsub(channel)
     counts = {(k if isinstance(k, bytes) else str(k).encode()): int(n) for k, n in reply}
     return counts.get(channel.encode(), 0)
+
+
+@functools.cache
+def server_version(binary: str | None = None) -> tuple[int, int]:
+    """(major, minor) of the server binary the tests start (``binary``, or
+    :func:`~celery_singleton_lock.testing.find_redis_server`'s): Redis's version, or Valkey's
+    (every Valkey has what Redis 7.2 has)."""
+    out = subprocess.run(
+        [binary or find_redis_server(), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    ).stdout
+    found = re.search(r"\bv=(\d+)\.(\d+)", out)
+    assert found, f"no version in {out!r}"
+    return int(found.group(1)), int(found.group(2))
+
+
+def debug_command_args() -> list[str]:
+    """Server arguments that allow ``DEBUG`` (``DEBUG SLEEP`` stalls a server): Redis 7.0 and
+    later refuse it unless started with ``--enable-debug-command``, which Redis 6.2 does not
+    know (it exits at start), and always allows ``DEBUG``."""
+    return ["--enable-debug-command", "yes"] if server_version() >= (7, 0) else []
 
 
 def server_stalled(port: int, within: float = 0.05) -> bool:

@@ -15,6 +15,7 @@ from celery import Celery
 from celery_fixtures import app_task, configure
 
 from celery_singleton_lock import LockedTask, ReentrantLock, install, reload_settings
+from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._lock import MAX_LEASE_SECONDS, LockSpace
 from celery_singleton_lock.testing import RedisServer
 
@@ -159,7 +160,12 @@ def test_task_options(app: Any, client: Any, option: str, value: Any) -> None:
 )
 def test_settings(app: Any, client: Any, name: str, value: Any) -> None:
     app.conf[name] = value
-    _refused(client, lambda: reload_settings(app).check(), name)
+
+    def read_and_check() -> None:
+        reload_settings(app)
+        LockConfig.of(app).check()
+
+    _refused(client, read_and_check, name)
 
 
 def test_a_setting_is_checked_before_a_publish_writes(app: Any, client: Any) -> None:

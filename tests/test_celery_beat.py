@@ -44,8 +44,10 @@ def test_beat_task_due_every_second_never_overlaps_itself(tmp_path: Path) -> Non
                 worker.wait_log(r"beat: Starting", 10)
                 # two runs ended, and beat's sends in between were skipped twice
                 wait_until(
-                    lambda: len(records(data, "intervals", "beat")) >= 2
-                    and len(SKIP_LINE.findall(worker.log())) >= 2,
+                    lambda: (
+                        len(records(data, "intervals", "beat")) >= 2
+                        and len(SKIP_LINE.findall(worker.log())) >= 2
+                    ),
                     30,
                     "two runs and two skips",
                 )

@@ -112,7 +112,7 @@ def test_slots_of_a_killed_worker_come_back_within_one_lease(
         doomed.kill_group()  # main process too: nobody releases, the leases must end
         doomed.wait(10)
     # Nobody renews them now: the lease each slot has left, read from Redis, ends it.
-    lease = limited.locking.ttl(fault_app)
+    lease = limited.locking.bound(fault_app).ttl
     assert all(0 < (s.lease_left or 0) <= lease for s in space.named(name, 3).inspect())
     wait_until(
         lambda: not any(s.held for s in space.named(name, 3).inspect()),

@@ -24,7 +24,7 @@ from celery_fixtures import BASE_CONF
 from lock_helpers import wait_until
 from test_lock_deployments import SentinelProcess
 
-from celery_singleton_lock._celery.config import LockConfig, reload_settings
+from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock.testing import RedisServer
 
 #: the password of the default user, and the ACL user ``locks`` (with a character that a URL

@@ -7,10 +7,16 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 from typing import Any, cast
 
-from celery_singleton_lock import ReentrantLock
-from celery_singleton_lock._lock import LockSpace
+import pytest
+from celery import Celery
+from celery_procs import close_app
+
+from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock
+from celery_singleton_lock._ops.cli import locks
+from celery_singleton_lock.compat.singleton import Singleton
 from celery_singleton_lock.testing import RedisServer
 
 TASK_INFO = json.dumps({"task": "proj.rebuild", "id": "task-1", "host": "w1", "pid": 4242})
@@ -150,3 +156,39 @@ def test_a_down_server_is_a_clear_error(make_redis_server: Any) -> None:
     done = cli(server, "list")
     assert done.returncode != 0
     assert "Redis failed" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_under_an_app_every_prefix_of_its_locked_tasks_is_covered(
+    redis_server: RedisServer, redis_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A celery-singleton drop-in keeps its keys under ``SINGLETONLOCK_`` beside the app's
+    ``lock``: `celery locks list` and `purge` cover both, ``show`` and ``release`` find a key
+    or a name under either; ``--prefix`` picks one."""
+    app = Celery("cli_prefixes", set_as_current=False, broker=redis_server.url)
+
+    def job(x: int) -> None: ...
+
+    plain = app.task(base=LockedTask, name="cli.plain", shared=False, lock_at="publish")(job)
+    single = app.task(base=Singleton, name="cli.single", shared=False)(job)
+    app.finalize()
+
+    def run(*args: str) -> Any:
+        locks.main(args=[*args, "--json"], obj=SimpleNamespace(app=app), standalone_mode=False)
+        return json.loads(capsys.readouterr().out)
+
+    try:
+        plain.delay(1)
+        single.delay(1)
+        plain_key, single_key = plain.lock_key_for(1), single.lock_key_for(1)
+        assert single_key.startswith("SINGLETONLOCK_:{cli.single:")
+        assert [v["key"] for v in run("list")] == [plain_key, single_key]  # the app's first
+        assert [v["key"] for v in run("list", "--prefix", "lock")] == [plain_key]
+        name = single.generate_lock(single.name, [1])
+        assert run("show", name)["key"] == single_key  # a name: found under the prefix holding it
+        assert run("release", single_key)["released"] is True
+        assert not single.is_locked(1) and plain.is_locked(1)
+        single.delay(1)
+        assert run("purge", "--yes") == {"released": 2}
+        assert run("list") == []
+    finally:
+        close_app(app)

@@ -23,8 +23,8 @@ from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock, install
 from celery_singleton_lock._celery import conflict as run_module
-from celery_singleton_lock._celery.install import is_installed
 from celery_singleton_lock._celery.hold import HEADER, PERMITS_HEADER, PREFIX_HEADER
+from celery_singleton_lock._celery.install import is_installed
 from celery_singleton_lock._celery.options import options_table
 from celery_singleton_lock._celery.taskkey import MAX_PART, task_lock_name
 from celery_singleton_lock.testing import RedisServer
@@ -405,8 +405,8 @@ def test_the_metrics_the_docs_list_are_those_metrics_py_defines() -> None:
         for node in ast.walk(source):
             if (
                 isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "duplicate"
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "report_duplicate"
                 and len(node.args) == 2
             ):
                 arg = node.args[1]
@@ -415,7 +415,7 @@ def test_the_metrics_the_docs_list_are_those_metrics_py_defines() -> None:
     assert actions == {"skipped", "retried", "raised", "returned", "replaced"}
     (duplicates,) = [line for line in section.split("\n- ") if "duplicates_total" in line]
     assert set(re.findall(r"`(\w+)`", duplicates)) >= actions
-    cooldown = ast.parse((PACKAGE / "_celery" / "cooldown.py").read_text(encoding="utf-8"))
+    cooldown = ast.parse((PACKAGE / "_celery" / "parts.py").read_text(encoding="utf-8"))
     reasons = {
         str(node.value.value)
         for node in ast.walk(cooldown)
@@ -501,8 +501,8 @@ def test_the_memory_figure_is_the_bound_the_test_asserts() -> None:
 
 def test_the_meta_hash_outlives_the_lease_as_the_docs_say(redis_client: Any) -> None:
     """lock.md and production.md: the meta hash outlives the lock's lease by 60 to 90 s (90 past
-    a new holder's lease, 60 past a renewal's), a release leaves it as it is, a force release
-    gives it 60 s."""
+    a new holder's lease; a renewal lengthens it to 60 past its lease when it would end
+    sooner), a release leaves it as it is, a force release gives it at least 60 s."""
     from celery_singleton_lock._lock.scripts import META_RETENTION_MS
 
     low, high = META_RETENTION_MS // 1000, META_RETENTION_MS * 3 // 2 // 1000
@@ -512,20 +512,23 @@ def test_the_meta_hash_outlives_the_lease_as_the_docs_say(redis_client: Any) -> 
     assert lock.acquire()
     try:
         assert lease_ms + high * 1000 - 1_000 < redis_client.pttl(meta) <= lease_ms + high * 1000
-        # the heartbeat renews about every ttl/3: the meta hash then lives 60 s past the lease
-        wait_until(lambda: redis_client.pttl(meta) <= lease_ms + low * 1000, 5, "a renewal")
-        assert redis_client.pttl(meta) > lease_ms + low * 1000 - 1_000
+        # the heartbeat renews about every ttl/3: a meta hash that would end sooner than 60 s
+        # past the lease then lives that long
+        redis_client.pexpire(meta, lease_ms)
+        wait_until(lambda: redis_client.pttl(meta) > lease_ms + low * 1000 - 1_000, 5, "a renewal")
+        assert redis_client.pttl(meta) <= lease_ms + low * 1000
     finally:
         lock.release()
     assert not redis_client.exists(lock.key)
     assert low * 1000 < redis_client.pttl(meta) <= lease_ms + low * 1000
     space = LockSpace(redis_client)
     assert space.named("docs-forced").take("t", 30).acquired and space.force_release("docs-forced")
-    assert low * 1000 - 1_000 < redis_client.pttl("lock:{docs-forced}:meta") <= low * 1000
+    assert low * 1000 < redis_client.pttl("lock:{docs-forced}:meta") <= 30_000 + high * 1000
     text = _flat(_page("lock.md"))
     assert f"it outlives the lock's lease by {low} to {high} s" in text
     assert (
-        f"for the rest of its lease plus {low} to {high} s ({low} s after a force release)" in text
+        f"for the rest of its lease plus {low} to {high} s (at least {low} s after a force "
+        "release)" in text
     )
     assert f"the rest of its lease plus {low} to {high} s" in _flat(_page("production.md"))
     assert "outlives the lock by 60 s" not in text

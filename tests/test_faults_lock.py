@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis
 from lock_helpers import (
+    debug_command_args,
     fenced_write,
     hold_counts,
     paused_holder_worker,
@@ -164,7 +165,7 @@ class FreezableProxy:
 
 @pytest.fixture
 def debug_server(make_redis_server: Any) -> RedisServer:
-    made: RedisServer = make_redis_server("--enable-debug-command", "yes")
+    made: RedisServer = make_redis_server(*debug_command_args())
     return made
 
 

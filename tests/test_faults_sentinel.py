@@ -62,8 +62,17 @@ def test_after_a_failover_no_two_holders(make_redis_server: Any, fault: str) -> 
     replica: RedisServer = make_redis_server("--replicaof", "127.0.0.1", str(master.port))
     with redis_sentinel(master) as port:
         probe: Any = redis.Redis(port=port, socket_timeout=2)
+        # Sentinel lists the replica (from the master's INFO) before it has a link to it of
+        # its own and has seen the replica's link to the master up: until then it has no
+        # replica to promote (a failover is refused with NOGOODSLAVE, as on Redis 6.2).
         assert wait_until(
-            lambda: any(r.get("name") for r in probe.sentinel_slaves("mymaster")), 30
+            lambda: any(
+                r.get("name")
+                and not r.get("is_disconnected")
+                and r.get("master-link-status") == "ok"
+                for r in probe.sentinel_slaves("mymaster")
+            ),
+            30,
         ), "Sentinel did not find the replica"
         assert wait_until(
             lambda: replica.client().info("replication")["master_link_status"] == "up", 30

@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 import redis
-from lock_helpers import command_calls, counting_client, held_fence, hold_counts, wait_until
+from lock_helpers import (
+    command_calls,
+    counting_client,
+    debug_command_args,
+    held_fence,
+    hold_counts,
+    wait_until,
+)
 from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
@@ -278,7 +285,7 @@ def test_keys_left_behind_are_bounded_and_all_expire(redis_client: Any) -> None:
     keys = LockKeys.for_name("lock", "user:0")
     assert 0 < redis_client.pttl(keys.lock) <= 10_000
     # (an acquire that writes the meta hash's TTL adds half a retention: see lua/acquire.lua)
-    assert 0 < redis_client.pttl(keys.meta) <= 10_000 + commands.META_RETENTION_MS * 3 // 2
+    assert 0 < redis_client.pttl(keys.meta) <= 10_000 + _scripts.META_RETENTION_MS * 3 // 2
     lock.release()
 
     for i in range(2000):
@@ -304,7 +311,7 @@ def test_a_lock_whose_holder_vanished_leaves_only_an_expiring_meta(redis_client:
     wait_until(lambda: redis_client.exists(lock.key) == 0, 5)
     remaining = list(redis_client.scan_iter())
     assert remaining == [lock.key.encode() + b":meta"]
-    assert 0 < redis_client.pttl(remaining[0]) <= 200 + commands.META_RETENTION_MS * 3 // 2
+    assert 0 < redis_client.pttl(remaining[0]) <= 200 + _scripts.META_RETENTION_MS * 3 // 2
 
 
 def test_a_meta_hash_lost_while_held_is_rebuilt_with_a_ttl(redis_client: Any) -> None:
@@ -317,7 +324,7 @@ def test_a_meta_hash_lost_while_held_is_rebuilt_with_a_ttl(redis_client: Any) ->
     assert again.acquired and again.hold_count == 2
     assert again.fence is not None and first.fence is not None
     assert again.fence > first.fence  # a new, larger token
-    assert 0 < redis_client.pttl(keys.meta) <= 30_000 + commands.META_RETENTION_MS
+    assert 0 < redis_client.pttl(keys.meta) <= 30_000 + _scripts.META_RETENTION_MS * 3 // 2
 
     redis_client.delete(keys.meta)
     assert commands.release(redis_client, keys, "task") == ReleaseReply(True, 1)
@@ -325,7 +332,7 @@ def test_a_meta_hash_lost_while_held_is_rebuilt_with_a_ttl(redis_client: Any) ->
     assert commands.release(redis_client, keys, "task").freed
     assert list(redis_client.scan_iter()) == [keys.meta.encode()]
     # (past the lease the release that rebuilt it saw, by the retention)
-    assert 0 < redis_client.pttl(keys.meta) <= 30_000 + commands.META_RETENTION_MS
+    assert 0 < redis_client.pttl(keys.meta) <= 30_000 + _scripts.META_RETENTION_MS
 
 
 # -- idempotent acquire --------------------------------------------------------------------
@@ -384,7 +391,7 @@ def _with_busy_server(server: Any, seconds: float, call: Any) -> Any:
 def test_redis_py_resends_a_timed_out_command_so_acquire_must_be_idempotent(
     make_redis_server: Any,
 ) -> None:
-    server = make_redis_server("--enable-debug-command", "yes")
+    server = make_redis_server(*debug_command_args())
     admin = server.client()
     # Like redis-py's default client (which retries on timeouts), made deterministic: a resend
     # goes out once the busy server has run the first attempt.

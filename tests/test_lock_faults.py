@@ -26,8 +26,7 @@ from celery_singleton_lock import (
     LockTimeoutError,
     ReentrantLock,
 )
-from celery_singleton_lock._lock.heartbeat import get_heartbeat
-from celery_singleton_lock._lock.runtime import LockRuntime
+from celery_singleton_lock._lock.runtime import LockRuntime, get_heartbeat
 from celery_singleton_lock.testing import free_port
 
 # an assertion that fails in a helper thread fails the test

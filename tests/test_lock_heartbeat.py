@@ -25,8 +25,8 @@ from lock_helpers import (
 )
 
 from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock
-from celery_singleton_lock._lock.heartbeat import get_heartbeat
 from celery_singleton_lock._lock.owner import default_owner
+from celery_singleton_lock._lock.runtime import get_heartbeat
 
 # an assertion that fails in a helper thread fails the test
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")

@@ -19,7 +19,7 @@ import redis.asyncio
 from celery import Celery
 from celery_fixtures import app_task, configure
 from kombu.exceptions import OperationalError
-from lock_helpers import server_stalled, settled, wait_until
+from lock_helpers import debug_command_args, server_stalled, settled, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -29,7 +29,7 @@ from celery_singleton_lock import (
     LockNotOwnedError,
     ReentrantLock,
 )
-from celery_singleton_lock._celery.config import LockConfig, reload_settings
+from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._lock import LockSpace, commands, scripts
 from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock.testing import RedisServer
@@ -67,7 +67,7 @@ def _stall(port: int, seconds: float) -> threading.Thread:
 
 @pytest.fixture
 def server(make_redis_server: Any) -> RedisServer:
-    made: RedisServer = make_redis_server("--enable-debug-command", "yes")
+    made: RedisServer = make_redis_server(*debug_command_args())
     return made
 
 
@@ -105,7 +105,7 @@ def test_a_cancelled_acquire_that_runs_later_is_refused(server: RedisServer) -> 
     finally runs, takes nothing."""
     client = redis.Redis(port=server.port)
     keys = LockKeys.for_name("lock", "voided")
-    args = ("owner-1", "request-1", "publish", commands.META_RETENTION_MS, 30_000)
+    args = ("owner-1", "request-1", "publish", scripts.META_RETENTION_MS, 30_000)
     assert scripts.CANCEL(client, keys.pair, args) == 0
     reply = commands.acquire(client, keys, "owner-1", 30_000, "request-1")
     assert not reply.acquired
@@ -122,7 +122,7 @@ def test_a_cancel_only_drops_the_hold_its_acquire_added(server: RedisServer) -> 
     keys = LockKeys.for_name("lock", "twice")
     assert commands.acquire(client, keys, "task-1", 30_000, "publish").acquired
     assert commands.acquire(client, keys, "task-1", 30_000, "run").hold_count == 2
-    args = ("task-1", "run", "publish", commands.META_RETENTION_MS, 30_000)
+    args = ("task-1", "run", "publish", scripts.META_RETENTION_MS, 30_000)
     assert scripts.CANCEL(client, keys.pair, args) == 1
     assert scripts.CANCEL(client, keys.pair, args) == 0
     assert client.hgetall(keys.lock) == {b"task-1": b"1"}
@@ -138,7 +138,7 @@ def test_a_cancel_after_the_meta_hash_was_lost_keeps_it_past_the_lock(
     keys = LockKeys.for_name("lock", "evicted")
     assert commands.acquire(client, keys, "holder", 600_000, "long").acquired
     client.delete(keys.meta)
-    args = ("other", "short", "publish", commands.META_RETENTION_MS, 1_000)
+    args = ("other", "short", "publish", scripts.META_RETENTION_MS, 1_000)
     assert scripts.CANCEL(client, keys.pair, args) == 0
     assert client.pttl(keys.meta) > client.pttl(keys.lock) > 500_000
 
@@ -196,7 +196,7 @@ def test_a_lease_the_script_cannot_represent_writes_nothing(server: RedisServer)
             commands.acquire(client, keys, "owner", lease_ms, f"request-{lease_ms}")  # type: ignore[arg-type]
         assert client.exists(keys.lock) == 0
     # The largest lease the scripts take is written exactly (no exponent notation).
-    biggest = 2**53 - 1 - commands.META_RETENTION_MS
+    biggest = 2**53 - 1 - scripts.META_RETENTION_MS
     assert commands.acquire(client, keys, "owner", biggest, "request-big").acquired
     assert client.pttl(keys.lock) > 2**52
     assert not commands.park(client, keys, "nobody", 1000)

@@ -37,10 +37,11 @@ from hypothesis.stateful import (
 
 from celery_singleton_lock import LockNotOwnedError, LockSpace, Semaphore
 from celery_singleton_lock._lock import commands, scripts
-from celery_singleton_lock._lock.commands import ALL_HOLDS, META_RETENTION_MS
+from celery_singleton_lock._lock.commands import ALL_HOLDS
 from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock._lock.owner import new_request_id
 from celery_singleton_lock._lock.permits import permit_keys
+from celery_singleton_lock._lock.scripts import META_RETENTION_MS
 from celery_singleton_lock.testing import RedisServer
 
 NAMES = ["a", "}b"]
@@ -225,7 +226,7 @@ class LockMachine(RuleBasedStateMachine):
         if model.last_request is None or model.meta_gone:
             return
         request, owner, lease = model.last_request
-        args = (owner, request, "publish", META_RETENTION_MS, lease)
+        args = (owner, request, "publish", META_RETENTION_MS, lease, self.keys[name].channel)
         done = int(scripts.CANCEL(self.client, self.keys[name].pair, args))
         if model.holder == owner:
             assert done == 1
@@ -248,7 +249,7 @@ class LockMachine(RuleBasedStateMachine):
         """cancel.lua on an acquire that has not reached the server yet (its reply lost on the
         way out): nothing is dropped, and the acquire, when it arrives, takes nothing."""
         model, request = self.model[name], new_request_id()
-        args = (owner, request, "publish", META_RETENTION_MS, lease)
+        args = (owner, request, "publish", META_RETENTION_MS, lease, self.keys[name].channel)
         assert int(scripts.CANCEL(self.client, self.keys[name].pair, args)) == 0
         late = commands.acquire(self.client, self.keys[name], owner, lease, request, "", "")
         assert not late.acquired
@@ -296,7 +297,7 @@ class LockMachine(RuleBasedStateMachine):
         if owner is None:
             return
         keys, request = self.keys[name], new_request_id()
-        args = (owner, ALL_HOLDS if all_holds else 1, request, META_RETENTION_MS)
+        args = (owner, ALL_HOLDS if all_holds else 1, request, META_RETENTION_MS, keys.channel)
         first = int(scripts.RELEASE(self.client, keys.pair, args))
         left = 0 if all_holds else model.owners[owner] - 1
         assert first == left

@@ -18,7 +18,7 @@ from typing import Any
 
 from celery_singleton_lock import LockSpace, ReentrantLock
 from celery_singleton_lock._lock import CLAIMED, WAIT_OVER, WAIT_REPLACED
-from celery_singleton_lock._lock.commands import CLAIMED_ELSEWHERE, WAITERS
+from celery_singleton_lock._lock.space import CLAIMED_ELSEWHERE, WAITERS
 
 
 def _held(client: Any, name: str, owner: str = "run-1", ttl: float = 30) -> ReentrantLock:

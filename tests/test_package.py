@@ -27,8 +27,8 @@ from celery import Celery
 
 import celery_singleton_lock
 from celery_singleton_lock import LockBackendError, LockedTask, LockError, MisconfiguredError
-from celery_singleton_lock._celery.options import OPTION_NAMES, options_table
 from celery_singleton_lock._celery.config import LockConfig
+from celery_singleton_lock._celery.options import OPTION_NAMES, options_table
 from celery_singleton_lock._celery.settings import settings_table
 
 PACKAGE = Path(celery_singleton_lock.__file__).resolve().parent
@@ -47,26 +47,31 @@ def _is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """Every module ``path`` imports (relative imports resolved), with its line number."""
+def _import_statements(path: Path) -> list[tuple[int, str, list[str]]]:
+    """Every import statement of ``path``: its line, the module (relative imports resolved)
+    and the names taken from it (none for ``import x``)."""
     module = _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found = []
+    found: list[tuple[int, str, list[str]]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
+            found += [(node.lineno, alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.append((node.lineno, base))
-            # `from . import x` imports the module x, when x is a module
-            found += [
-                (node.lineno, f"{base}.{alias.name}")
-                for alias in node.names
-                if _is_module(f"{base}.{alias.name}")
-            ]
+            found.append((node.lineno, base, [alias.name for alias in node.names]))
+    return found
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module ``path`` imports (relative imports resolved), with its line number."""
+    found = []
+    for line, module, names in _import_statements(path):
+        found.append((line, module))
+        # `from . import x` imports the module x, when x is a module
+        found += [(line, f"{module}.{name}") for name in names if _is_module(f"{module}.{name}")]
     return found
 
 
@@ -109,7 +114,7 @@ def test_the_lock_layer_imports_where_celery_cannot_be_imported() -> None:
         )
         sys.modules["celery_singleton_lock"] = importlib.util.module_from_spec(spec)
         import celery_singleton_lock._lock as lock_layer
-        from celery_singleton_lock._lock import heartbeat, wakeup  # every module loads
+        from celery_singleton_lock._lock import runtime, wakeup  # every module loads
         assert not any(m.split(".")[0] in ("celery", "kombu", "billiard") for m in sys.modules)
         print("ok", len(lock_layer.__all__))
         """
@@ -130,6 +135,25 @@ def test_outside_the_lock_layer_only_its_api_is_imported() -> None:
         for line, name in _imports(path)
         if name.startswith("celery_singleton_lock._lock.")
     ]
+    assert offending == []
+
+
+def test_compat_uses_the_public_api_only() -> None:
+    """The drop-ins are written as a user's code would be: from the package they import only
+    names of ``celery_singleton_lock.__all__``, besides their own modules."""
+    modules = sorted((PACKAGE / "compat").rglob("*.py"))
+    assert len(modules) >= 5
+    offending = []
+    for path in modules:
+        for line, module, names in _import_statements(path):
+            where = f"{path.relative_to(PACKAGE)}:{line}"
+            if module == "celery_singleton_lock":
+                private = sorted(set(names) - set(celery_singleton_lock.__all__))
+                offending += [f"{where}: {name}" for name in private]
+            elif module.startswith("celery_singleton_lock.") and not module.startswith(
+                "celery_singleton_lock.compat"
+            ):
+                offending.append(f"{where}: {module}")
     assert offending == []
 
 
@@ -370,7 +394,11 @@ def test_importing_the_package_connects_no_celery_receiver() -> None:
         print(sorted(name for name in after if after[name] != before[name]))
         from celery_singleton_lock import LockedTask
         app = Celery("made")
-        app.task(base=LockedTask)(lambda x: x)
+
+        def job(x):
+            return x
+
+        app.task(base=LockedTask)(job)
         app.finalize()
         made = receivers()
         print(sorted(name for name in made if made[name] != before[name]))

@@ -1,9 +1,12 @@
 """What docs/production.md tells operators, checked against a real redis-server.
 
-* The ACL rule it prints is applied as it is, and a user with only that rule runs every lock
-  operation the package makes (acquire, renewal, a blocked acquire woken by the release, a
-  semaphore, park, records, force release, the CLI's list and purge) without one refusal in
-  ``ACL LOG``.
+* The ACL rule it prints for the server's version is applied as it is, and a user with only
+  that rule runs every lock operation the package makes (acquire, renewal, a blocked acquire
+  woken by the release, a semaphore, park, records, force release, the CLI's list and purge)
+  without one refusal in ``ACL LOG``; on a Cluster, with the page's Cluster line on every
+  node, so does a process's first lock (its probe for sharded pub/sub), a wake-up and a
+  release redirected to a slot's new node.
+* Its rules start at the oldest server the README names.
 * The keys and bytes a held lock costs stay within what the page says.
 """
 
@@ -19,22 +22,56 @@ from typing import Any
 
 import pytest
 import redis
-from lock_helpers import wait_until, wake_subscribers
+from cluster_helpers import Migration, redis_cluster
+from lock_helpers import server_version, wait_until, wake_subscribers
+from redis.cluster import RedisCluster
 
 from celery_singleton_lock import LockSpace, ReentrantLock, Semaphore
 from celery_singleton_lock._celery.hold import holder_info
+from celery_singleton_lock._lock.runtime import publish_command
 from celery_singleton_lock._ops.locks import find_locks, purge
 from celery_singleton_lock.testing import RedisServer
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "production.md"
 
 
-def acl_rule() -> list[str]:
-    """The ``ACL SETUSER ...`` line of the page, as arguments."""
-    text = PAGE.read_text()
-    found = re.search(r"<!-- acl-rule[^>]*-->\n```text\n(ACL SETUSER [^\n]+)\n```", text)
+def acl_rules() -> dict[tuple[int, int], list[str]]:
+    """The page's ``ACL SETUSER ...`` lines, as arguments, by the first server version (``X.Y``
+    of ``redis_version``) each one is for."""
+    found = re.findall(
+        r"<!-- acl-rule from (\d+)\.(\d+)[^>]*-->\n```text\n(ACL SETUSER [^\n]+)\n```",
+        PAGE.read_text(),
+    )
     assert found, "docs/production.md has no ACL rule block"
+    return {(int(major), int(minor)): shlex.split(line) for major, minor, line in found}
+
+
+def acl_rule(redis_version: str) -> list[str]:
+    """The page's rule for a server whose ``INFO server`` says ``redis_version``."""
+    version = tuple(int(part) for part in redis_version.split(".")[:2])
+    rules = acl_rules()
+    fitting = [since for since in rules if since <= version]
+    assert fitting, f"docs/production.md gives no ACL rule for Redis {redis_version}"
+    return rules[max(fitting)]
+
+
+def cluster_acl_rule() -> list[str]:
+    """The page's line to run after the rule on every node of a Cluster."""
+    found = re.search(
+        r"<!-- acl-rule cluster[^>]*-->\n```text\n(ACL SETUSER [^\n]+)\n```", PAGE.read_text()
+    )
+    assert found, "docs/production.md has no ACL rule block for a Cluster"
     return shlex.split(found.group(1))
+
+
+def apply_acl_rule(admin: Any, *, cluster: bool = False) -> None:
+    """Create the page's ``locks`` user on the server of ``admin`` (the rule for its version,
+    and on a Cluster node the Cluster's line), with an empty ``ACL LOG``."""
+    rule = acl_rule(str(admin.info("server")["redis_version"]))
+    assert admin.execute_command(*rule) in (b"OK", "OK", True)
+    if cluster:
+        assert admin.execute_command(*cluster_acl_rule()) in (b"OK", "OK", True)
+    admin.execute_command("ACL", "LOG", "RESET")
 
 
 @pytest.fixture
@@ -45,9 +82,7 @@ def server() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def locks_user(server: RedisServer) -> Iterator[Any]:
-    admin = server.client()
-    assert admin.execute_command(*acl_rule()) in (b"OK", "OK", True)
-    admin.execute_command("ACL", "LOG", "RESET")
+    apply_acl_rule(server.client())
     client = redis.Redis(port=server.port, username="locks", password="CHANGE-ME", socket_timeout=5)
     yield client
     client.close()
@@ -102,6 +137,74 @@ def test_the_documented_acl_user_runs_every_lock_operation(
     assert space.named("acl-purged").take("task-2", 30).acquired
     assert purge(locks_user) == 1
     assert _refusals(server) == []
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+def test_the_documented_acl_user_runs_the_locks_on_a_cluster_without_a_refusal() -> None:
+    """The page's rule for the server's version and its Cluster line on every node; then a
+    process's first locks (the probe for sharded pub/sub that their first release makes), a
+    waiter woken by the release's push, and a release that follows its slot to another node
+    (ASK): no node has a refusal in ``ACL LOG``."""
+    with redis_cluster(2) as nodes:
+        for node in nodes:
+            apply_acl_rule(node.client(), cluster=True)
+        admin = RedisCluster(host="127.0.0.1", port=nodes[0].port, socket_timeout=5)
+        client = RedisCluster(
+            host="127.0.0.1",
+            port=nodes[0].port,
+            username="locks",
+            password="CHANGE-ME",
+            socket_timeout=5,
+        )
+        try:
+            # The process's probe for sharded pub/sub (its first release or wait makes it):
+            # allowed by the rule, it finds SPUBLISH where the servers have it (Redis 7+).
+            sharded = server_version() >= (7, 0)
+            assert publish_command(client, "lock") == ("spublish" if sharded else "publish")
+            assert {node.port: _refusals(node) for node in nodes} == {n.port: [] for n in nodes}
+
+            # a holder with a long lease: the waiter gets the lock within its 10 s only if
+            # the release's push wakes it
+            holder = ReentrantLock(client, "acl-cluster", ttl=30, owner="holder")
+            assert holder.acquire()
+            waiter = ReentrantLock(client, "acl-cluster", ttl=30, owner="waiter")
+            got: list[bool] = []
+            thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=10)))
+            thread.start()
+            wait_until(lambda: wake_subscribers(admin, holder.key) == 1, 10, "the waiter")
+            holder.release()
+            thread.join(15)
+            assert got == [True]
+            waiter.release()
+
+            # a lock whose slot moves to the other node while held: its release is redirected
+            # there (ASK, and redis-py's ASKING)
+            moved = next(
+                lock
+                for lock in (ReentrantLock(client, f"acl-moved-{i}", ttl=30) for i in range(99))
+                if admin.keyslot(lock.key) <= 8191  # type: ignore[no-untyped-call]  # redis-py: unannotated
+            )
+            assert moved.acquire()
+            slot = admin.keyslot(moved.key)  # type: ignore[no-untyped-call]  # redis-py: unannotated
+            migration = Migration(nodes[0], nodes[1], slot)
+            migration.begin()
+            migration.move(moved.key, moved.key + ":meta")
+            moved.release()
+            migration.end()
+            assert not moved.locked()
+
+            assert {node.port: _refusals(node) for node in nodes} == {n.port: [] for n in nodes}
+        finally:
+            client.close()
+            admin.close()
+
+
+def test_the_page_has_an_acl_rule_from_the_oldest_server_the_readme_names() -> None:
+    readme = (PAGE.parent.parent / "README.md").read_text()
+    claimed = re.search(r"Requires Python.*?\bRedis (\d+)\.(\d+)\+", readme, re.DOTALL)
+    assert claimed, "README.md names no oldest Redis in its requirements"
+    assert min(acl_rules()) == (int(claimed.group(1)), int(claimed.group(2)))
 
 
 def test_what_a_held_lock_costs(server: RedisServer) -> None:

@@ -1,25 +1,14 @@
-"""Canvas members (group, chord header, chain): what a deduplicated member does so that the
-canvas around it ends instead of waiting for a message that was never sent.
+"""A deduplicated canvas member (group, chord header, chain) ends its canvas, never leaves it
+waiting for a message that was never sent.
 
-Celery's canvas gives every member its task id before it sends anything (the group's, chord's
-and chain's results are made of those ids) and drops what the member's ``apply_async``
-returns. A publish-time duplicate sends nothing, so its id would stay PENDING forever, and
-with it the GroupResult, the chain's result or the chord's callback. So a duplicate that is a
-canvas member either
-
-* raises at publish, when it is a chord header member sent by the caller
-  (:func:`refuse_chord_member`): the chord cannot complete without it, whatever
-  ``lock_on_duplicate`` says; the members this thread already sent to that header are revoked
-  and their publish locks freed, so the chord is refused as a whole and can be sent again once
-  deduplicated; or
-* records its own id as failed with :class:`AlreadyQueuedError` (:func:`fail_member`), through
-  the result backend's own failure path: the rest of its chain is marked failed, a chord it
-  belongs to counts it as a failed part (its callback ends with ``ChordError``), and its slot in
-  a GroupResult is ready. That is for group members, chain members and members sent by a
-  worker (a chain's next step, a chord inside a chain), where no caller could catch a raise.
-
-A run-time duplicate inside a chord header is the worker's side of the same problem: see
-:func:`chord_member_of` and ``run._locked_out``.
+Celery gives every member its id before sending anything and drops what its ``apply_async``
+returns, so a publish-time duplicate's id would stay PENDING for ever, and with it the group's,
+chain's or chord's result. Such a duplicate either raises at publish when it is a chord header
+member sent by the caller (:func:`refuse_chord_member`: the members this thread already sent to
+that header are revoked and their locks freed, so the chord can be sent again), or records its
+own id as failed with :class:`AlreadyQueuedError` (:func:`fail_member`): its chain fails, its
+chord counts a failed part, its group slot is ready. A run-time duplicate in a chord header
+fails too (:mod:`.conflict`).
 """
 
 from __future__ import annotations
@@ -49,34 +38,29 @@ __all__ = [
 
 log = logging.getLogger("celery_singleton_lock.publish")
 
-#: ``apply_async`` options that only Celery's canvas passes: the member's id was given to it
-#: (frozen) before it was sent, and the canvas's result waits for that id
+#: ``apply_async`` options only Celery's canvas passes (its result waits for the member's id)
 CANVAS_OPTIONS = ("group_id", "chord", "chain")
 
-#: how many chord headers per thread keep the list of members sent to them (a header is sent
-#: by one thread, member after member; a few allow for headers nested in headers)
+#: chord headers per thread whose sent members are kept (a few: headers nested in headers)
 _HEADERS_KEPT = 4
 
 
 def canvas_member(options: Mapping[str, Any]) -> bool:
-    """Whether these ``apply_async`` options are those of a canvas member (group, chord
-    header, chain), whose id the canvas's result is already waiting for. An empty ``chain``
-    counts: the last step of a chain is sent with one."""
+    """Whether ``apply_async`` options are a canvas member's (an empty ``chain`` counts: a
+    chain's last step is sent with one)."""
     return any(options.get(name) is not None for name in CANVAS_OPTIONS)
 
 
 def chord_member_of(options_or_request: Any) -> bool:
-    """Whether a member belongs to a chord header: the header's counter counts it, so it
-    must report (succeed or fail), never just vanish. Takes ``apply_async`` options or a
-    worker request (both carry ``chord``, the callback's signature)."""
+    """Whether ``apply_async`` options or a worker request belong to a chord header member,
+    which must report (succeed or fail), never vanish."""
     getter = getattr(options_or_request, "get", None)
     return getter is not None and getter("chord") is not None
 
 
 def sent_by_worker(app: Any, options: Mapping[str, Any]) -> bool:
-    """Whether Celery's tracer is sending this member as the next step of the task running
-    in this worker (a chain step or callback: it passes ``parent_id``). An exception there
-    reaches no caller: Celery records it as the failure of that task, whose body succeeded."""
+    """Whether the tracer sends this member as the next step of the task running in this
+    worker (an exception there would fail that task, whose body succeeded)."""
     parent_id = options.get("parent_id")
     if not parent_id:
         return False
@@ -87,10 +71,8 @@ def sent_by_worker(app: Any, options: Mapping[str, Any]) -> bool:
 def fail_member(
     task: Any, task_id: str, options: Mapping[str, Any], error: AlreadyQueuedError
 ) -> None:
-    """Record the unsent member ``task_id`` as failed with ``error``, through the backend's
-    ``mark_as_failure``, so Celery ends the canvas around it as for a member that failed:
-    the rest of its chain fails too, a chord counts it as a failed part. On a backend error
-    the duplicate is still not sent (the canvas then waits, as it would without this)."""
+    """Record the unsent member ``task_id`` as failed with ``error`` (the backend's
+    ``mark_as_failure``): Celery ends its canvas as for a member that failed."""
     request = Context(
         id=task_id,
         task=task.name,
@@ -117,8 +99,6 @@ def fail_member(
         )
 
 
-# -- the members a thread has sent to a chord header -----------------------------------------
-
 _local = threading.local()
 
 
@@ -137,8 +117,8 @@ def note_chord_member(
     headers: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> None:
-    """Note each publish-locked chord header member this thread sends (its task id and
-    lock), so a duplicate met later in the same header can revoke them."""
+    """``after_task_publish``: note each locked chord header member this thread sends, so a
+    duplicate met later in that header can revoke them."""
     lock = MessageLock.of(headers)
     if lock is None or headers is None:
         return
@@ -164,9 +144,8 @@ def note_chord_member(
 def refuse_chord_member(
     task: Any, options: Mapping[str, Any], holder: str, ttl: float, key: str
 ) -> NoReturn:
-    """A publish-time duplicate in a chord header, sent by the caller: revoke the members
-    this thread already sent to that header (and free their publish locks, unless their run
-    has started), then raise :class:`ChordDuplicateError`."""
+    """A publish-time duplicate in a chord header: revoke the members this thread sent to it
+    (their locks freed while still queued), then raise :class:`ChordDuplicateError`."""
     group_id = options.get("group_id")
     sent = _sent_headers().pop(group_id, []) if isinstance(group_id, str) else []
     revoked: list[str] = []

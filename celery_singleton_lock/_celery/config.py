@@ -137,9 +137,10 @@ class LockConfig:
         if config is None:
             # Read outside the lock: reading may load the configuration (Django's settings),
             # which may run user code that uses a lock of this app too.
-            fresh = cls(app)
+            fresh = cls(app, _replaced.get(app))
             with _registry:
                 config = _configs.setdefault(app, fresh)
+                _replaced.pop(app, None)
         return config
 
 
@@ -154,23 +155,24 @@ class Bound(NamedTuple):
 
 #: app -> its config (gone with the app)
 _configs: weakref.WeakKeyDictionary[Any, LockConfig] = weakref.WeakKeyDictionary()
+#: app -> the config that reload_settings dropped, until the next one is read (its client is
+#: kept when the next one is made from the same settings)
+_replaced: weakref.WeakKeyDictionary[Any, LockConfig] = weakref.WeakKeyDictionary()
 _registry = threading.Lock()
 
 
-def reload_settings(app: Any) -> LockConfig:
-    """Read the app's ``celery-singleton-lock`` settings from ``app.conf`` again, and return
-    them.
+def reload_settings(app: Any) -> None:
+    """Read the app's ``celery-singleton-lock`` settings from ``app.conf`` again, at their next
+    use.
 
     They are read once per app and process, when a worker or beat starts or at the first
     publish or lock; a change made to ``app.conf`` after that is seen once this is called. The
     lock client is kept, with its connections, unless what it is made from changed (the lock
     URL, its options, an injected client, the backend timeout, the broker's URL and options)."""
     with _registry:
-        previous = _configs.get(app)
-    fresh = LockConfig(app, previous)
-    with _registry:
-        _configs[app] = fresh
-    return fresh
+        previous = _configs.pop(app, None)
+        if previous is not None:
+            _replaced[app] = previous
 
 
 def peek(app: Any, name: str) -> Any:

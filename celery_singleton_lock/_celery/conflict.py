@@ -15,9 +15,8 @@ from celery.exceptions import Ignore, MaxRetriesExceededError
 
 from .._errors import TaskLockedError
 from .._lock import AcquireReply
-from . import hold
 from .canvas import chord_member_of
-from .hold import store_skipped
+from .hold import report_duplicate, store_skipped
 from .options import LockOptions
 
 __all__ = ["Conflict", "conflict_for", "lock_retry_delay"]
@@ -67,7 +66,7 @@ class Conflict:
                 key,
                 refusal.holder,
             )
-            _report(task, "raised")
+            report_duplicate(task.name, "raised")
             raise TaskLockedError(refusal.holder, key)
         if reason == "cooldown":
             log.info(
@@ -86,7 +85,7 @@ class Conflict:
                 key,
                 refusal.holder,
             )
-        _report(task, "skipped")
+        report_duplicate(task.name, "skipped")
         store_skipped(task, request, {"holder": refusal.holder, "lock": key, "reason": reason})
         raise Ignore()
 
@@ -105,7 +104,7 @@ class Raise(Conflict):
     def refused(
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
-        _report(task, "raised")
+        report_duplicate(task.name, "raised")
         raise TaskLockedError(refusal.holder, key)
 
 
@@ -116,17 +115,12 @@ class Retry(Conflict):
     def refused(
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
-        _report(task, "retried")
+        report_duplicate(task.name, "retried")
         try:
             raise task.retry(countdown=self.retry_countdown(request, refusal))
         except MaxRetriesExceededError:
             log.info("%s[%s] ran out of retries waiting for lock %s", task.name, request.id, key)
         super().refused(task, request, key, refusal, reason)
-
-
-def _report(task: Any, action: str) -> None:
-    if hold.observer is not None:
-        hold.observer.duplicate(task.name, action)
 
 
 _BY_CHOICE: dict[str, type[Conflict]] = {

@@ -33,6 +33,8 @@ __all__ = [
     "holder_info",
     "observer",
     "release_if_in",
+    "report_duplicate",
+    "report_refusal",
     "set_job_observer",
     "store_skipped",
 ]
@@ -163,3 +165,15 @@ observer: JobObserver | None = None
 def set_job_observer(new: JobObserver | None) -> None:
     global observer
     observer = new
+
+
+def report_duplicate(task_name: str, action: str) -> None:
+    """Count a duplicate of ``task_name`` and what was done with it (see :class:`JobObserver`)."""
+    if observer is not None:
+        observer.duplicate(task_name, action)
+
+
+def report_refusal(task_name: str, reason: str) -> None:
+    """Count why a duplicate of ``task_name`` was refused (see :class:`JobObserver`)."""
+    if observer is not None:
+        observer.refused_by(task_name, reason)

@@ -36,12 +36,20 @@ def run_signature(cls: type) -> inspect.Signature | None:
 class TaskLocking:
     """A task class's locking."""
 
-    __slots__ = ("_bound", "mode", "options", "signature", "strict")
+    __slots__ = ("_bound", "mode", "options", "signature", "strict", "task_class")
 
     def __init__(
-        self, options: LockOptions, signature: inspect.Signature | None, strict: bool = True
+        self,
+        options: LockOptions,
+        signature: inspect.Signature | None,
+        strict: bool = True,
+        *,
+        task_class: Any,
     ) -> None:
         self.options = options
+        #: the class whose extension points (``key_prefix``, ``queue_lease``, ``key_encoder``:
+        #: see ``LockedTask``) resolve the prefix, the queued lease and the names' encoder
+        self.task_class = task_class
         self.signature = signature
         #: arguments that do not fit the signature raise ``TypeError`` rather than make a key of
         #: their own (Celery's ``Task.typing`` checks them at publish the same way)
@@ -78,7 +86,8 @@ class TaskLocking:
         )
         signature = run_signature(task_class)
         strict = getattr(task_class, "typing", True) is not False
-        return cls(validate_options(task, raw, signature), signature, strict)
+        options = validate_options(task, raw, signature)
+        return cls(options, signature, strict, task_class=task_class)
 
     @property
     def at_publish(self) -> bool:
@@ -89,14 +98,16 @@ class TaskLocking:
     ) -> str:
         """The lock name of one call (``task name:argument part``)."""
         options = self.options
+        key_func = options.lock_key
         return task_lock_name(
             task_name,
             self.signature,
             args,
             kwargs,
             unique_on=options.lock_unique_on,
-            key_func=options.lock_key,
+            key_func=key_func,
             strict=self.strict,
+            encoder=None if key_func is not None else self.task_class.key_encoder(),
         )
 
     def bound(self, app: Any) -> Bound:
@@ -109,18 +120,18 @@ class TaskLocking:
         return bound
 
     def prefix(self, app: Any) -> str:
-        """The prefix of the class's keys: ``singleton_lock_prefix`` (a drop-in's own is a
-        fact of its class, the same in every process that knows it)."""
-        return LockConfig.of(app).prefix
+        """The prefix of the class's keys (``LockedTask.key_prefix``)."""
+        prefix: str = self.task_class.key_prefix(app)
+        return prefix
 
     def space(self, app: Any) -> LockSpace:
         return self.bound(app).space
 
     def queue_ttl(self, app: Any) -> float:
-        """The lease of a publish-time (or parked) hold while its message waits."""
-        if self.options.lock_queue_ttl is not None:
-            return self.options.lock_queue_ttl
-        return LockConfig.of(app).queue_ttl
+        """The lease of a publish-time (or parked) hold while its message waits
+        (``LockedTask.queue_lease``)."""
+        lease: float = self.task_class.queue_lease(app)
+        return lease
 
     def states(self, app: Any, name: str) -> list[LockState]:
         """Every lock of the job ``name`` as Redis has it now: its slots, then its queued lock

@@ -19,8 +19,14 @@ from celery.exceptions import Ignore
 
 from .._errors import LockBackendError
 from .._lock import NamedLock, ReentrantLock
-from . import hold
-from .hold import HoldState, holder_info, release_if_in, store_skipped
+from .hold import (
+    HoldState,
+    holder_info,
+    release_if_in,
+    report_duplicate,
+    report_refusal,
+    store_skipped,
+)
 
 __all__ = ["REPLACED", "Cooldown", "Debounce"]
 
@@ -86,8 +92,7 @@ def refusal_reason(task: Any, cooldown: Cooldown | None, job: NamedLock, holder:
         reason = "limit"
     else:
         return "locked"
-    if hold.observer is not None:
-        hold.observer.refused_by(task.name, reason)
+    report_refusal(task.name, reason)
     return reason
 
 
@@ -127,8 +132,7 @@ class Debounce:
             by,
             holder,
         )
-        if hold.observer is not None:
-            hold.observer.duplicate(task.name, "replaced")
+        report_duplicate(task.name, "replaced")
         return True
 
 

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, ClassVar
 
 from celery import Task, states
 
-from .._lock import LockKeys
+from .._lock import LockKeys, LockSpace
 from . import wiring
+from .config import LockConfig
 from .locking import TaskLocking
 from .options import LockOptions
 from .run import current_run, retry_keeping_lock, run_locked
@@ -46,14 +48,16 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     makes no sense or a misspelt ``lock_*`` name raises, naming the task and the option.
 
     Inside a run, ``self.lock`` is the held :class:`ReentrantLock` (with ``lock_limit`` above
-    1, the slot the run holds; ``None`` when none).
+    1, the slot the run holds; ``None`` when none). A subclass may override the extension
+    points :meth:`key_prefix`, :meth:`queue_lease` and :meth:`key_encoder` (the drop-ins of
+    :mod:`celery_singleton_lock.compat` do).
     """
 
     #: the worker's request class (a task class's own ``Request`` is composed with it)
     Request: ClassVar[Any] = LOCKED_REQUEST
 
     #: the class's options as validated, and how it makes lock names
-    locking: ClassVar[TaskLocking] = TaskLocking(LockOptions(), None)
+    locking: ClassVar[TaskLocking]
 
     #: the ``__call__`` after ``LockedTask``'s in the class's MRO, ``None`` for Celery's own
     next_call: ClassVar[Callable[..., Any] | None] = None
@@ -81,6 +85,34 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         wiring.connect()
         super().on_bound(app)
 
+    # -- extension points: what a subclass (a drop-in) may resolve its own way -----------------
+
+    @classmethod
+    def key_prefix(cls, app: Any) -> str:
+        """The prefix of this class's lock keys under ``app``: ``singleton_lock_prefix``. An
+        override must give the same in every process that knows the class; it is asked once
+        per app config."""
+        return LockConfig.of(app).prefix
+
+    @classmethod
+    def queue_lease(cls, app: Any) -> float:
+        """Seconds a hold lasts while its message waits (taken at publish, or parked for a
+        retry): ``lock_queue_ttl``, else ``singleton_lock_queue_ttl``. Asked for each hold."""
+        ttl = cls.locking.options.lock_queue_ttl
+        return LockConfig.of(app).queue_ttl if ttl is None else ttl
+
+    @classmethod
+    def key_encoder(cls) -> type[json.JSONEncoder] | None:
+        """A JSON encoder class that writes a call's arguments for its lock name, as they are
+        (a value it refuses in the canonical form); ``None``: the canonical form alone. Asked
+        for every name made without ``lock_key``, on the publisher and the worker alike."""
+        return None
+
+    @classmethod
+    def lock_space(cls, app: Any) -> LockSpace:
+        """This class's locks under ``app``: the app's lock client, under :meth:`key_prefix`."""
+        return cls.locking.space(app)
+
     # -- the job's lock, from outside a run ----------------------------------------------------
 
     def _lock_name(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -88,8 +120,9 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     def lock_key_for(self, *args: Any, **kwargs: Any) -> str:
         """The Redis key of the lock these arguments take (``prefix:{task:digest}``)."""
-        prefix = self.locking.prefix(self._get_app())  # no client needed
-        return LockKeys.for_name(prefix, self._lock_name(args, kwargs)).lock
+        app = self._get_app()
+        LockConfig.of(app).check()  # a wrong setting says so here too (no client needed)
+        return LockKeys.for_name(self.key_prefix(app), self._lock_name(args, kwargs)).lock
 
     def is_locked(self, *args: Any, **kwargs: Any) -> bool:
         """Whether a run (or a queued publish, or a cooldown) of this job holds its lock now:
@@ -256,3 +289,4 @@ def _own_request(cls: type[LockedTask]) -> Any:
 for _option in fields(LockOptions):
     setattr(LockedTask, _option.name, _option.default)
 del _option
+LockedTask.locking = TaskLocking(LockOptions(), None, task_class=LockedTask)

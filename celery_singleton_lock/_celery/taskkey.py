@@ -167,9 +167,12 @@ def task_lock_name(
     key_func: Callable[..., Any] | None = None,
     *,
     strict: bool = False,
+    encoder: type[json.JSONEncoder] | None = None,
 ) -> str:
     """The lock name of one job: ``task name:argument part``, bounded in length. ``strict``:
-    arguments that do not fit the signature raise ``TypeError`` (see :func:`bind_arguments`)."""
+    arguments that do not fit the signature raise ``TypeError`` (see :func:`bind_arguments`).
+    ``encoder`` writes the arguments instead of :func:`canonical`, which writes what it
+    refuses: strings, numbers, booleans, ``None`` and lists of them hash as without it."""
     args = tuple(args or ())
     kwargs = dict(kwargs or {})
     if key_func is not None:
@@ -182,6 +185,29 @@ def task_lock_name(
     arguments = bind_arguments(signature, args, kwargs, strict_for=task_name if strict else None)
     if unique_on is not None:
         arguments = {name: arguments.get(name) for name in unique_on}
-    encoded = {name: canonical(value, name) for name, value in arguments.items()}
-    text = _KEY_JSON(sorted(encoded.items()))
+    if encoder is None:
+        encoded = {name: canonical(value, name) for name, value in arguments.items()}
+        text = _KEY_JSON(sorted(encoded.items()))
+    else:
+        text = _encoded(encoder, arguments)
     return f"{_bounded(task_name)}:{_digest(text)}"
+
+
+def _encoded(encoder: type[json.JSONEncoder], arguments: dict[str, Any]) -> str:
+    """The arguments as ``encoder`` writes them (what it refuses as :func:`canonical` does)."""
+    instance: json.JSONEncoder
+    where = ""
+
+    def fallback(value: Any) -> Any:
+        try:
+            return type(instance).default(instance, value)
+        except TypeError:
+            return canonical(value, where)
+
+    # json.dumps passes default= to every encoder class; it replaces the class's default() on
+    # this instance only, which fallback() still calls first.
+    instance = encoder(sort_keys=True, separators=(",", ":"), default=fallback)
+    parts = []
+    for where, value in sorted(arguments.items()):  # a loop: fallback() reads `where`
+        parts.append(f"[{_KEY_JSON(where)},{instance.encode(value)}]")
+    return f"[{','.join(parts)}]"

@@ -43,7 +43,8 @@ def on_start(sender: Any = None, **_: Any) -> None:
     if app is None:
         return
     what = "beat" if type(sender).__name__ == "Service" else "worker"
-    config = reload_settings(app)
+    reload_settings(app)
+    config = LockConfig.of(app)
     try:
         config.check()
     except (TypeError, ValueError) as exc:

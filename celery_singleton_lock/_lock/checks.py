@@ -1,26 +1,21 @@
-"""Checks of the lock's arguments: a clear ``TypeError`` / ``ValueError`` naming the parameter,
-raised before anything is sent to Redis.
-
-:func:`check_duration` is the package's one check of "a number of seconds": the lock's leases,
-waits and backend timeout here, and the Celery layer's settings and task options, call it with
-their own bounds.
+"""Checks of the lock's arguments, raised before anything is sent to Redis: a ``TypeError`` or
+``ValueError`` that names the parameter and what it takes. :func:`check_duration` is the
+package's one check of a number of seconds (the layers above use it too).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Literal, overload
+from typing import Any, Literal, Protocol, cast, overload
 
-__all__ = [
-    "MAX_LEASE_SECONDS",
-    "check_backend_timeout",
-    "check_duration",
-    "check_lease_ms",
-    "check_wait",
-]
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.client import Pipeline
+from redis.cluster import ClusterPipeline
 
-#: The longest lease the lock takes: ten years, longer than any real countdown plus queue
-#: lease, and far below what the scripts can write exactly (lease + meta retention < 2**53 ms).
+#: The longest lease the lock takes: ten years, far below what the scripts write exactly
+#: (lease + meta retention < 2**53 ms).
 MAX_LEASE_SECONDS = 10 * 365 * 24 * 3600
 
 
@@ -70,14 +65,10 @@ def check_duration(
     example: str = "30",
     too_long: str = "",
 ) -> float | None:
-    """``value`` as float seconds, or an error that names ``parameter`` and says what it takes.
-
-    The one check of a duration in the package: a real number (``bool`` is not one), finite,
-    above ``minimum`` (or equal to it with ``include_minimum``) and at most ``maximum``
-    (``None``: no upper bound); ``None`` itself only with ``allow_none`` (the message says it
-    means ``none_means``). A value of the wrong type is a ``TypeError``, a number out of bounds
-    (NaN and infinities included) a ``ValueError``; ``too_long`` is appended to the message of
-    a value above ``maximum`` (how to fix it)."""
+    """``value`` as float seconds: a real number (not a bool), finite, above ``minimum`` (or
+    equal with ``include_minimum``), at most ``maximum`` (``None``: unbounded); ``None`` only
+    with ``allow_none`` (meaning ``none_means``). A wrong type is a ``TypeError``, a number out
+    of bounds (NaN, infinities) a ``ValueError``, with ``too_long`` appended above ``maximum``."""
     if value is None and allow_none:
         return None
     or_none = f", or None ({none_means})" if allow_none else ""
@@ -106,8 +97,7 @@ def check_wait(value: object, parameter: str = "timeout") -> float | None:
 
 
 def check_backend_timeout(value: object, parameter: str = "backend_timeout") -> float | None:
-    """How long one lock operation may wait for Redis in all: ``None`` (no bound beyond the
-    client's own) or a number of seconds > 0 (zero would fail every call unsent)."""
+    """``None`` (the client's own bounds only) or seconds > 0 (zero would fail every call)."""
     return check_duration(
         value,
         parameter,
@@ -131,3 +121,52 @@ def check_lease_ms(value: object, parameter: str = "lease") -> int:
         ),
     )
     return round(seconds * 1000)
+
+
+class RedisClient(Protocol):
+    """A synchronous redis-py client: ``redis.Redis``, ``redis.cluster.RedisCluster`` or a
+    Sentinel ``master_for(...)`` client."""
+
+    def evalsha(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def script_load(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def check_client(client: object, parameter: str = "client") -> RedisClient:
+    """``client`` when it is a synchronous redis-py client, else a ``TypeError`` naming
+    ``parameter`` and what to pass instead."""
+    if type(client) in _checked_types and "evalsha" not in getattr(client, "__dict__", ()):
+        return cast(RedisClient, client)
+    # A pipeline has the client's methods but queues commands instead of running them, and an
+    # asyncio client's return coroutines: both would fail later with an unrelated error.
+    if isinstance(client, Pipeline | ClusterPipeline):
+        raise TypeError(
+            f"{parameter} must be a redis-py client, not a pipeline ({type(client).__name__}): "
+            "the lock runs its own commands; pass the client the pipeline came from"
+        )
+    if inspect.iscoroutinefunction(getattr(client, "evalsha", None)) or isinstance(
+        client, AsyncRedis | AsyncRedisCluster
+    ):
+        raise TypeError(
+            f"{parameter} must be a synchronous redis-py client, got the asyncio client "
+            f"{type(client).__module__}.{type(client).__name__}: the lock is synchronous (its "
+            "heartbeat is a thread); pass redis.Redis(...) with the same connection options"
+        )
+    if not (hasattr(client, "evalsha") and hasattr(client, "pipeline")):
+        raise TypeError(
+            f"{parameter} must be a redis-py client (redis.Redis, redis.RedisCluster, or a "
+            f"Sentinel master_for(...) client), got {type(client).__name__}"
+        )
+    bound = getattr(client, "evalsha", None)
+    if getattr(bound, "__func__", None) is getattr(type(client), "evalsha", None):
+        _checked_types.add(type(client))
+    return cast(RedisClient, client)
+
+
+#: client classes that passed (every lock checks its client; an instance with an evalsha of
+#: its own is checked every time)
+_checked_types: set[type] = set()

@@ -1,26 +1,14 @@
 """One deadline for a whole lock operation, redis-py's resends included.
 
-redis-py bounds each wait on a socket (``socket_timeout``) and resends a failed command as its
-retry policy says, but nothing bounds the two together: against a Redis that hangs (it accepts
-connections and never answers) an acquire waited the socket timeout once per attempt, and the
-cancel of that lost acquire as long again, about 40 s with the Celery layer's client. A lock
-operation run under :class:`deadline` (seconds from now) instead:
-
-* sends no script once the deadline has passed (:mod:`.scripts`);
-* starts no resend, and no pause before one, that would end past the deadline, with a client
-  whose retry policy is a :class:`DeadlineRetry` (the clients the Celery layer builds, whose
-  socket timeouts are also no longer than the deadline, so one wait for a reply cannot pass
-  it either);
-* hands what it must still settle (the cancel of an acquire whose reply was lost, a release) to
-  the client's background lane rather than waiting for it (:mod:`.commands`).
-
-One wait for a reply is bounded by the client's ``socket_timeout`` only: redis-py offers no
-public way to wait for less on a connection its pool owns.
-
-The deadline is a context variable, so it follows the calling thread (or greenlet) from the lock
-down into redis-py's retry loop and never leaks into another thread: the client's lane runs
-each background attempt under a deadline of its own (:func:`budget`: as long as the operation
-that handed it over had).
+redis-py bounds each wait on a socket and resends as its retry policy says, but nothing bounds
+the two together: against a Redis that hangs, an acquire waited the socket timeout once per
+attempt, and its cancel as long again. Under a :class:`deadline` no script is sent once it has
+passed (:mod:`.scripts`), a client whose retry policy is a :class:`DeadlineRetry` starts no
+resend that would end past it, and what must still be settled (a cancel, a release) goes to
+the client's lane. It is a context variable: it follows the calling thread into redis-py's
+retry loop and never leaks into another; the lane runs each background attempt under a
+deadline of its own (:func:`budget`). One wait for a reply stays bounded by the client's
+``socket_timeout`` only: redis-py has no public way to wait less on a pooled connection.
 """
 
 from __future__ import annotations
@@ -30,23 +18,12 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar, Token
-from types import TracebackType
 from typing import Any, TypeVar
 
 from redis.backoff import AbstractBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
-
-__all__ = [
-    "NO_DEADLINE",
-    "DeadlineRetry",
-    "bounded",
-    "budget",
-    "deadline",
-    "expired",
-    "time_left",
-]
 
 T = TypeVar("T")
 
@@ -60,9 +37,9 @@ NO_DEADLINE: AbstractContextManager[None] = nullcontext()
 
 
 class deadline:
-    """Bound the lock's Redis calls inside the block to end ``seconds`` from now, resends
-    included. An enclosing deadline that ends sooner wins. A class, not a generator: it runs
-    on every acquire and release of the Celery layer."""
+    """Bound the lock's Redis calls in the block to end ``seconds`` from now, resends included;
+    an enclosing deadline that ends sooner wins. (A class, not a generator: it is on the hot
+    path.)"""
 
     __slots__ = ("_token", "seconds")
 
@@ -76,12 +53,7 @@ class deadline:
         if outer is None or at < outer[0]:
             self._token = _current.set((at, self.seconds))
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._token is not None:
             _current.reset(self._token)
             self._token = None
@@ -111,14 +83,11 @@ def expired() -> RedisTimeoutError:
 
 
 class DeadlineRetry(Retry):
-    """redis-py's :class:`~redis.retry.Retry`, but a resend (and the backoff pause before it)
-    is only started when it would begin before the current :class:`deadline`; a call made
-    once the deadline has passed raises :class:`redis.exceptions.TimeoutError` unsent.
-    Without a deadline it retries exactly as ``Retry(backoff, retries)`` does.
-
-    The backoff is kept here, not given to ``Retry`` (which sleeps it after the failure
-    handler, where nothing could stop it at the deadline): the pause is slept in the
-    failure handler, once this class has decided to resend."""
+    """redis-py's :class:`~redis.retry.Retry`, but a resend (and the pause before it) starts
+    only when it would begin before the current :class:`deadline`, and a call made past it
+    raises :class:`redis.exceptions.TimeoutError` unsent. Without a deadline it retries as
+    ``Retry(backoff, retries)`` does. (The backoff is slept here, in the failure handler:
+    ``Retry`` would sleep it after, where nothing could stop it at the deadline.)"""
 
     def __init__(
         self,
@@ -133,8 +102,8 @@ class DeadlineRetry(Retry):
         super().__init__(NoBackoff(), retries, supported_errors)
         #: ``Any``: redis-py's backoff classes are not annotated in every version it supports
         self.backoff: Any = backoff
-        #: the resends allowed (negative: no limit); kept here since ``Retry.get_retries()``
-        #: is not in every redis-py version this package supports
+        #: the resends allowed (negative: no limit; ``Retry.get_retries()`` is not in every
+        #: redis-py version supported)
         self.resends = retries
         self.supported_errors = tuple(supported_errors)
 

@@ -1,9 +1,8 @@
 """One process's hold on one lock, and the registry of the holds taken through one client.
 
-A hold is shared by every lock object with the same client, name and owner, so nested re-entry
-in a process is counted here and never reaches Redis. A registry belongs to its client's
-:class:`~.runtime.LockRuntime` and keeps a hold only while it is held (or being taken); a forked
-child gets new runtimes, so it owns nothing its parent held, and never renews it.
+Every lock object with the same client, name and owner shares one hold, so nested re-entry is
+counted here and never reaches Redis. A registry (one per client's runtime) keeps a hold only
+while it is held or being taken.
 """
 
 from __future__ import annotations
@@ -11,31 +10,24 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import observe
 from .keys import LockKeys
 
-__all__ = ["Hold", "HoldRegistry", "LeaseLost", "after_fork_in_child"]
-
 
 class LeaseLost(threading.Event):
-    """A hold's ``lost``: set by the heartbeat when it finds the lease gone or cannot renew it,
-    and by itself the moment the lease runs out on the local clock while the lock is held.
-
-    The second half matters when the heartbeat cannot say so: a call to a Redis that stopped
-    answering (a client without a socket timeout) can keep the client's renewal lane from
-    renewing, or from reporting anything, for as long as it hangs. A lease that ran out must
-    still never look held.
-    """
+    """A hold's ``lost``: set by the heartbeat when the lease is gone or cannot be renewed, and
+    by itself once the lease runs out on the local clock (a lane stuck on a hung Redis reports
+    nothing, and a lease that ran out must never look held)."""
 
     def __init__(self, hold: Hold) -> None:
         super().__init__()
         self._hold = weakref.ref(hold)
 
     def set(self) -> None:
-        # Every way a lease is lost ends here (the heartbeat, a release that found it gone,
-        # the local clock): the one place to report it, once per hold.
+        # Every way a lease is lost ends here: the one place to report it, once per hold.
         if not threading.Event.is_set(self):
             super().set()
             if observe.observer is not None:
@@ -75,52 +67,36 @@ class LeaseLost(threading.Event):
         return True
 
 
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Hold:
     """The hold of one owner on one lock through one client, in this process."""
 
-    __slots__ = (
-        "__weakref__",
-        "_lost",
-        "client",
-        "count",
-        "dead",
-        "fence",
-        "keys",
-        "lease_ms",
-        "mutex",
-        "next_renew",
-        "owner",
-        "renew",
-        "taken_at",
-        "thread",
-        "ttl",
-        "valid_until",
-    )
+    client: Any
+    keys: LockKeys
+    owner: str
+    ttl: float
+    renew: bool
+    lease_ms: int = field(init=False)
+    #: nesting depth in this process; Redis counts this whole hold as one
+    count: int = 0
+    fence: int | None = None
+    #: made at its first use: most holds end without anyone asking
+    _lost: LeaseLost | None = None
+    mutex: threading.Lock = field(default_factory=threading.Lock)
+    #: set when the hold left the registry; a thread that finds it dead looks again
+    dead: bool = False
+    #: the thread that took it, when the owner is that thread's default token: renewal stops if
+    #: that thread ends without releasing (a lease must not outlive its holder)
+    thread: weakref.ReferenceType[threading.Thread] | None = None
+    #: monotonic time the lease ends as far as this process knows: when the last successful
+    #: acquire or renewal was *sent*, plus the lease
+    valid_until: float = 0.0
+    next_renew: float = 0.0
+    #: monotonic time the acquire that took it was sent (for the hold-time metric)
+    taken_at: float = 0.0
 
-    def __init__(self, client: Any, keys: LockKeys, owner: str, ttl: float, renew: bool) -> None:
-        self.client = client
-        self.keys = keys
-        self.owner = owner
-        self.ttl = ttl
-        self.lease_ms = max(1, round(ttl * 1000))
-        self.renew = renew
-        #: nesting depth in this process; Redis counts this whole hold as one
-        self.count = 0
-        self.fence: int | None = None
-        # made at its first use: most holds end without anyone asking (a Celery run's does)
-        self._lost: LeaseLost | None = None
-        self.mutex = threading.Lock()
-        #: set when the hold left the registry; a thread that finds it dead looks again
-        self.dead = False
-        #: the thread that took it, when the owner is that thread's default token: renewal stops
-        #: if that thread ends without releasing (a lease must not outlive its holder)
-        self.thread: weakref.ReferenceType[threading.Thread] | None = None
-        #: monotonic time at which the lease ends as far as this process can know: the moment
-        #: the last successful acquire or renew was *sent*, plus the lease
-        self.valid_until = 0.0
-        self.next_renew = 0.0
-        #: monotonic time the acquire that took it was sent (for the hold-time metric)
-        self.taken_at = 0.0
+    def __post_init__(self) -> None:
+        self.lease_ms = max(1, round(self.ttl * 1000))
 
     @property
     def lost(self) -> threading.Event:

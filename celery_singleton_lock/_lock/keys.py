@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LockKeys", "check_prefix", "escape_name", "unescape_name"]
-
 
 def check_prefix(prefix: object, parameter: str = "prefix") -> str:
     if not isinstance(prefix, str) or not prefix:
@@ -35,19 +33,12 @@ def unescape_name(escaped: str) -> str:
 
 @dataclass(frozen=True)
 class LockKeys:
-    """``lock`` is the hash (field = owner, value = hold count); ``meta`` keeps the fencing
-    token, request ids, operator info and a mirror of the lock hash (see lua/acquire.lua);
-    ``channel`` is the lock's wake-up channel, published on by the release that frees it and
-    subscribed to only while a process waits for this lock.
-
-    ``slot`` is the permit of a :class:`~.semaphore.Semaphore` these keys are: permit 1 is
-    the plain lock (``prefix:{name}``), permit k >= 2 is ``prefix:{name}:s<k>``, with its own
-    meta hash but the channel of permit 1, so that one subscription hears every permit of a
-    name. Every key of every permit is in the name's hash tag: one Redis Cluster slot.
-
-    Only ``lock`` and ``meta`` are keys of the scripts (:attr:`pair`): the channel is not a
-    key (the scripts build its name from ``lock``), since Redis Cluster refuses a script with
-    a missing key in a migrating slot (TRYAGAIN) and a channel never exists as a key."""
+    """The keys of one lock: ``lock`` (field = owner, value = hold count), ``meta`` (what
+    outlives a hold, see lua/acquire.lua) and ``channel`` (the wake-up channel, not a key: a
+    Cluster script with a missing key in a migrating slot is refused, so it is passed as an
+    argument). ``slot`` is the permit: 1 is ``prefix:{name}``, k >= 2 ``prefix:{name}:s<k>``,
+    each with its meta hash, all with permit 1's channel and one hash tag (:attr:`pair`: the
+    keys of every lock script)."""
 
     prefix: str
     name: str
@@ -58,15 +49,12 @@ class LockKeys:
 
     @classmethod
     def for_name(cls, prefix: str, name: str, slot: int = 1) -> LockKeys:
-        # The braces make the whole name the hash tag, so every key of the lock lands in one
-        # Cluster slot. Redis ends a tag at the first '}', and ignores an empty one: a '}' in
-        # the name is escaped (and with it the escape character), or a name starting with '}'
-        # would put the lock and its meta hash in different slots.
+        # The whole name is the hash tag (one Cluster slot); a '}' in it is escaped, since Redis
+        # ends a tag at the first '}' and ignores an empty one.
         base = f"{prefix}:{{{escape_name(name)}}}"
         if type(slot) is not int or slot < 1:
             raise ValueError(f"slot must be an int >= 1, got {slot!r}")
-        # The scripts publish on the lock key cut after its hash tag, plus ":wake": the
-        # channel is the same for every permit (see lua/release.lua).
+        # The wake-up channel is named here only (the scripts are passed it).
         lock = base if slot == 1 else f"{base}:s{slot}"
         return cls(prefix, name, lock, lock + ":meta", base + ":wake", slot)
 
@@ -93,11 +81,9 @@ class LockKeys:
         return cls.for_name(prefix, unescape_name(tag), slot)
 
     def records(self, kind: str) -> str:
-        """A hash of records kept beside the lock (``<lock key>:<kind>``, in its hash tag):
-        the beat leader's last sends are ``records("last_run")``."""
+        """A hash of records kept beside the lock (``<lock key>:<kind>``, in its hash tag)."""
         return f"{self.lock}:{kind}"
 
     @property
     def pair(self) -> tuple[str, str]:
-        """The keys of every lock script: the lock hash and its meta hash."""
         return (self.lock, self.meta)

@@ -8,8 +8,6 @@ import socket
 import threading
 import uuid
 
-__all__ = ["after_fork_in_child", "default_owner", "new_request_id", "new_run_token"]
-
 _local = threading.local()
 _process_token = uuid.uuid4().hex[:12]
 _request_ids = itertools.count(1)

@@ -1,9 +1,6 @@
-"""The permits of a semaphore in Redis: their keys, which one an owner holds, who holds them, and
-the rule that picks the permit an acquire takes.
-
-A semaphore of N permits is N locks of one name (see :class:`~.keys.LockKeys`: permit 1 is the
-plain lock). Both users of a semaphore go through here: :class:`~.semaphore.Semaphore` (holds
-this process keeps and renews) and :class:`~.space.LockSpace` (holds that live elsewhere).
+"""The permits of one name in Redis: their keys, which one an owner holds, who holds them, and
+the rule that picks the permit an acquire takes. A name of N permits is N locks (permit 1 is
+the plain lock); :class:`~.semaphore.Semaphore` and :class:`~.space.NamedLock` both use this.
 """
 
 from __future__ import annotations
@@ -15,29 +12,17 @@ from typing import Any
 
 from .._errors import LockBackendError
 from . import commands
-from .commands import AcquireReply, ReleaseReply
+from .commands import NOT_OWNED, AcquireReply, ReleaseReply
 from .keys import LockKeys
-
-__all__ = [
-    "check_permits",
-    "holders",
-    "owned_by",
-    "permit_keys",
-    "release_everywhere",
-    "release_owned",
-    "soonest",
-    "take",
-]
 
 
 def check_permits(permits: object) -> int:
     """``permits`` when it is an int >= 1 (not a bool), else an error naming ``permits``."""
+    message = f"permits must be an int >= 1 (how many may hold at once), got {permits!r}"
     if isinstance(permits, bool) or not isinstance(permits, int):
-        raise TypeError(f"permits must be an int >= 1 (how many may hold at once), got {permits!r}")
+        raise TypeError(message)
     if permits < 1:
-        raise ValueError(
-            f"permits must be an int >= 1 (how many may hold at once), got {permits!r}"
-        )
+        raise ValueError(message)
     return permits
 
 
@@ -47,10 +32,9 @@ def permit_keys(prefix: str, name: str, permits: int) -> list[LockKeys]:
 
 
 def owned_by(client: Any, keys: Sequence[LockKeys], owner: str) -> list[int]:
-    """The permits (indexes into ``keys``) that ``owner`` holds in Redis now: one pipeline of
-    HEXISTS (all in one hash tag, so one Cluster node answers it). A cancel of the owner's
-    still pending on a permit runs first (:func:`.commands.settle`): the operation that looks
-    for the owner's permit must not find, or miss, the hold of a lost acquire."""
+    """The permits (indexes into ``keys``) ``owner`` holds now: one pipeline of HEXISTS (one
+    hash tag: one Cluster node). The owner's pending cancels run first: what looks for its
+    permit must not find, or miss, the hold of a lost acquire."""
     subject = f"the permit of owner {owner!r} of semaphore {keys[0].name!r}"
     with commands.backend_errors("find", keys[0].name, subject):
         commands.settle(client, keys[0], owner)
@@ -76,28 +60,19 @@ def holders(client: Any, keys: Sequence[LockKeys]) -> dict[str, int]:
     return counts
 
 
-def soonest(refusals: Sequence[AcquireReply]) -> AcquireReply:
-    """The refusal of the permit that frees first (the least ``lease_left``): what a waiter
-    waits for, and what the caller is told."""
-    return min(refusals, key=lambda reply: reply.lease_left)
-
-
 def take(
     attempt: Callable[[int], AcquireReply], permits: int, owned: Sequence[int]
 ) -> AcquireReply:
-    """The acquire rule of a semaphore, in Redis (``attempt(i)`` tries permit ``i`` once).
-
-    An owner that holds a permit (``owned``: found by :func:`owned_by`) re-enters that permit
-    only, whose run-token rule applies: one owner never takes two permits on purpose. Else the
-    permits are tried one by one from a random one (so that contenders spread over them rather
-    than all queueing on permit 1), up to the first taken; when every one is refused, the reply
-    is the refusal of the permit that frees first."""
+    """The acquire rule (``attempt(i)`` tries permit ``i`` once). An owner that holds a permit
+    (``owned``) re-enters that one only, whose run-token rule applies: one owner never takes
+    two permits on purpose. Else the permits are tried from a random one (contenders spread
+    over them), up to the first taken; when all refuse, the reply is the refusal of the
+    permit that frees first."""
     for index in owned:
         reply = attempt(index)
         if reply.acquired or reply.other_run:
             return reply
-        # Its lease ended and another owner took it between the look and the take: the owner
-        # holds no permit now, and may take any.
+        # its lease ended and another owner took it meanwhile: the owner may take any
     start = random.randrange(permits)
     refusals = []
     for step in range(permits):
@@ -105,7 +80,7 @@ def take(
         if reply.acquired:
             return reply
         refusals.append(reply)
-    return soonest(refusals)
+    return min(refusals, key=lambda reply: reply.lease_left)
 
 
 def release_everywhere(
@@ -116,12 +91,11 @@ def release_everywhere(
     retry_for: float,
     retry_unless: Callable[[], bool] | None = None,
 ) -> None:
-    """Send the release of ``owner`` to every permit, each sent again in the background while
-    Redis fails (``retry_for`` and ``retry_unless``: see :func:`.commands.release`), for when
-    which permit it holds could not be found. The permits it does not hold answer "not the
+    """The release of ``owner`` sent to every permit (each sent again in the background while
+    Redis fails), for when which one it holds could not be found; the others answer "not the
     owner", harmlessly."""
     for permit in keys:
-        with contextlib.suppress(LockBackendError):  # its release goes on in the background
+        with contextlib.suppress(LockBackendError):  # it goes on in the background
             commands.release(
                 client, permit, owner, holds, retry_for=retry_for, retry_unless=retry_unless
             )
@@ -130,9 +104,8 @@ def release_everywhere(
 def release_owned(
     client: Any, keys: Sequence[LockKeys], owner: str, holds: int, retry_for: float
 ) -> ReleaseReply:
-    """Drop ``holds`` holds of ``owner`` on the permit it holds (:func:`.commands.release`,
-    ``retry_for`` included). When Redis fails while that permit is looked for, and
-    ``retry_for`` > 0, the release goes to every permit (:func:`release_everywhere`) before
+    """Drop ``holds`` holds of ``owner`` on the permit it holds. When Redis fails while that
+    permit is looked for, and ``retry_for`` > 0, the release goes to every permit before
     :class:`LockBackendError` is raised."""
     try:
         owned = owned_by(client, keys, owner)
@@ -142,7 +115,3 @@ def release_owned(
         raise
     replies = [commands.release(client, keys[i], owner, holds, retry_for=retry_for) for i in owned]
     return next((reply for reply in replies if reply.owned), NOT_OWNED)
-
-
-#: the reply of a release by an owner that holds no permit
-NOT_OWNED = ReleaseReply(False)

@@ -1,16 +1,13 @@
-"""One renewal lane: the thread that renews the held locks of one Redis client in batches.
+"""A renewal lane: the thread that renews the held locks of one Redis client, in batches.
 
-A lane renews each lease about every lease/3 and sends all the renewals that are due together,
-in one pipeline: a thousand held locks cost one round trip per period. It never dies on an
-error: it logs, retries until the lease would have ended, and then sets the hold's ``lost``. It
-also runs the client's background retries (:meth:`Lane.retry`), such as cancelling an acquire
-whose reply was lost.
+A lane renews each lease about every lease/3 and sends all the renewals due together: one
+pipeline of RENEW script calls (up to :data:`BATCH` locks each), so a thousand held locks cost
+one round trip per period. It never dies on an error: it logs, retries until the lease would
+have ended, and then sets the hold's ``lost``. It also runs the client's background retries
+(:meth:`Lane.retry`), such as the cancel of an acquire whose reply was lost.
 
-Each client has a lane of its own (its :class:`~.runtime.LockRuntime` starts it) so that a Redis
-that stalls (a renewal waiting out its socket timeout and redis-py's retries, or hanging without
-a timeout) holds up only the locks on that Redis, never those on another. A lane never holds its
-client: it renews through the client of its holds (a held lock keeps its client alive; an idle
-lane must not).
+Each client has a lane of its own, so a Redis that stalls holds up only the locks on it. A
+lane never holds its client: it renews through the client of its holds.
 """
 
 from __future__ import annotations
@@ -19,19 +16,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import observe
+from . import observe, scripts
 from .deadline import bounded
 from .hold import Hold
-from .renew_batch import BATCH, RenewalBatches
-
-__all__ = ["BATCH", "THREAD_NAME", "Lane"]
+from .scripts import META_RETENTION_MS
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
 
+#: locks per EVALSHA: keeps one script run short, so Redis serves other clients in between
+BATCH = 250
 #: the longest a lane sleeps when it has nothing due, so it notices new holds cheaply
 IDLE_WAKE = 5.0
 #: a lane with nothing to renew or retry for this long ends its thread (a new hold starts one)
@@ -39,53 +39,31 @@ IDLE_EXIT = 30.0
 THREAD_NAME = "celery-singleton-lock-heartbeat"
 
 
+@dataclass(eq=False, slots=True)
 class _Retry:
     """A call to make again until it returns without raising, or until ``give_up_at``.
 
-    ``budget``: seconds each attempt may take in all (a :class:`~.deadline.deadline`), so one
-    attempt against a Redis that hangs holds up the lane's renewals no longer than the
-    operation that handed the call over would have waited. ``span``, when given: each attempt
-    that times out moves ``give_up_at`` to at least ``span`` seconds later (a server that does
-    not answer may still run what it was sent, later). ``gave_up``, when given, is called once
-    the lane gives up on the call."""
+    ``budget``: seconds each attempt may take (a lane must not wait longer for a hung Redis than
+    the operation that handed the call over would have). ``span``: each attempt that times out
+    moves ``give_up_at`` to at least ``span`` s later (a server that does not answer may still
+    run what it was sent). ``gave_up()`` is called once the lane gives up."""
 
-    __slots__ = (
-        "attempts",
-        "budget",
-        "call",
-        "gave_up",
-        "give_up_at",
-        "next_try",
-        "span",
-        "what",
-    )
-
-    def __init__(
-        self,
-        call: Callable[[], None],
-        what: str,
-        give_up_at: float,
-        budget: float | None = None,
-        span: float | None = None,
-        gave_up: Callable[[], None] | None = None,
-    ) -> None:
-        self.call = call
-        self.what = what
-        self.give_up_at = give_up_at
-        self.budget = budget
-        self.span = span
-        self.gave_up = gave_up
-        self.next_try = time.monotonic()
-        self.attempts = 0
+    call: Callable[[], None]
+    what: str
+    give_up_at: float
+    budget: float | None
+    span: float | None
+    gave_up: Callable[[], None] | None
+    next_try: float = field(default_factory=time.monotonic)
+    attempts: int = 0
 
 
 class Lane:
-    """The renewals (and background retries) of one client, on a thread of their own.
+    """The renewals and background retries of one client, on a thread of their own.
 
-    ``retire(lane)`` is called when the lane has been idle for :data:`IDLE_EXIT`; it returns
-    ``True`` when the lane was taken out of service (its thread then ends), ``False`` when work
-    arrived meanwhile. ``follow_master()`` is called before each renewal batch (a Sentinel
-    client's runtime asks where the master is now).
+    ``retire(lane)`` is called once the lane has been idle for :data:`IDLE_EXIT`: ``True`` takes
+    it out of service (its thread ends), ``False`` means work arrived meanwhile.
+    ``follow_master()`` runs before each renewal batch (a Sentinel client's master may move).
     """
 
     def __init__(self, retire: Callable[[Lane], bool], follow_master: Callable[[], None]) -> None:
@@ -96,16 +74,10 @@ class Lane:
         self._follow_master = follow_master
         self._stopped = False
         self._wake_at = 0.0
-        #: sends the renewals due; counts the pipelines sent
-        self._batch = RenewalBatches()
-        #: leases renewed, for benchmarks and operators
+        #: renewal pipelines sent and leases renewed (for benchmarks and operators)
+        self.round_trips = 0
         self.renewed = 0
         self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-
-    @property
-    def round_trips(self) -> int:
-        """Renewal pipelines sent so far."""
-        return self._batch.round_trips
 
     @property
     def idle(self) -> bool:
@@ -124,9 +96,8 @@ class Lane:
             self.holds.pop(id(hold), None)
 
     def stop(self) -> None:
-        """End the thread (its client is gone: nothing is left to renew or retry): now, or
-        within :data:`IDLE_WAKE` when ``cond`` is busy. Never blocks: the garbage collector
-        may call it on a thread that holds ``cond``."""
+        """End the thread (its client is gone): now, or within :data:`IDLE_WAKE` when ``cond``
+        is busy. Never blocks: the garbage collector may call it on a thread holding ``cond``."""
         self._stopped = True
         if self.cond.acquire(blocking=False):
             try:
@@ -145,17 +116,10 @@ class Lane:
         gave_up: Callable[[], None] | None = None,
     ) -> None:
         """Call ``call`` from this lane until it succeeds, for at most ``give_up_after`` s
-        (with ``while_stalled``: ``give_up_after`` s after the last attempt that timed out),
-        each attempt bounded by ``budget`` seconds when given; ``gave_up()`` is called when
-        the lane gives up on it."""
-        job = _Retry(
-            call,
-            what,
-            time.monotonic() + give_up_after,
-            budget,
-            give_up_after if while_stalled else None,
-            gave_up,
-        )
+        (``while_stalled``: counted from the last attempt that timed out), each attempt bounded
+        by ``budget`` s; ``gave_up()`` when the lane gives up on it."""
+        span = give_up_after if while_stalled else None
+        job = _Retry(call, what, time.monotonic() + give_up_after, budget, span, gave_up)
         with self.cond:
             self._retries.append(job)
             self.cond.notify()
@@ -172,9 +136,8 @@ class Lane:
                 time.sleep(0.1)
 
     def _round(self) -> bool:
-        """Wait for work and do it; ``False`` when the lane is out of service. (A frame of its
-        own: the holds and calls of a round go with it, so that an idle lane, asleep in
-        ``_run``, keeps no client alive.)"""
+        """Wait for work and do it; ``False`` once out of service. (A frame of its own: what a
+        round holds goes with it, so an idle lane keeps no client alive.)"""
         work = self._wait_for_work()
         if work is None:
             return False
@@ -183,9 +146,8 @@ class Lane:
             self._renew(due)
         for i, job in enumerate(retries):
             if not self._try(job):
-                # Redis did not answer: the other calls due now would wait for it in turn,
-                # each as long, while the renewals wait behind them. They go with the failed
-                # one's next try instead.
+                # Redis did not answer: the calls due after this one would each wait as long,
+                # the renewals behind them. They go with this one's next try.
                 self._postpone(retries[i + 1 :], job.next_try)
                 break
         return True
@@ -205,21 +167,21 @@ class Lane:
                         continue
                 else:
                     idle_since = None
-                    wake_at = now + IDLE_WAKE
-                    for hold in self.holds.values():
-                        wake_at = min(wake_at, hold.next_renew)
-                    for job in self._retries:
-                        wake_at = min(wake_at, job.next_try)
+                    wake_at = min(
+                        [now + IDLE_WAKE]
+                        + [hold.next_renew for hold in self.holds.values()]
+                        + [job.next_try for job in self._retries]
+                    )
                     if wake_at <= now:
-                        # Something is due: take along every hold within the early half of its
-                        # period, so holds with close due times share one round trip.
+                        # Take along every hold within the early half of its period, so holds
+                        # with close due times share one round trip.
                         due = [h for h in self.holds.values() if h.next_renew - h.ttl / 6 <= now]
                         retries = [job for job in self._retries if job.next_try <= now]
                         return self._drop_orphans(due), retries
                     self._wake_at = wake_at
                     self.cond.wait(wake_at - now)
                     continue
-            # Idle for IDLE_EXIT: hand the lane back (outside our lock: the registry's comes
+            # Idle for IDLE_EXIT: hand the lane back (outside cond: the runtime's mutex comes
             # first), unless work arrived meanwhile.
             if self._retire(self):
                 return None
@@ -230,8 +192,7 @@ class Lane:
         for hold in due:
             thread = hold.thread() if hold.thread is not None else None
             if hold.thread is not None and (thread is None or not thread.is_alive()):
-                # Renewing for a thread that is gone would keep the lock forever (Redisson's
-                # watchdog does): stop, and let the lease run out.
+                # Renewing for a thread that is gone would keep the lock forever: let it end.
                 del self.holds[id(hold)]
                 log.warning(
                     "the thread that holds %s ended without releasing it; renewal stopped, "
@@ -241,8 +202,8 @@ class Lane:
                 )
                 hold.lost.set()
             elif hold.lost.is_set():
-                # The lease ran out before this lane could renew it (it was held up, e.g. by
-                # a Redis that did not answer): a late renewal must not revive a lost lock.
+                # The lease ran out before this lane could renew it: a late renewal must not
+                # revive a lost lock.
                 del self.holds[id(hold)]
                 log.error(
                     "the lease of %s ran out %.2f s ago before it could be renewed; the lock "
@@ -255,31 +216,27 @@ class Lane:
         return alive
 
     def _try(self, job: _Retry) -> bool:
-        """One attempt at ``job``; ``False`` when Redis did not answer (a connection error or
-        a timeout), ``True`` otherwise."""
+        """One attempt at ``job``; ``False`` when Redis did not answer."""
         job.attempts += 1
         try:
             with bounded(job.budget):
                 job.call()
         except Exception as exc:
             now = time.monotonic()
-            unanswered = isinstance(exc, (RedisConnectionError, RedisTimeoutError))
             if job.span is not None and isinstance(exc, RedisTimeoutError):
                 job.give_up_at = max(job.give_up_at, now + job.span)
             if now >= job.give_up_at:
                 self._drop(job, gave_up=True)
                 log.error("gave up trying to %s after %d attempts: %s", job.what, job.attempts, exc)
             else:
-                # A growing pause, so a Redis that is down is not hammered.
-                job.next_try = now + min(0.1 * 2**job.attempts, 5.0)
-            return not unanswered
+                job.next_try = now + min(0.1 * 2**job.attempts, 5.0)  # do not hammer a dead Redis
+            return not isinstance(exc, (RedisConnectionError, RedisTimeoutError))
         self._drop(job)
         log.info("%s: done after %d attempts", job.what, job.attempts)
         return True
 
     def _postpone(self, jobs: Sequence[_Retry], until: float) -> None:
-        """Try ``jobs`` no sooner than ``until``: Redis just did not answer another call. A
-        job whose time is up is given up now, as a failed attempt would have."""
+        """Try ``jobs`` no sooner than ``until``; a job whose time is up is given up now."""
         now = time.monotonic()
         for job in jobs:
             if now >= job.give_up_at:
@@ -304,10 +261,10 @@ class Lane:
     # -- renewing --------------------------------------------------------------------------------
 
     def _renew(self, due: Sequence[Hold]) -> None:
-        self._follow_master()  # renew where the master is now, not where it was
+        self._follow_master()  # renew where the master is now
         sent = time.monotonic()
         try:
-            results = self._batch.renew(due[0].client, due)
+            results = self._send(due[0].client, due)
         except Exception as exc:
             self._failed(due, exc)
             return
@@ -319,8 +276,15 @@ class Lane:
                 renewed += 1
                 hold.valid_until = sent + hold.ttl
                 hold.next_renew = sent + hold.ttl / 3
-            else:
-                self._gone(hold)
+            elif self._still_held(hold):  # (else released while the renewal was on its way)
+                self.remove(hold)
+                hold.lost.set()
+                log.warning(
+                    "the lease of %s (owner %s) is gone: it expired, was force-released or "
+                    "deleted; the lock is lost",
+                    hold.keys.lock,
+                    hold.owner,
+                )
         self.renewed += renewed
         if renewed and observe.observer is not None:
             observe.observer.renewed(renewed)
@@ -355,18 +319,74 @@ class Lane:
                     left,
                 )
 
-    def _gone(self, hold: Hold) -> None:
-        if not self._still_held(hold):
-            return  # released while the renewal was on its way: not a loss
-        self.remove(hold)
-        hold.lost.set()
-        log.warning(
-            "the lease of %s (owner %s) is gone: it expired, was force-released or deleted; "
-            "the lock is lost",
-            hold.keys.lock,
-            hold.owner,
-        )
-
     def _still_held(self, hold: Hold) -> bool:
         with self.cond:
             return self.holds.get(id(hold)) is hold
+
+    def _send(self, client: Any, holds: Sequence[Hold]) -> list[int | Exception]:
+        """One result per hold: 1 renewed, 0 gone, or the error that kept it from renewing.
+        Raises when the whole batch failed (a single server that did not answer).
+
+        On Redis Cluster a script touches one slot and redis-py refuses EVALSHA in a cluster
+        pipeline: the calls are grouped by slot, one pipeline per node through that node's
+        client; a call the node refuses (a slot that moved) goes again through the cluster
+        client, which follows the redirect."""
+        if not (hasattr(client, "keyslot") and hasattr(client, "get_nodes")):
+            groups = [holds[i : i + BATCH] for i in range(0, len(holds), BATCH)]
+            results: dict[int, int | Exception] = {}
+            for group, reply in zip(groups, self._pipelined(client, groups), strict=True):
+                if isinstance(reply, Exception):
+                    raise reply
+                results.update((id(hold), int(ok)) for hold, ok in zip(group, reply, strict=True))
+            return [results[id(hold)] for hold in holds]
+        slots: dict[int, list[Hold]] = {}
+        for hold in holds:
+            slots.setdefault(client.keyslot(hold.keys.lock), []).append(hold)
+        nodes: dict[str, tuple[Any, list[Sequence[Hold]]]] = {}
+        for in_slot in slots.values():
+            node = client.get_node_from_key(in_slot[0].keys.lock)
+            groups = nodes.setdefault(node.name, (node.redis_connection, []))[1]
+            groups += [in_slot[i : i + BATCH] for i in range(0, len(in_slot), BATCH)]
+        results = {}
+        for node_client, node_groups in nodes.values():
+            try:
+                replies: list[Any] = self._pipelined(node_client, node_groups)
+            except Exception as exc:
+                replies = [exc] * len(node_groups)
+            for group, reply in zip(node_groups, replies, strict=True):
+                if isinstance(reply, Exception):
+                    try:
+                        reply = scripts.RENEW(client, *_renew_args(group))
+                    except Exception as exc:
+                        reply = [exc] * len(group)
+                for hold, ok in zip(group, reply, strict=True):
+                    results[id(hold)] = ok if isinstance(ok, Exception) else int(ok)
+        return [results[id(hold)] for hold in holds]
+
+    def _pipelined(self, client: Any, groups: Sequence[Sequence[Hold]]) -> list[Any]:
+        """One RENEW call per group in one pipeline (one round trip); reloads on NOSCRIPT."""
+
+        def send() -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for group in groups:
+                scripts.RENEW.queue(pipe, *_renew_args(group))
+            self.round_trips += 1
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+            return replies
+
+        replies = send()
+        if any(isinstance(r, NoScriptError) for r in replies):
+            scripts.RENEW.load(client)
+            self.round_trips += 1
+            replies = send()
+        return replies
+
+
+def _renew_args(group: Sequence[Hold]) -> tuple[list[str], list[Any]]:
+    """KEYS = (lock, meta) pairs, ARGV = (owner, lease, retention) triples (lua/renew.lua)."""
+    keys: list[str] = []
+    args: list[Any] = []
+    for hold in group:
+        keys += hold.keys.pair
+        args += (hold.owner, hold.lease_ms, META_RETENTION_MS)
+    return keys, args

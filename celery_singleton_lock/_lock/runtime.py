@@ -2,39 +2,92 @@
 
 As Redisson's renewal scheduler and pub/sub service belong to a client, a client's
 :class:`LockRuntime` owns the holds taken through it in this process, its renewal lane (one
-thread, started with the first renewed hold or background call and ended when idle), its wake-up
-subscriptions and the memory of its contended locks, the cancels of its lost acquires still
-pending, its publish command and, for a Sentinel client, when the master was last asked for.
-Every lock object and lock space of a client finds the same runtime with
-:meth:`LockRuntime.of`.
+thread, started with the first renewed hold or background call, ended when idle), its wake-up
+subscriptions, its contended locks, the cancels of its lost acquires still pending, its publish
+command and, for a Sentinel client, when the master was last asked for. It holds its client
+weakly: when the client goes, its idle connections close and its lane ends.
 
-The runtime holds its client weakly, so it never keeps alive a client its user dropped (a held
-lock does, through its hold: rightly). When the client goes, so does its runtime: its idle
-pub/sub connections are closed and its lane ends.
-
-A fork is handled here, in one place: the child starts with no runtimes (and new owner tokens),
-so it never renews, releases or waits through what its parent had; the parent's runtimes are
-left alone, their connections never touched from the child.
+A fork is handled here, in one place: the child starts with no runtimes and new owner tokens,
+so it never renews, releases or waits through what its parent had.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from . import hold as _hold
+from . import observe
 from . import owner as _owner
 from .hold import Hold, HoldRegistry
-from .hub import WakeHub
-from .pending import PendingCancels
+from .keys import LockKeys
 from .renewal import Lane
 from .sentinel import MasterFollower, master_pool
-from .wakeup import KEEP_IDLE, Contended, probe_publish_command
+from .wakeup import KEEP_IDLE, Contended, WakeHub, probe_publish_command
 
-__all__ = ["LockRuntime", "all_runtimes", "closed_totals", "publish_command"]
+
+class _Reply(Protocol):
+    """What :meth:`LockRuntime.wait_for` reads of an acquire's reply."""
+
+    @property
+    def acquired(self) -> bool: ...
+
+    @property
+    def lease_left(self) -> float: ...
+
+
+Reply = TypeVar("Reply", bound=_Reply)
+
+
+@dataclass(eq=False, slots=True)
+class PendingCancel:
+    """The cancel of an acquire whose reply was lost (lua/cancel.lua's arguments), kept until
+    it has run: the owner's next operation on the lock runs it first (see ``commands.settle``),
+    since once the owner acquired again cancel.lua could not tell which hold was the lost one."""
+
+    keys: LockKeys
+    owner: str
+    request: str
+    lease_ms: int
+    #: it ran (from the caller's operation or from the lane)
+    done: bool = False
+
+
+class PendingCancels:
+    """A runtime's pending cancels by (lock, owner); the lock is named by its channel, which
+    every permit shares, so an operation on one permit settles them all. ``by_owner`` is read
+    without the mutex on the hot path (empty: nothing pending); every change is made under it."""
+
+    __slots__ = ("_mutex", "by_owner")
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self.by_owner: dict[tuple[str, str], list[PendingCancel]] = {}
+
+    def add(self, cancel: PendingCancel) -> None:
+        with self._mutex:
+            self.by_owner.setdefault((cancel.keys.channel, cancel.owner), []).append(cancel)
+
+    def of(self, keys: LockKeys, owner: str) -> list[PendingCancel]:
+        """The cancels still pending for ``owner`` on the lock of ``keys``, oldest first."""
+        with self._mutex:
+            return list(self.by_owner.get((keys.channel, owner), ()))
+
+    def discard(self, cancel: PendingCancel, *, done: bool = True) -> None:
+        """Forget ``cancel``: it ran (``done``), or the lane gave up (its hold has ended)."""
+        with self._mutex:
+            cancel.done = cancel.done or done
+            key = (cancel.keys.channel, cancel.owner)
+            pending = self.by_owner.get(key)
+            if pending is not None and cancel in pending:
+                pending.remove(cancel)
+                if not pending:
+                    del self.by_owner[key]
 
 
 class LockRuntime:
@@ -57,14 +110,11 @@ class LockRuntime:
 
     def __init__(self, client: Any) -> None:
         self._client = weakref.ref(client)
-        # Lock order: this mutex, then the lane's ``cond``. Reentrant: close() may run from
-        # the garbage collector on a thread that holds it.
+        # Lock order: this mutex, then the lane's cond. Reentrant: close() may run from the
+        # garbage collector on a thread that holds it.
         self._mutex = threading.RLock()
-        #: the holds taken through the client (see :class:`~.hold.HoldRegistry`)
         self.holds = HoldRegistry()
-        #: the locks this process was refused lately (see :class:`~.wakeup.Contended`)
         self.contended = Contended()
-        #: the cancels of lost acquires not known to have run yet (see :mod:`.pending`)
         self.cancels = PendingCancels()
         self._lane: Lane | None = None
         self._hub: WakeHub | None = None
@@ -73,7 +123,6 @@ class LockRuntime:
         self._master = None if pool is None else MasterFollower(pool)
         #: round trips and renewals of the lanes that ended
         self._retired = [0, 0]
-        # When the client goes: its connections close, its lane ends (not at interpreter exit)
         self._finalizer = weakref.finalize(client, self.close)
         self._finalizer.atexit = False
 
@@ -88,13 +137,8 @@ class LockRuntime:
                     runtime = _runtimes[client] = cls(client)
         return runtime
 
-    @property
-    def client(self) -> Any:
-        """The client, or ``None`` once its user dropped it."""
-        return self._client()
-
     def _started_lane(self) -> Lane:
-        """The lane, started now if it has none (call with ``_mutex`` held)."""
+        """The lane, started now if there is none (call with ``_mutex`` held)."""
         lane = self._lane
         if lane is None:
             lane = self._lane = Lane(self._retire, self.follow_master)
@@ -107,32 +151,14 @@ class LockRuntime:
             self._started_lane().add(hold)
 
     def stop_renewing(self, hold: Hold) -> None:
-        """Stop renewing ``hold`` (a renewal already on its way is not counted as a loss)."""
         lane = self._lane
         if lane is not None:
             lane.remove(hold)
 
-    def retry(
-        self,
-        call: Callable[[], None],
-        what: str,
-        give_up_after: float,
-        *,
-        budget: float | None = None,
-        while_stalled: bool = False,
-        gave_up: Callable[[], None] | None = None,
-    ) -> None:
-        """Call ``call`` from the client's lane until it succeeds, for at most ``give_up_after``
-        seconds (see :meth:`~.renewal.Lane.retry`)."""
+    def retry(self, call: Callable[[], None], what: str, give_up_after: float, **kw: Any) -> None:
+        """Call ``call`` from the client's lane until it succeeds (see :meth:`Lane.retry`)."""
         with self._mutex:
-            self._started_lane().retry(
-                call,
-                what,
-                give_up_after,
-                budget=budget,
-                while_stalled=while_stalled,
-                gave_up=gave_up,
-            )
+            self._started_lane().retry(call, what, give_up_after, **kw)
 
     def _retire(self, lane: Lane) -> bool:
         with self._mutex, lane.cond:
@@ -154,7 +180,6 @@ class LockRuntime:
 
     @property
     def has_lane(self) -> bool:
-        """Whether the client's lane (a thread) runs now."""
         return self._lane is not None
 
     @property
@@ -169,14 +194,24 @@ class LockRuntime:
         lane = self._lane
         return self._retired[1] + (0 if lane is None else lane.renewed)
 
-    @property
-    def publish_command(self) -> str:
-        """The command a release wakes waiters with (``"spublish"`` on a Redis Cluster with
-        sharded pub/sub, else ``"publish"``), found at its first use."""
+    def publish_command(self, prefix: str) -> str:
+        """``"spublish"`` on a Redis Cluster with sharded pub/sub, else ``"publish"``: probed
+        once, on a channel under ``prefix``; while the probe gets no answer, ``"publish"`` (every
+        server has it), and the next use probes again."""
+        try:
+            return self._probed(prefix)
+        except Exception:
+            return "publish"
+
+    def _probed(self, prefix: str) -> str:
         command = self._publish
         if command is None:
-            command = self._publish = probe_publish_command(self._client())
+            command = self._publish = probe_publish_command(self._client(), prefix)
         return command
+
+    def _sharded(self, channel: str) -> bool:
+        # a wake-up channel is ``prefix:{name}:wake``, and a prefix has no '{'
+        return self._probed(channel.partition(":{")[0]) == "spublish"
 
     @property
     def hub(self) -> WakeHub:
@@ -189,12 +224,54 @@ class LockRuntime:
                     cluster = hasattr(self._client(), "get_nodes")
                     hub = self._hub = WakeHub(
                         self._client,
-                        sharded=self.publish_command == "spublish",
+                        sharded=self._sharded,
                         # a cluster's pub/sub objects hold their client: none kept idle
                         keep_idle=0 if cluster else KEEP_IDLE,
                         background=self.retry,
                     )
         return hub
+
+    def wait_for(
+        self,
+        channel: str,
+        deadline: float | None,
+        attempt: Callable[[bool], Reply],
+        quiet: bool = False,
+    ) -> Reply:
+        """Call ``attempt`` until it acquires or ``deadline`` (monotonic; ``None``: none) passes,
+        waiting in between for a release published on ``channel``, but never longer than the
+        holder's lease left (a lost message costs no more). Reports a refusal (unless ``quiet``)
+        and the time waited."""
+        sub = None
+        # A release woke this thread and it has not tried since: leaving now passes it on.
+        woken = False
+        started = time.monotonic()
+        if (deadline is None or deadline > started) and self.contended.recent(channel):
+            # Refused a moment ago: subscribe before the first try (one refusal, not two).
+            sub = self.hub.join(channel)
+        again = False
+        try:
+            while True:
+                reply = attempt(again)
+                again, woken = True, False
+                left = None if deadline is None else deadline - time.monotonic()
+                if reply.acquired or (left is not None and left <= 0):
+                    if observe.observer is not None:
+                        if not reply.acquired and not quiet:
+                            observe.observer.refused()
+                        if sub is not None and (reply.acquired or not quiet):
+                            observe.observer.waited(time.monotonic() - started)
+                    return reply
+                if sub is None:
+                    # Subscribe, then look again: a release in between is not missed.
+                    self.contended.note(channel)
+                    sub = self.hub.join(channel)
+                    continue
+                pause = reply.lease_left if reply.lease_left > 0 else 0.001
+                woken = sub.wait(pause if left is None else min(pause, left))
+        finally:
+            if sub is not None:
+                sub.hub.leave(sub, woken=woken)
 
     def follow_master(self, max_age: float = 0.0) -> None:
         """For a Sentinel client: follow the master if it moved (see :mod:`.sentinel`)."""
@@ -209,12 +286,11 @@ class LockRuntime:
         """The client is gone: close the idle wake-up connections and end the lane."""
         with self._mutex:
             hub, self._hub = self._hub, None
-            lane = self._lane
             _closed[0] += self.round_trips
             _closed[1] += self.renewed
             self._retired = [0, 0]
-            if lane is not None:
-                lane.stop()
+            if self._lane is not None:
+                self._lane.stop()
         if hub is not None:
             hub.close()
 
@@ -226,25 +302,51 @@ _registry_lock = threading.Lock()
 _closed = [0, 0]
 
 
-def publish_command(client: Any) -> str:
-    """:attr:`LockRuntime.publish_command` of ``client``'s runtime."""
-    return LockRuntime.of(client).publish_command
+def publish_command(client: Any, prefix: str) -> str:
+    return LockRuntime.of(client).publish_command(prefix)
 
 
-def all_runtimes() -> list[LockRuntime]:
-    """The runtimes of this process's live clients."""
-    with _registry_lock:
-        return list(_runtimes.values())
+class Heartbeat:
+    """This process's renewal, added up over its clients' runtimes (a view: a forked child's
+    sees only the child's)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def _runtimes() -> list[LockRuntime]:
+        with _registry_lock:
+            return list(_runtimes.values())
+
+    def held(self) -> list[Hold]:
+        """Every hold being renewed now."""
+        return [hold for runtime in self._runtimes() for hold in runtime.held()]
+
+    @property
+    def lanes(self) -> int:
+        """How many clients have a lane (a thread) now."""
+        return sum(runtime.has_lane for runtime in self._runtimes())
+
+    @property
+    def round_trips(self) -> int:
+        """Renewal pipelines sent by this process so far."""
+        return _closed[0] + sum(runtime.round_trips for runtime in self._runtimes())
+
+    @property
+    def renewed(self) -> int:
+        """Leases renewed by this process so far."""
+        return _closed[1] + sum(runtime.renewed for runtime in self._runtimes())
 
 
-def closed_totals() -> tuple[int, int]:
-    """(round trips, renewals) of the runtimes whose client went."""
-    return _closed[0], _closed[1]
+_heartbeat = Heartbeat()
+
+
+def get_heartbeat() -> Heartbeat:
+    return _heartbeat
 
 
 def _after_fork_in_child() -> None:
-    # The parent's runtimes stay behind: their lanes are threads of the parent, their holds
-    # the parent's, their connections the parent's sockets (never closed from here).
+    # The parent's runtimes stay behind, never closed from here: their lanes are the parent's
+    # threads, their holds and connections the parent's.
     global _runtimes, _registry_lock, _closed
     for runtime in list(_runtimes.values()):
         runtime.abandon()

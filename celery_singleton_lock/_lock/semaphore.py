@@ -7,19 +7,15 @@ import time
 from typing import Any
 
 from .._errors import LockBackendError, LockTimeoutError
-from . import observe
-from .checks import check_backend_timeout, check_lease_ms, check_wait
-from .client import RedisClient
-from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
+from .checks import RedisClient, check_backend_timeout, check_lease_ms, check_wait
+from .commands import ALL_HOLDS, NOT_OWNED, AcquireReply, ReleaseReply
 from .deadline import bounded
 from .keys import LockKeys
-from .permits import NOT_OWNED, check_permits, owned_by, permit_keys, release_everywhere
+from .permits import check_permits, owned_by, permit_keys, release_everywhere
 from .permits import holders as permit_holders
 from .permits import take as take_permit
 from .reentrant import ReentrantLock
 from .runtime import LockRuntime
-
-__all__ = ["Semaphore"]
 
 
 class _Permit(ReentrantLock):
@@ -36,20 +32,14 @@ class Semaphore:
     """``permits`` leases of one name: at most that many owners hold it at once.
 
     Each permit is a :class:`ReentrantLock` (permit 1 is the plain lock of ``name``, permit k
-    ``prefix:{name}:s<k>``, one hash tag) with all a lock has, options included: its lease
-    ``ttl`` renewed by the heartbeat, its fencing token. With ``permits=1`` it is that lock.
+    ``prefix:{name}:s<k>``, one hash tag) with all a lock has, options included. With
+    ``permits=1`` it is that lock. An acquire re-enters the permit this owner holds (in this
+    process, else found in Redis), else tries the permits from a random one and takes the first
+    free; a blocked acquire waits on the channel all the permits share.
 
-    An acquire re-enters the permit this owner holds in this process (no round trip); else,
-    when the owner holds a permit in Redis (another process acting as it: a Celery publish
-    took it), it re-enters that permit only, whose run token rule applies; else it tries the
-    permits one by one from a random one, and takes the first free. A blocked acquire waits on
-    one wake-up channel shared by all the permits, and tries them all again at each release, or
-    when the first lease would end.
-
-    Known gap: two processes acting as the same owner that acquire at the same instant can take
-    two permits (finding the owner's permit and taking one are two steps). Each permit still
-    checks its run token, so two runs of one owner with different run tokens never both enter
-    the permit one of them holds.
+    Known gap: two processes acting as the same owner at the same instant can take two permits
+    (finding the owner's permit and taking one are two steps); each permit still checks its run
+    token.
     """
 
     def __init__(
@@ -71,7 +61,6 @@ class Semaphore:
         count = check_permits(permits)  # first: nothing is made (nor sent) for a bad one
         options: dict[str, Any] = dict(ttl=ttl, owner=owner, renew=renew, timeout=timeout)
         options.update(prefix=prefix, info=info, run_token=run_token, state=state)
-        # One permit is the plain lock itself; permit k of several is a lock with keys of its own.
         options["backend_timeout"] = backend_timeout
         self._locks = (
             tuple(_Permit(client, name, k, **options) for k in range(1, count + 1))
@@ -85,11 +74,8 @@ class Semaphore:
         #: the permit this object took last (its ``lost`` outlives the hold)
         self._last: ReentrantLock | None = None
 
-    # -- identity and state --------------------------------------------------------------------
-
     @property
     def name(self) -> str:
-        """The name of the semaphore (of its permit 1's lock)."""
         return self._locks[0].name
 
     @property
@@ -104,7 +90,6 @@ class Semaphore:
 
     @property
     def permits(self) -> int:
-        """How many may hold the semaphore at once."""
         return len(self._locks)
 
     @property
@@ -124,8 +109,8 @@ class Semaphore:
 
     @property
     def fence(self) -> int | None:
-        """The fencing token of the permit held (each permit has its own); ``None`` when none."""
-        return (self.held or self._locks[0]).fence  # (permit 1's is None when none is held)
+        """The fencing token of the permit held (each permit has its own); ``None``: none."""
+        return (self.held or self._locks[0]).fence
 
     @property
     def hold_count(self) -> int:
@@ -141,61 +126,29 @@ class Semaphore:
         with bounded(self._backend_timeout):
             return permit_holders(self._client, self._keys)
 
-    # -- acquire -------------------------------------------------------------------------------
-
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Take or re-enter a permit; return whether one is held. As
-        :meth:`ReentrantLock.acquire`: ``blocking=False`` tries once, else wait up to
-        ``timeout`` seconds (``None``: the semaphore's own ``timeout``)."""
+        """Take or re-enter a permit; whether one is held (as :meth:`ReentrantLock.acquire`)."""
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be True or False, got {blocking!r}")
-        if not blocking:
-            if timeout is not None:
-                raise ValueError("timeout cannot be given with blocking=False")
-            return self._take(0.0).acquired
-        return self._take(self._timeout if timeout is None else check_wait(timeout)).acquired
+        if not blocking and timeout is not None:
+            raise ValueError("timeout cannot be given with blocking=False")
+        wait = 0.0 if not blocking else self._timeout if timeout is None else check_wait(timeout)
+        return self._take(wait).acquired
 
     def try_acquire(self, timeout: float | None = 0.0) -> AcquireReply:
-        """:meth:`acquire` with the reply (``timeout=None``: the semaphore's own ``timeout``);
-        when refused, it is the refusal of the permit that frees first (its ``holder`` and
-        ``lease_left``)."""
+        """:meth:`acquire` with the reply (``None``: the semaphore's own ``timeout``); a
+        refusal is the one of the permit that frees first."""
         return self._take(self._timeout if timeout is None else check_wait(timeout))
 
     def _take(self, wait: float | None) -> AcquireReply:
         if len(self._locks) == 1:
             return self._locks[0].try_acquire(wait)
-        deadline = None if wait is None else time.monotonic() + wait
-        runtime = LockRuntime.of(self._client)
-        channel = self._keys[0].channel  # every permit's release publishes here
-        sub = None
-        woken = False  # as in ReentrantLock: a wake-up taken and not used is passed on
         started = time.monotonic()
-        waits = (deadline is None or deadline > started) and self.held is None
-        if waits and runtime.contended.recent(channel):
-            # Refused a moment ago: subscribe before the first try (see ReentrantLock).
-            sub = runtime.hub.join(channel)
-        try:
-            while True:
-                reply = self._try_once()
-                woken = False
-                left = None if deadline is None else deadline - time.monotonic()
-                if reply.acquired or (left is not None and left <= 0):
-                    if observe.observer is not None:
-                        if not reply.acquired:
-                            observe.observer.refused()
-                        if sub is not None:
-                            observe.observer.waited(time.monotonic() - started)
-                    return reply
-                if sub is None:
-                    # Subscribe, then look again: a release in between is not missed.
-                    runtime.contended.note(channel)
-                    sub = runtime.hub.join(channel)
-                    continue
-                pause = reply.lease_left if reply.lease_left > 0 else 0.001
-                woken = sub.wait(pause if left is None else min(pause, left))
-        finally:
-            if sub is not None:
-                sub.hub.leave(sub, woken=woken)
+        deadline = None if wait is None else started + wait
+        if self.held is not None:  # a re-entry here waits for nothing
+            deadline = started
+        runtime = LockRuntime.of(self._client)
+        return runtime.wait_for(self._keys[0].channel, deadline, lambda _: self._try_once())
 
     def _try_once(self) -> AcquireReply:
         held = self.held
@@ -213,11 +166,8 @@ class Semaphore:
             self._last = lock
         return reply
 
-    # -- release -------------------------------------------------------------------------------
-
     def release(self) -> None:
-        """Release one hold of the permit held (the last one goes to Redis); raises
-        :class:`LockNotOwnedError` as :meth:`ReentrantLock.release` does."""
+        """Release one hold of the permit held (as :meth:`ReentrantLock.release`)."""
         (self.held or self._locks[0]).release()
 
     def _owned(self) -> list[ReentrantLock]:
@@ -230,14 +180,14 @@ class Semaphore:
 
     def release_all(self) -> ReleaseReply:
         """Drop every hold of this owner's permit, here and in Redis (see
-        :meth:`ReentrantLock.release_all`). When Redis fails while the permit is looked for,
-        the release is sent to every permit, and again in the background."""
+        :meth:`ReentrantLock.release_all`); when Redis fails while the permit is looked for,
+        the release goes to every permit, and again in the background."""
         owner, holds = self.owner, LockRuntime.of(self._client).holds
         try:
             owned = self._owned()
         except LockBackendError:
 
-            def again() -> bool:  # as ReentrantLock.release_all's: this process took one again
+            def again() -> bool:  # this process took one again
                 return any(holds.find(keys.lock, owner) for keys in self._keys)
 
             with bounded(self._backend_timeout):
@@ -247,7 +197,7 @@ class Semaphore:
         return next((reply for reply in replies if reply.owned), NOT_OWNED)
 
     def park(self, lease: float, info: str = "") -> bool:
-        """Hand this owner's permit over to a later process of the same owner (see
+        """Hand this owner's permit to a later process of the owner (see
         :meth:`ReentrantLock.park`); ``False`` when it held none."""
         check_lease_ms(lease)
         return any([lock.park(lease, info) for lock in self._owned()])

@@ -19,8 +19,6 @@ from typing import Any
 from redis.exceptions import RedisError
 from redis.sentinel import SentinelConnectionPool
 
-__all__ = ["ACQUIRE_CHECK_INTERVAL", "MasterFollower", "master_pool"]
-
 log = logging.getLogger("celery_singleton_lock.sentinel")
 
 #: the longest an acquire trusts the master address it last checked, in seconds

@@ -1,22 +1,12 @@
 """Push wake-ups for blocked acquires: a channel per lock, read by the waiting threads themselves.
 
-A final release publishes on its lock's own channel (``prefix:{name}:wake``, in the lock's hash
-tag; ``SPUBLISH`` on Redis Cluster, so the message stays on the lock's shard); every permit of a
-:class:`~.semaphore.Semaphore` publishes on that one channel of its name. A process
-subscribes to a lock's channel only while one of its threads waits for that lock, so it never
-hears of the releases of other locks. The waiting threads of a lock share one subscription and
-read it themselves: one of them reads while the others sleep on a condition (no listener thread
-to hop through).
-
-A release frees the lock for one holder, so it wakes one waiting thread of the process, not all
-of them: the rest stay asleep on the subscription. No release goes unanswered: each message read
-is one wake-up, kept until a waiter takes it (a message that arrives while no thread waits stays
-in the socket until the next one does); a woken thread tries the lock again, and one that leaves
-without trying passes its wake-up on (:meth:`WakeHub.leave`). A lost message (a dropped
-connection, a failover) costs a waiter at most the holder's remaining lease: every wait is
-bounded by it, and then the waiter tries again.
-
-The hub and the memory of contended locks belong to a client's :class:`~.runtime.LockRuntime`.
+The last release of a lock publishes on its channel (``prefix:{name}:wake``; ``SPUBLISH`` on
+Redis Cluster, so the message stays on the lock's shard); every permit of a name shares it. A
+process subscribes to a channel only while one of its threads waits for that lock, and its
+waiting threads share the subscription: one reads the socket while the others sleep on a
+condition. A release wakes one waiting thread of the process (it frees the lock for one
+holder); a woken thread that leaves without trying passes its wake-up on. A lost message costs
+a waiter at most the holder's remaining lease: every wait is bounded by it.
 """
 
 from __future__ import annotations
@@ -25,25 +15,37 @@ import contextlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import Callable
+from typing import Any
 
-if TYPE_CHECKING:
-    from .hub import WakeHub
-
-__all__ = ["Contended", "Subscription", "WakeHub", "probe_publish_command"]
+from redis import exceptions as errors
 
 log = logging.getLogger("celery_singleton_lock.wakeup")
 
+#: errors of the probe that say nothing about the server's commands (it is unreachable, its
+#: cluster down or resharding): it is asked again later
+_NO_ANSWER = (
+    errors.ConnectionError,
+    errors.TimeoutError,
+    errors.ClusterError,
+    errors.RedisClusterException,
+    errors.TryAgainError,
+)
+
 #: idle subscriptions (connections) a process keeps per client for its next waits
 KEEP_IDLE = 2
-#: a lock this process was refused within this many seconds counts as contended: a blocking
-#: acquire of it subscribes before its first try
+#: a lock refused within this many seconds counts as contended: a blocking acquire of it
+#: subscribes before its first try
 CONTENDED_FOR = 10.0
 #: how long a waiter waits for its SUBSCRIBE to be confirmed before it polls by lease instead
 SUBSCRIBE_TIMEOUT = 2.0
 
 #: what Subscription._read saw
 _NOTHING, _RELEASE, _BROKEN = 0, 1, 2
+
+#: ``background(call, what, give_up_after)``: runs ``call`` soon on the client's lane
+Background = Callable[[Callable[[], None], str, float], None]
 
 
 class Subscription:
@@ -57,7 +59,7 @@ class Subscription:
         self.wakeups = 0
         #: threads that joined and have not left
         self.waiters = 0
-        #: threads inside :meth:`wait` now (an observable for tests and operators)
+        #: threads inside :meth:`wait` now (observed by tests)
         self.sleeping = 0
         self.pubsub: Any = None
         #: the subscription failed: its waiters poll by lease until they leave
@@ -65,8 +67,8 @@ class Subscription:
         self._reading = False
 
     def wait(self, timeout: float) -> bool:
-        """Sleep until a release wakes this thread (``True``: it must try the lock again, or
-        pass the wake-up on when it leaves), or for ``timeout`` seconds (``False``)."""
+        """Sleep until a release wakes this thread (``True``: try the lock again, or pass the
+        wake-up on when leaving), or for ``timeout`` seconds (``False``)."""
         deadline = time.monotonic() + timeout
         cond = self.cond
         with cond:
@@ -94,8 +96,7 @@ class Subscription:
                     cond.acquire()
                     self._reading = False
                     if seen == _RELEASE:
-                        # The reader takes this wake-up itself (it holds the condition, so no
-                        # one else can); one sleeper, if any, takes over the reading.
+                        # The reader takes this wake-up itself; a sleeper takes over the reading.
                         if self.sleeping > 1:
                             cond.notify()
                         return True
@@ -112,20 +113,17 @@ class Subscription:
         """Give a wake-up this thread took and will not use to the next waiter."""
         with self.cond:
             self.wakeups += 1
-            self.cond.notify()  # a waiter asleep on the condition takes it
+            self.cond.notify()
             reading = self._reading and not self.hub.sharded
         if reading:
-            # The thread reading the socket may be the only waiter left, and it sleeps in the
-            # socket, not on the condition: a PING on the subscription's own connection ends
-            # its read (the pong), and it looks at the wake-ups. (A cluster's sharded
-            # subscription has no connection of its own to ping: its reader finds the wake-up
-            # when its wait ends, at the latest when the holder's lease would.)
+            # The reader may be the only waiter left, asleep in the socket: a PING on its own
+            # connection ends its read. (A cluster's sharded subscription has no connection of
+            # its own: its reader finds the wake-up when its wait ends, by the lease at latest.)
             with contextlib.suppress(Exception):
                 self.pubsub.ping()
 
     def _read(self, timeout: float) -> int:
-        """Read the subscription for up to ``timeout`` s. Only the one reading thread gets
-        here."""
+        """Read the subscription for up to ``timeout`` s (the one reading thread only)."""
         try:
             reply = self.hub.read(self.pubsub, timeout)
         except Exception as exc:
@@ -144,36 +142,247 @@ class Subscription:
 
 
 class Contended:
-    """Which locks this process (through one client) was refused lately: a blocking acquire of
-    such a lock subscribes before its first try, so a blocked wait sends one refused acquire,
-    not two."""
+    """The locks (by channel) refused lately through one client: a blocking acquire of one of
+    them subscribes before its first try, so a blocked wait sends one refused acquire, not two."""
 
     __slots__ = ("_refused",)
 
     def __init__(self) -> None:
-        #: wake-up channel -> when it was last refused (monotonic); a plain dict: its single
-        #: reads and writes are atomic, and a stale entry costs one early subscription
+        #: channel -> when last refused (monotonic); a plain dict: its single reads and writes
+        #: are atomic, and a stale entry costs one early subscription
         self._refused: dict[str, float] = {}
 
     def note(self, channel: str) -> None:
-        """The lock of ``channel`` was refused just now."""
         if len(self._refused) >= 4096:  # bounded: forget them all rather than track their age
             self._refused.clear()
         self._refused[channel] = time.monotonic()
 
     def recent(self, channel: str) -> bool:
-        """Whether the lock of ``channel`` was refused within :data:`CONTENDED_FOR` s."""
         at = self._refused.get(channel)
         return at is not None and time.monotonic() - at < CONTENDED_FOR
 
 
-def probe_publish_command(client: Any) -> str:
+def probe_channel(prefix: str) -> str:
+    """The probe's channel: under the locks' key prefix, so the ACL that lets the locks publish
+    on their wake-up channels (``&prefix:*``) allows it; no lock's channel, and unsubscribed."""
+    return f"{prefix}:{{csl-probe}}:probe"
+
+
+def probe_publish_command(client: Any, prefix: str) -> str:
     """``"spublish"`` for a Redis Cluster client whose servers have sharded pub/sub (Redis 7+),
-    else ``"publish"`` (one probe; the client's runtime keeps the answer)."""
-    if hasattr(client, "get_nodes") and hasattr(client.pubsub(), "ssubscribe"):
+    else ``"publish"``: one ``SPUBLISH`` on :func:`probe_channel`. Raises what the client raised
+    when the server gave no answer (the caller asks again later rather than keep a guess)."""
+    if not (hasattr(client, "get_nodes") and hasattr(client.pubsub(), "ssubscribe")):
+        return "publish"
+    channel = probe_channel(prefix)
+    try:
+        client.execute_command("SPUBLISH", channel, "")
+    except errors.NoPermissionError as exc:
+        log.warning(
+            "the Redis user may not SPUBLISH on %s (%s): release wake-ups go by PUBLISH to "
+            "every node of the cluster; allow +spublish +ssubscribe +sunsubscribe on the "
+            "locks' channels (see the ACL rule in docs/production.md)",
+            channel,
+            exc,
+        )
+        return "publish"
+    except _NO_ANSWER:
+        raise
+    except Exception:  # an older server (6.2), or one redis-py finds without SPUBLISH
+        return "publish"
+    return "spublish"
+
+
+class WakeHub:
+    """A process's wake-up subscriptions through one client: one per lock a thread waits for,
+    each on a pub/sub connection of its own, and a few idle connections kept for the next
+    waits. It holds its client weakly: a client its user dropped takes the hub with it."""
+
+    def __init__(
+        self,
+        client: weakref.ReferenceType[Any],
+        *,
+        sharded: Callable[[str], bool],
+        keep_idle: int,
+        background: Background,
+    ) -> None:
+        self._client = client
+        #: ``sharded(channel)``: SSUBSCRIBE rather than SUBSCRIBE, asked at the first subscription
+        self._sharded_of = sharded
+        self.sharded = False
+        self._sharded_known = False
+        self._keep_idle = keep_idle
+        self._background = background
+        # Reentrant: close() may run from the garbage collector on a thread that holds it.
+        self._mutex = threading.RLock()
+        self._subscriptions: dict[str, Subscription] = {}
+        self._idle: list[Any] = []
+        self._closed = False
+        #: wake-up messages read (observed by tests)
+        self.received = 0
+
+    def subscription(self, channel: str) -> Subscription | None:
+        """The subscription of ``channel`` while a thread of this process waits on it."""
+        return self._subscriptions.get(channel)
+
+    @property
+    def channels(self) -> list[str]:
+        with self._mutex:
+            return list(self._subscriptions)
+
+    def join(self, channel: str) -> Subscription:
+        """Join the waiters of ``channel``; the first one subscribes (confirmed before it
+        returns, so a release after this call is heard)."""
+        pubsub = None
+        with self._mutex:
+            sub = self._subscriptions.get(channel)
+            first = sub is None
+            if sub is None:
+                sub = self._subscriptions[channel] = Subscription(self, channel)
+                pubsub = self._idle.pop() if self._idle else None
+            sub.waiters += 1
+        if not first:
+            with sub.cond:  # the first waiter is still subscribing: wait for it, not longer
+                sub.cond.wait_for(lambda: sub.pubsub is not None or sub.broken, SUBSCRIBE_TIMEOUT)
+            return sub
         try:
-            client.execute_command("SPUBLISH", "{csl-probe}:wake", "")
-        except Exception:  # an older server: plain PUBLISH, which the cluster bus spreads
-            return "publish"
-        return "spublish"
-    return "publish"
+            pubsub = self._subscribe(pubsub, channel)
+        except Exception as exc:
+            log.warning(
+                "cannot subscribe to %s (%s: %s); its waiters poll by lease",
+                channel,
+                type(exc).__name__,
+                exc,
+            )
+            with sub.cond:
+                sub.broken = True
+                sub.cond.notify_all()
+            return sub
+        with sub.cond:
+            sub.pubsub = pubsub
+            sub.cond.notify_all()
+        return sub
+
+    def leave(self, sub: Subscription, *, woken: bool = False) -> None:
+        """Leave the waiters of ``sub``; the last one ends it. ``woken``: the thread took a
+        wake-up it did not use, which goes to the next waiter. The UNSUBSCRIBE goes from the
+        client's lane: sent here it would delay every hand-off by a send."""
+        with self._mutex:
+            sub.waiters -= 1
+            if sub.waiters > 0:
+                if woken:
+                    sub.pass_on()
+                return
+            del self._subscriptions[sub.channel]
+        pubsub = sub.pubsub
+        if pubsub is None:
+            return
+        if sub.broken:
+            _close(pubsub)
+            return
+        self._background(
+            lambda: self._unsubscribe(pubsub, sub.channel),
+            f"unsubscribe from {sub.channel}",
+            SUBSCRIBE_TIMEOUT,
+        )
+
+    def close(self) -> None:
+        """Close every connection of the hub (its client is gone)."""
+        with self._mutex:
+            self._closed = True
+            pubsubs = self._idle + [s.pubsub for s in self._subscriptions.values()]
+            self._idle = []
+        for pubsub in pubsubs:
+            if pubsub is not None:
+                _close(pubsub)
+
+    def _unsubscribe(self, pubsub: Any, channel: str) -> None:
+        """End a subscription nobody waits on, and keep its connection while fewer than
+        ``keep_idle`` are idle (never raises)."""
+        with self._mutex:
+            room = not self._closed and len(self._idle) < self._keep_idle
+        if room:
+            try:  # the confirmation is read by the next user of the connection
+                if self.sharded:
+                    pubsub.sunsubscribe(channel)
+                else:
+                    pubsub.unsubscribe(channel)
+            except Exception:  # a broken connection: not worth keeping
+                pass
+            else:
+                with self._mutex:
+                    if not self._closed and len(self._idle) < self._keep_idle:
+                        self._idle.append(pubsub)
+                        return
+        _close(pubsub)
+
+    def _subscribe(self, pubsub: Any, channel: str) -> Any:
+        if pubsub is None:
+            client = self._client()
+            if client is None:  # (a waiter holds its client: only a bug gets here)
+                raise RuntimeError("the client of this wake-up hub is gone")
+            pubsub = client.pubsub(ignore_subscribe_messages=False)
+        try:
+            if not self._sharded_known:
+                self.sharded = self._sharded_of(channel)
+                self._sharded_known = True
+            if self.sharded:
+                pubsub.ssubscribe(channel)
+            else:
+                pubsub.subscribe(channel)
+            # Read up to our confirmation: on a reused connection the confirmations (and late
+            # messages) of its earlier channel come first.
+            deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+            kind = b"ssubscribe" if self.sharded else b"subscribe"
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no confirmation of the subscription to {channel}")
+                reply = self._raw(pubsub, left)
+                if reply is None:
+                    continue
+                if not self.sharded:  # (get_sharded_message did its bookkeeping)
+                    pubsub.handle_message(reply, ignore_subscribe_messages=False)
+                if _bytes(reply[0]) == kind and _bytes(reply[1]) == channel.encode():
+                    return pubsub
+        except BaseException:
+            _close(pubsub)
+            raise
+
+    def _raw(self, pubsub: Any, timeout: float) -> Any:
+        if self.sharded:
+            message = pubsub.get_sharded_message(ignore_subscribe_messages=False, timeout=timeout)
+            if message is None:
+                return None
+            return [message["type"], message["channel"], message["data"]]
+        return pubsub.parse_response(block=False, timeout=timeout)
+
+    def read(self, pubsub: Any, timeout: float) -> Any:
+        """The next message published on the subscription, or None after ``timeout`` s (or
+        sooner, at a pong)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._raw(pubsub, max(deadline - time.monotonic(), 0.0))
+            if reply is None:
+                return None
+            if isinstance(reply, (bytes, str)):  # a PONG (a list ["pong", ""] in RESP2 too)
+                return None  # Subscription.pass_on asks the reader to look at its wake-ups
+            kind = _bytes(reply[0])
+            if kind in (b"message", b"smessage"):
+                return reply
+            if kind == b"pong":
+                return None
+            # a (un)subscribe confirmation, or a reconnect's resubscription: bookkeeping only
+            if not self.sharded:
+                pubsub.handle_message(reply, ignore_subscribe_messages=False)
+            if time.monotonic() >= deadline:
+                return None
+
+
+def _close(pubsub: Any) -> None:
+    with contextlib.suppress(Exception):  # closing a broken connection may fail too
+        pubsub.close()
+
+
+def _bytes(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)

@@ -1,20 +1,27 @@
-"""``celery -A proj locks ...`` and ``python -m celery_singleton_lock --url URL ...``.
+"""``celery -A proj locks ...`` and ``python -m celery_singleton_lock --url URL ...``: ``list``,
+``show KEY``, ``release KEY`` (a force release) and ``purge``; ``--json`` for machines.
 
-Sub-commands: ``list`` (every held lock), ``show KEY`` (one lock), ``release KEY`` (force
-release), ``purge`` (force-release all, or those matching ``--match``). ``--json`` prints
-machine-readable output.
+Under an app, the commands cover every prefix its locked tasks use (the app's
+``singleton_lock_prefix``, and a drop-in's own such as ``SINGLETONLOCK_``) unless ``--prefix``
+names one; with ``--url``, the prefix is ``lock`` unless ``--prefix`` says otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import click
 
+from .._celery.config import LockConfig
 from .._celery.install import connect_command_hooks
+from .._celery.task import LockedTask
+from .._errors import LockError
+from .._lock import LockSpace
 from . import locks as ops
 
 __all__ = ["locks", "main"]
@@ -35,11 +42,7 @@ _COLUMNS = (
 
 
 def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    return str(value)
+    return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
 def _table(views: Sequence[ops.LockView]) -> str:
@@ -50,93 +53,64 @@ def _table(views: Sequence[ops.LockView]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _client_from(ctx: click.Context, url: str | None) -> tuple[Any, str]:
-    obj = ctx.obj
-    app = getattr(obj, "app", None) if obj is not None else None
-    if url:
-        import redis
-
-        return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5), "lock"
-    if app is None:
-        raise click.UsageError("give --url redis://host:port/db, or run as `celery -A proj locks`")
-    from .._celery.config import LockConfig
-
-    config = LockConfig.of(app)
-    return config.client, config.prefix
-
-
-def _run(ctx: click.Context, action: str, url: str | None, prefix: str | None, **kw: Any) -> None:
-    from .._errors import LockError
-
+@contextlib.contextmanager
+def _target(
+    ctx: click.Context, url: str | None, prefix: str | None
+) -> Iterator[tuple[Any, list[str]]]:
+    """The Redis client and the prefixes to act on; a lock error or a wrong setting ends the
+    command with its message, not a traceback."""
     try:
-        client, default_prefix = _client_from(ctx, url)
-        prefix = prefix or default_prefix
-        as_json = kw.pop("as_json", False)
-        if action == "list":
-            views = ops.find_locks(client, prefix, kw["match"])
-            if as_json:
-                click.echo(json.dumps([v.as_dict() for v in views], indent=2))
-            elif views:
-                click.echo(_table(views))
-            else:
-                click.echo(f"no locks held under prefix {prefix!r}")
-        elif action == "show":
-            view = ops.show(client, kw["key"], prefix)
-            if as_json:
-                click.echo(json.dumps(view.as_dict() if view else None, indent=2))
-            elif view is None:
-                click.echo(f"{kw['key']}: not held")
-            else:
-                for field, title in _COLUMNS:
-                    click.echo(f"{title:>8}: {_cell(getattr(view, field))}")
-        elif action == "release":
-            holder = kw.get("holder") or ""
-            done = ops.release(client, kw["key"], prefix, holder)
-            current = None if done else ops.show(client, kw["key"], prefix)
-            if as_json:
-                click.echo(
-                    json.dumps(
-                        {
-                            "key": kw["key"],
-                            "released": done,
-                            "holder": current.holder if current else None,
-                        }
-                    )
-                )
-            elif done:
-                click.echo(f"{kw['key']}: released")
-            elif current is None:
-                click.echo(f"{kw['key']}: was not held")
-            if not done and current is not None:
-                # Only --holder can leave a held lock in place: say who holds it, and fail.
-                raise click.ClickException(
-                    f"{kw['key']}: held by {current.holder}, not {holder}; not released"
-                )
-        elif action == "purge":
-            which = "queued lock (no run entered)" if kw["queued"] else "lock"
-            if not kw["yes"]:
-                click.confirm(
-                    f"force-release every {which} under {prefix!r} matching {kw['match']!r}? "
-                    "(locks only: no message is touched)",
-                    abort=True,
-                )
-            count = ops.purge(client, prefix, kw["match"], queued_only=kw["queued"])
-            if as_json:
-                click.echo(json.dumps({"released": count}))
-            else:
-                click.echo(f"released {count} lock(s)")
+        if url:
+            import redis
+
+            client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+            yield client, [prefix or "lock"]
+            return
+        app = getattr(ctx.obj, "app", None)
+        if app is None:
+            raise click.UsageError(
+                "give --url redis://host:port/db, or run as `celery -A proj locks`"
+            )
+        try:
+            client = LockConfig.of(app).client
+        except (TypeError, ValueError) as exc:  # a wrong setting
+            raise click.ClickException(str(exc)) from exc
+        yield client, [prefix] if prefix else _prefixes(app)
     except LockError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _prefixes(app: Any) -> list[str]:
+    """The app's prefix, then the others its locked tasks use (a drop-in's own)."""
+    try:
+        app.loader.import_default_modules()  # the task modules a worker of the app imports
+    except Exception as exc:  # an operator's command goes on with the tasks it has
+        click.echo(f"warning: the app's task modules failed to import: {exc}", err=True)
+    prefixes = [LockConfig.of(app).prefix]
+    for task in list(app.tasks.values()):
+        prefix = task.key_prefix(app) if isinstance(task, LockedTask) else prefixes[0]
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+    return prefixes
+
+
+def _locate(client: Any, key: str, prefixes: list[str]) -> str:
+    """The prefix of ``key`` (a lock key, or a name: the first prefix under which it is held)."""
+    for prefix in prefixes:
+        if key.startswith(f"{prefix}:{{"):
+            return prefix
+    return next((p for p in prefixes if ops.show(client, key, p)), prefixes[0])
 
 
 _url = click.option("--url", default=None, help="Redis URL (default: the Celery app's settings)")
 _prefix = click.option(
     "--prefix",
     default=None,
-    help="key prefix (default: the app's singleton_lock_prefix; with --url: lock)",
+    help="key prefix (default: every prefix of the app's locked tasks; with --url: lock)",
 )
 _json = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 _match = click.option("--match", default="*", show_default=True, help="glob on the lock name")
+_key = click.argument("key")
 
 
 @click.group(name="locks")
@@ -144,15 +118,25 @@ def locks() -> None:
     """Inspect and release celery-singleton-lock locks."""
 
 
-@locks.command(name="list")
-@_url
-@_prefix
-@_json
-@_match
-@click.pass_context
-def list_(
-    ctx: click.Context, url: str | None, prefix: str | None, as_json: bool, match: str
-) -> None:
+def _command(*options: Any, name: str | None = None) -> Callable[[Callable[..., None]], Any]:
+    """A sub-command with ``options``, ``--url``, ``--prefix`` and ``--json``: its function
+    gets the Redis client, the prefixes to act on, ``as_json`` and its own options."""
+
+    def make(body: Callable[..., None]) -> Any:
+        @functools.wraps(body)
+        def command(url: str | None, prefix: str | None, as_json: bool, **own: Any) -> None:
+            with _target(click.get_current_context(), url, prefix) as (client, prefixes):
+                body(client, prefixes, as_json, **own)
+
+        for option in reversed((*options, _url, _prefix, _json)):
+            command = option(command)
+        return locks.command(name=name)(command)
+
+    return make
+
+
+@_command(_match, name="list")
+def list_(client: Any, prefixes: list[str], as_json: bool, match: str) -> None:
     """Every held lock: key, task, holder, host, pid, state, age, lease, fence, holds, slots.
 
     HOLDS is the holder's hold count in Redis: a lock_at="publish" job shows 2 while it runs
@@ -160,72 +144,76 @@ def list_(
     that ended and cools down (lock_cooldown): LEASE is the cooldown left. SLOTS, for a job
     with a lock_limit above 1, is how many of its slots are held out of the limit (one row
     per slot held)."""
-    _run(ctx, "list", url, prefix, as_json=as_json, match=match)
+    views = [view for p in prefixes for view in ops.find_locks(client, p, match)]
+    if as_json:
+        click.echo(json.dumps([v.as_dict() for v in views], indent=2))
+    elif views:
+        click.echo(_table(views))
+    else:
+        click.echo(f"no locks held under prefix {', '.join(map(repr, prefixes))}")
 
 
-@locks.command()
-@click.argument("key")
-@_url
-@_prefix
-@_json
-@click.pass_context
-def show(ctx: click.Context, key: str, url: str | None, prefix: str | None, as_json: bool) -> None:
+@_command(_key)
+def show(client: Any, prefixes: list[str], as_json: bool, key: str) -> None:
     """One lock, by key (prefix:{name}) or name."""
-    _run(ctx, "show", url, prefix, as_json=as_json, key=key)
+    view = ops.show(client, key, _locate(client, key, prefixes))
+    if as_json:
+        click.echo(json.dumps(view.as_dict() if view else None, indent=2))
+    elif view is None:
+        click.echo(f"{key}: not held")
+    else:
+        for field, title in _COLUMNS:
+            click.echo(f"{title:>8}: {_cell(getattr(view, field))}")
 
 
-@locks.command()
-@click.argument("key")
-@click.option("--holder", default=None, help="only if this task id holds it")
-@_url
-@_prefix
-@_json
-@click.pass_context
-def release(
-    ctx: click.Context,
-    key: str,
-    holder: str | None,
-    url: str | None,
-    prefix: str | None,
-    as_json: bool,
-) -> None:
+@_command(_key, click.option("--holder", default=None, help="only if this task id holds it"))
+def release(client: Any, prefixes: list[str], as_json: bool, key: str, holder: str | None) -> None:
     """Force-release one lock (waiters are woken; the fencing token keeps increasing)."""
-    _run(ctx, "release", url, prefix, as_json=as_json, key=key, holder=holder)
+    where = _locate(client, key, prefixes)
+    done = LockSpace(client, where).force_release(key, holder=holder)
+    current = None if done else ops.show(client, key, where)
+    if as_json:
+        click.echo(json.dumps({"key": key, "released": done, "holder": current and current.holder}))
+    elif done:
+        click.echo(f"{key}: released")
+    elif current is None:
+        click.echo(f"{key}: was not held")
+    if current is not None:  # only --holder leaves a held lock: say who holds it, and fail
+        raise click.ClickException(f"{key}: held by {current.holder}, not {holder}; not released")
 
 
-@locks.command()
-@click.option("--yes", is_flag=True, help="do not ask for confirmation")
-@click.option(
-    "--queued",
-    is_flag=True,
-    help="only locks held for queued messages that no run has entered (after `celery purge`)",
+@_command(
+    click.option("--yes", is_flag=True, help="do not ask for confirmation"),
+    click.option(
+        "--queued",
+        is_flag=True,
+        help="only locks held for queued messages that no run has entered (after `celery purge`)",
+    ),
+    _match,
 )
-@_match
-@_url
-@_prefix
-@_json
-@click.pass_context
 def purge(
-    ctx: click.Context,
-    yes: bool,
-    queued: bool,
-    match: str,
-    url: str | None,
-    prefix: str | None,
-    as_json: bool,
+    client: Any, prefixes: list[str], as_json: bool, yes: bool, queued: bool, match: str
 ) -> None:
     """Force-release every lock under the prefix (or those matching --match).
 
     Locks only: unlike Celery's own `celery purge`, no message is removed from any queue. After
     `celery purge` emptied a queue, `locks purge --queued` frees the publish-time locks of the
     messages it removed (they would otherwise hold their jobs for singleton_lock_queue_ttl)."""
-    _run(ctx, "purge", url, prefix, as_json=as_json, yes=yes, match=match, queued=queued)
+    if not yes:
+        which = "queued lock (no run entered)" if queued else "lock"
+        click.confirm(
+            f"force-release every {which} under {', '.join(map(repr, prefixes))} matching "
+            f"{match!r}? (locks only: no message is touched)",
+            abort=True,
+        )
+    count = sum(ops.purge(client, p, match, queued_only=queued) for p in prefixes)
+    click.echo(json.dumps({"released": count}) if as_json else f"released {count} lock(s)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m celery_singleton_lock --url URL list|show|release|purge``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    # Accept the URL before the sub-command too: move it after.
+    # The URL may come before the sub-command too: move it after.
     if args and args[0] == "--url" and len(args) > 2:
         args = [*args[2:3], "--url", args[1], *args[3:]]
     elif args and args[0].startswith("--url="):

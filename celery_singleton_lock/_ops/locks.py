@@ -1,4 +1,5 @@
-"""What operators see: every lock under a prefix, found by SCAN (never KEYS), read atomically."""
+"""What operators see of the locks under a prefix: found by SCAN (never KEYS), each read
+atomically; and a purge of them."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from typing import Any
 from .._celery.hold import HoldState
 from .._lock import LockSpace, LockState
 
-__all__ = ["LockView", "find_locks", "purge", "release", "show"]
+__all__ = ["LockView", "find_locks", "purge", "show"]
 
 
 @dataclass(frozen=True)
 class LockView:
+    """One held lock (permit), as ``locks list`` shows it."""
+
     key: str
     name: str
     task: str | None
@@ -34,7 +37,7 @@ class LockView:
 
 
 def _info(state: LockState) -> dict[str, Any]:
-    """The operator info of a hold as a dict (empty when there is none, or it is not JSON)."""
+    """The hold's operator info (empty when there is none, or it is not a JSON object)."""
     try:
         info = json.loads(state.info) if state.info else {}
     except ValueError:
@@ -42,16 +45,13 @@ def _info(state: LockState) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
-def _view(state: LockState, now: float) -> LockView:
-    info = _info(state)
-    task = info.get("task")
-    if task is None and ":" in state.keys.name:
-        task = state.keys.name.rsplit(":", 1)[0]
+def _view(state: LockState, info: dict[str, Any], now: float) -> LockView:
     holder = state.holder
+    name = state.keys.name
     return LockView(
         key=state.keys.lock,
-        name=state.keys.name,
-        task=task,
+        name=name,
+        task=info.get("task") or (name.rsplit(":", 1)[0] if ":" in name else None),
         holder=holder,
         host=info.get("host"),
         pid=info.get("pid"),
@@ -64,46 +64,36 @@ def _view(state: LockState, now: float) -> LockView:
 
 
 def find_locks(client: Any, prefix: str = "lock", pattern: str = "*") -> list[LockView]:
-    """Every held lock under ``prefix`` whose name matches the glob ``pattern``."""
+    """Every held lock under ``prefix`` whose name matches the glob ``pattern``, by key."""
     space = LockSpace(client, prefix)
     now = space.server_time()
-    views = {}
+    views: dict[str, LockView] = {}
     limits: dict[str, int] = {}
     for keys in space.find(pattern):
         state = space.inspect(keys.lock)
         if state.held:
-            views[keys.lock] = _view(state, now)
-            limit = _info(state).get("limit")
-            if isinstance(limit, int) and limit > 1:
-                limits[keys.name] = limit
+            info = _info(state)
+            views[keys.lock] = _view(state, info, now)
+            if isinstance(info.get("limit"), int) and info["limit"] > 1:
+                limits[keys.name] = info["limit"]
     in_use = Counter(view.name for view in views.values())
-    return sorted(
-        (
-            replace(view, slots=f"{in_use[view.name]}/{limits[view.name]}")
-            if view.name in limits
-            else view
-            for view in views.values()
-        ),
-        key=lambda v: v.key,
-    )
+    return [
+        replace(v, slots=f"{in_use[v.name]}/{limits[v.name]}") if v.name in limits else v
+        for _, v in sorted(views.items())
+    ]
 
 
 def show(client: Any, key_or_name: str, prefix: str = "lock") -> LockView | None:
     """One lock, by its Redis key or its name; ``None`` when it is not held."""
     space = LockSpace(client, prefix)
     state = space.inspect(key_or_name)
-    return _view(state, space.server_time()) if state.held else None
-
-
-def release(client: Any, key_or_name: str, prefix: str = "lock", holder: str = "") -> bool:
-    """Force-release one lock (only when ``holder`` holds it, if given)."""
-    return LockSpace(client, prefix).force_release(key_or_name, holder=holder or None)
+    return _view(state, _info(state), space.server_time()) if state.held else None
 
 
 def purge(client: Any, prefix: str = "lock", pattern: str = "*", queued_only: bool = False) -> int:
-    """Force-release every lock under ``prefix`` matching ``pattern`` (with ``queued_only``,
-    only those held for a message that waits in a queue and whose run has not started: not a
-    run's, a cooldown's, a retry's, a beat leader's nor a plain lock's); returns how many."""
+    """Force-release every lock under ``prefix`` matching ``pattern``; with ``queued_only``,
+    only those held for a message no run has entered (checked in Redis with the release: not
+    a run's, a retry's, a cooldown's, a beat leader's nor a plain lock's). Returns how many."""
     space = LockSpace(client, prefix)
     states = (HoldState.QUEUED,) if queued_only else ()
     return sum(space.force_release(keys.lock, states=states) for keys in list(space.find(pattern)))

@@ -1,53 +1,38 @@
-"""What the two shims share: a task class's locking whose queued-lock lease follows the peer's
-settings, the peer's settings read and checked, and the peer's Redis URL taken as the default
-of ours.
-
-Both shims are ``lock_at="publish"`` :class:`~celery_singleton_lock.LockedTask` subclasses: the
-peers lock at publish for the task id, and so do we. What differs is where the lease of the
-queued lock comes from (a class option, an app setting of the peer's, or, for celery-once, one
-``apply_async`` call), which :class:`ShimLocking` resolves.
-"""
+"""What the two drop-ins share: checks that name the peer's option, and the peer's settings
+taken as the defaults of ours."""
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-from collections.abc import Callable, Iterator, Mapping
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from .._celery.config import reload_settings
-from .._celery.locking import TaskLocking
-from .._celery.settings import REDIS_SCHEMES, check_seconds, given
+from .. import LockedTask, LockKeys, reload_settings
 
-__all__ = [
-    "ShimLocking",
-    "adopt_defaults",
-    "check_seconds",
-    "peer_option_errors",
-    "queue_ttl_for_call",
-]
-
-#: the queued-lock lease asked for by the apply_async call in progress (celery-once's
-#: ``apply_async(once={"timeout": ...})``); None outside such a call
-_call_queue_ttl: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "celery_singleton_lock_call_queue_ttl", default=None
-)
+__all__ = ["adopt_defaults", "dotted", "lock_name", "peer_option_errors", "seconds"]
 
 
-@contextlib.contextmanager
-def queue_ttl_for_call(seconds: float | None) -> Iterator[None]:
-    """Within the block, the queued lock of the task published is held ``seconds``."""
-    token = _call_queue_ttl.set(seconds)
-    try:
-        yield
-    finally:
-        _call_queue_ttl.reset(token)
+def seconds(name: str, value: Any) -> float:
+    """``value`` as seconds > 0, or an error naming ``name`` (the peer's option or setting)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds such as 30, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be > 0 (seconds), got {value!r}")
+    return float(value)
+
+
+def dotted(path_or_class: Any) -> Any:
+    """A setting that names a class, as its dotted path (a path as it is)."""
+    if isinstance(path_or_class, type):
+        return f"{path_or_class.__module__}.{path_or_class.__qualname__}"
+    return path_or_class
 
 
 @contextlib.contextmanager
 def peer_option_errors(renamed: Mapping[str, str]) -> Iterator[None]:
-    """Errors of our option checks in the block name the peer's option the user wrote
-    (``renamed``: our option name -> the peer's spelling of it)."""
+    """Errors of ``LockedTask``'s option checks in the block name the peer's option the user
+    wrote (``renamed``: our option -> the peer's)."""
     try:
         yield
     except (TypeError, ValueError) as exc:
@@ -59,44 +44,28 @@ def peer_option_errors(renamed: Mapping[str, str]) -> Iterator[None]:
         raise type(exc)(message) from exc
 
 
-class ShimLocking(TaskLocking):
-    """A shim task class's locking: the queued lock's lease is, first to last, the one asked
-    for by the ``apply_async`` call, the task's option (``lock_queue_ttl``, which the shim sets
-    from the peer's option), the peer's app setting (``peer_queue_ttl(app)``), and ours
-    (``singleton_lock_queue_ttl``)."""
-
-    __slots__ = ("peer_queue_ttl",)
-
-    def __init__(self, base: TaskLocking, peer_queue_ttl: Callable[[Any], float | None]) -> None:
-        super().__init__(base.options, base.signature, base.strict)
-        self.peer_queue_ttl = peer_queue_ttl
-
-    def queue_ttl(self, app: Any) -> float:
-        asked = _call_queue_ttl.get()
-        if asked is not None:
-            return asked
-        if self.options.lock_queue_ttl is not None:
-            return self.options.lock_queue_ttl
-        peer = self.peer_queue_ttl(app)
-        return peer if peer is not None else super().queue_ttl(app)
-
-
 def adopt_defaults(app: Any, defaults: Mapping[str, Any]) -> None:
-    """Make each of ``defaults`` (our setting name -> the value the peer's settings give) the
-    default of our setting, where the user did not set ours: code configured for the peer
-    keeps its Redis and prefix. A URL that is not Redis is left out (our own error then says
-    which setting to set)."""
+    """Make each of ``defaults`` (our setting -> the peer's value) the default of our setting
+    where the user did not set ours, so code configured for the peer keeps its Redis. A URL
+    that is not Redis (a broker's) is left out: our own fallback and errors take over."""
     adopted = {}
     for name, value in defaults.items():
-        if value is None or value == {} or given(app.conf, name) is not None:
+        if value is None or value == {} or app.conf.get(name) is not None:
             continue
-        if name == "singleton_lock_redis_url" and (
-            not isinstance(value, str) or value.split(":", 1)[0].lower() not in REDIS_SCHEMES
+        if name.endswith("_url") and (
+            not isinstance(value, str)
+            or value.split(":", 1)[0].lower() not in ("redis", "rediss", "unix", "sentinel")
         ):
             continue
         adopted[name] = value
     if adopted:
-        # Celery's own way for an extension to give settings defaults: the user's values, and
-        # a later config_from_object, still win.
+        # Celery's way for an extension to give defaults: the user's values still win.
         app.add_defaults(adopted)
         reload_settings(app)
+
+
+def lock_name(
+    task: LockedTask, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
+) -> str:
+    """The lock name of a call of ``task``: its key (``prefix:{name}``) without the prefix."""
+    return LockKeys.from_lock_key(task.lock_key_for(*(args or ()), **(kwargs or {}))).name

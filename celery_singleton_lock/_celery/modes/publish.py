@@ -20,7 +20,6 @@ from typing import Any
 
 from ..._errors import AlreadyQueuedError, LockBackendError, MisconfiguredError
 from ..._lock import MAX_LEASE_SECONDS, AcquireReply, NamedLock, ReentrantLock, Semaphore
-from .. import hold
 from ..canvas import (
     canvas_member,
     chord_member_of,
@@ -29,7 +28,7 @@ from ..canvas import (
     sent_by_worker,
 )
 from ..config import Bound
-from ..hold import HoldState, MessageLock, holder_info
+from ..hold import HoldState, MessageLock, holder_info, report_duplicate
 from ..options import LockOptions
 from ..parts import Debounce, refusal_reason, skip_replaced
 from ..run import TaskRun, seconds_until
@@ -178,11 +177,11 @@ class PublishMode(RunMode):
         in_canvas = canvas_member(options)
         by_worker = in_canvas and sent_by_worker(task.app, options)
         if in_canvas and not by_worker and chord_member_of(options):
-            _report(task, "raised")
+            report_duplicate(task.name, "raised")
             refuse_chord_member(task, options, reply.holder, ttl, key)
         # Raised inside a worker's chain step, it would fail the task before it instead.
         raising = self.options.lock_on_duplicate == "raise" and not by_worker
-        _report(task, "raised" if raising else "returned")
+        report_duplicate(task.name, "raised" if raising else "returned")
         error = AlreadyQueuedError(reply.holder, ttl, key, cooldown=cooldown)
         if in_canvas:
             fail_member(task, task_id, options, error)
@@ -303,8 +302,3 @@ def _with_lock(options: dict[str, Any], lock: MessageLock) -> dict[str, Any]:
     lock.put_in(headers)
     options["headers"] = headers
     return options
-
-
-def _report(task: Any, action: str) -> None:
-    if hold.observer is not None:
-        hold.observer.duplicate(task.name, action)

@@ -19,9 +19,8 @@ from celery.exceptions import Ignore
 
 from ..._errors import LockBackendError
 from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
-from .. import hold
 from ..config import Bound
-from ..hold import HoldState, holder_info, store_skipped
+from ..hold import HoldState, holder_info, report_duplicate, store_skipped
 from ..parts import skip_replaced
 from ..run import TaskRun
 from .publish import PublishMode
@@ -103,8 +102,7 @@ class QueueMode(PublishMode):
             reply.holder,
             key,
         )
-        if hold.observer is not None:
-            hold.observer.duplicate(task.name, "skipped")
+        report_duplicate(task.name, "skipped")
         store_skipped(task, request, {"holder": reply.holder, "lock": key, "reason": "queued"})
         raise Ignore()
 

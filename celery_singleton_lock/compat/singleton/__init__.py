@@ -1,10 +1,6 @@
-"""A drop-in for celery-singleton 0.3.1 on this package's lock: change
-``from celery_singleton import Singleton`` to
-``from celery_singleton_lock.compat.singleton import Singleton``.
-
-The ``util``, ``config``, ``backends`` and ``exceptions`` modules are here under the same
-names. See ``docs/migration.md`` for what is supported differently, and why.
-"""
+"""A drop-in for celery-singleton 0.3.1: change ``from celery_singleton import Singleton`` to
+``from celery_singleton_lock.compat.singleton import Singleton``. Its ``util``, ``config``,
+``backends`` and ``exceptions`` modules are here under the same names."""
 
 from __future__ import annotations
 

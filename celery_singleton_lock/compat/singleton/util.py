@@ -7,7 +7,8 @@ from typing import Any
 
 from celery import current_app
 
-from ..._celery.taskkey import task_lock_name
+from ... import LockedTask
+from .._shared import lock_name
 
 __all__ = ["generate_lock"]
 
@@ -17,18 +18,13 @@ def generate_lock(
     task_args: Sequence[Any] | None = None,
     task_kwargs: Mapping[str, Any] | None = None,
     key_prefix: str | None = None,
+    *,
+    app: Any = None,
 ) -> str:
-    """The lock name of ``task_name`` called with these arguments: the name the task's own
-    ``generate_lock`` gives when the current app registers it (its signature and
-    ``unique_on`` applied), else the name of the arguments as given.
-
-    Unlike celery-singleton's, this is the lock's *name*, not a Redis key, and
-    ``key_prefix`` is not part of it (the prefix is ``singleton_lock_prefix``, applied by
-    every method that takes a name): pass it to ``get_existing_task_id`` or ``unlock``."""
-    del key_prefix  # accepted for compatibility; the prefix is not part of a name
-    task = current_app.tasks.get(task_name)
-    locking = getattr(task, "locking", None)
-    if locking is not None:
-        name: str = locking.lock_name(task_name, task_args, task_kwargs)
-        return name
-    return task_lock_name(task_name, None, task_args, task_kwargs)
+    """The lock name that ``task_name``, a locked task of ``app`` (default: the current app),
+    gives these arguments. A name, not a Redis key: ``key_prefix`` is not part of it (pass the
+    name to ``get_existing_task_id`` or ``unlock``)."""
+    task = (app or current_app).tasks[task_name]  # NotRegistered (a KeyError) when unknown
+    if not isinstance(task, LockedTask):
+        raise TypeError(f"task {task_name!r} is not a locked task: it has no lock name")
+    return lock_name(task, task_args, task_kwargs)

@@ -14,9 +14,7 @@ __all__ = ["BaseBackend", "RedisBackend", "get_backend"]
 
 
 def get_backend(config: Config) -> RedisBackend:
-    """The app's backend: the lock client and prefix its tasks use (celery-singleton keeps one
-    backend per process, whatever the app; this one follows the app). A
-    ``singleton_backend_class`` other than the Redis backend raises
-    :class:`~celery_singleton_lock.MisconfiguredError`."""
+    """The app's backend: the lock client and prefix its ``Singleton`` tasks use. Another
+    ``singleton_backend_class`` raises :class:`~celery_singleton_lock.MisconfiguredError`."""
     config.check_backend_class()
-    return RedisBackend.for_app(config.app)
+    return RedisBackend(space=config.space())

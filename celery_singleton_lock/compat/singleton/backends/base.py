@@ -1,4 +1,5 @@
-"""celery-singleton's ``BaseBackend``: the interface of a lock store, by lock name."""
+"""celery-singleton's ``BaseBackend``, for code that names it: only :class:`.RedisBackend`, on
+this package's lock, is used."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ __all__ = ["BaseBackend"]
 
 
 class BaseBackend(ABC):
-    """What celery-singleton asks of a lock store. Only :class:`.redis.RedisBackend`, on this
-    package's lock, is used; the class is here for code that names it in type checks."""
+    """What celery-singleton asks of a lock store, by lock name."""
 
     @abstractmethod
     def lock(self, lock: str, task_id: str, expiry: float | None = None) -> bool:
