@@ -71,6 +71,15 @@ def check_duration(
     of bounds (NaN, infinities) a ``ValueError``, with ``too_long`` appended above ``maximum``."""
     if value is None and allow_none:
         return None
+    # The common case first: a valid number costs two comparisons (the messages are made only
+    # for an error: every lock object checks its lease).
+    if (
+        type(value) in (int, float)
+        and math.isfinite(value)  # type: ignore[arg-type]  # int or float, as just checked
+        and (value >= minimum if include_minimum else value > minimum)  # type: ignore[operator]
+        and (maximum is None or value <= maximum)  # type: ignore[operator]
+    ):
+        return float(value)  # type: ignore[arg-type]
     or_none = f", or None ({none_means})" if allow_none else ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(
