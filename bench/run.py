@@ -37,6 +37,9 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent
 
+#: the Celery targets (bench_celery.py's own)
+TARGET_RUN_RATIO, TARGET_PUBLISH_RATIO = 0.97, 1.00
+
 
 def run_benchmarks(quick: bool) -> dict[str, Any]:
     flag = ["--quick"] if quick else []
@@ -130,7 +133,7 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
     lines += [header, "| --- |" + " ---: | ---: | ---: | ---: |" * len(pools)]
     names = {
         "plain": "plain `@app.task`",
-        "floor-run": "reference: two bare EVALSHAs (SET NX PX, CAD)",
+        "floor-run": "reference: two bare EVALSHAs (hash-lock acquire, release)",
         "celery-once": "celery-once `QueueOnce`",
         "celery-singleton": "celery-singleton `Singleton`",
         "locked-run": '**LockedTask** `lock_at="run"`',
@@ -156,18 +159,19 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
         rows_p = celery["pools"][p]["contenders"]
         run = rows_p["locked-run"]["ratio_to_reference"]
         lines.append(
-            f'| Celery `lock_at="run"` >= 0.95x the two-EVALSHA reference ({p}) | {run:.2f}x | '
-            f"{'yes' if run >= 0.95 else '**no**'} |"
+            f'| Celery `lock_at="run"` >= {TARGET_RUN_RATIO:.2f}x the two-EVALSHA reference ({p}) '
+            f"| {run:.2f}x | {'yes' if run >= TARGET_RUN_RATIO else '**no**'} |"
         )
         pub = rows_p["locked-publish"]["tasks_per_s"]
         peers = {
             c: rows_p[c]["tasks_per_s"] for c in ("celery-once", "celery-singleton") if c in rows_p
         }
-        ahead = all(pub > v for v in peers.values())
+        best = max(peers.values(), default=0.0)
+        met = best > 0 and pub >= TARGET_PUBLISH_RATIO * best
         measured = ", ".join(f"{pub / v:.2f}x {c}" for c, v in peers.items())
         lines.append(
-            f'| Celery `lock_at="publish"` ahead of celery-once and celery-singleton ({p}) | '
-            f"{measured} | {'yes' if ahead else '**no**'} |"
+            f'| Celery `lock_at="publish"` >= {TARGET_PUBLISH_RATIO:.2f}x the best of celery-once '
+            f"and celery-singleton ({p}) | {measured} | {'yes' if met else '**no**'} |"
         )
     lines.append("")
     return "\n".join(lines)

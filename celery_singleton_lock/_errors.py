@@ -13,6 +13,8 @@ __all__ = [
     "LockNotOwnedError",
     "LockTimeoutError",
     "MisconfiguredError",
+    "RateLimitExceededError",
+    "RateLimited",
     "TaskLockedError",
 ]
 
@@ -126,3 +128,40 @@ class TaskLockedError(LockError):
 
     def __str__(self) -> str:
         return f"task {self.task_id} holds lock {self.key!r}; this run did not start"
+
+
+class RateLimitExceededError(LockError):
+    """A call of a task with ``lock_rate`` and ``lock_on_locked="raise"`` whose turn did not
+    come within ``lock_rate_max_delay``: its run did not start. ``limiter`` is the limiter's
+    name, ``wait`` the seconds its turn was still away."""
+
+    def __init__(self, limiter: str, wait: float) -> None:
+        super().__init__(limiter, wait)
+        self.limiter = limiter
+        self.wait = wait
+
+    def __str__(self) -> str:
+        return (
+            f"rate limiter {self.limiter!r}: this call's turn was still {self.wait:.1f} s away "
+            "past lock_rate_max_delay; this run did not start"
+        )
+
+
+class RateLimited(Exception):
+    """Raised by a task's body when the service it calls says "slow down" (an HTTP 429, say):
+    the task's ``lock_rate`` limiter is paused ``retry_after`` seconds for every worker, and
+    this call comes back after the pause, not counted as a retry. ``LockedTask.rate_limit_pause``
+    maps another exception to a pause the same way."""
+
+    def __init__(self, retry_after: float, message: str = "") -> None:
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int | float):
+            raise TypeError(
+                f"RateLimited: retry_after must be a number of seconds such as 2.5, "
+                f"got {retry_after!r}"
+            )
+        if not 0 <= retry_after <= 86_400 * 30:
+            raise ValueError(
+                f"RateLimited: retry_after must be from 0 to 30 days in seconds, got {retry_after}"
+            )
+        super().__init__(message or f"rate limited: retry after {retry_after} s")
+        self.retry_after = float(retry_after)

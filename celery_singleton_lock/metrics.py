@@ -56,7 +56,7 @@ class LockMetrics:
         )
         self.refusals = Counter(
             PREFIX + "refusals",
-            "Celery duplicates refused by a lock_limit or a lock_cooldown, by task and reason",
+            "Celery calls refused by lock_limit, lock_cooldown or lock_rate, by task and reason",
             ["task", "reason"],
             registry=r,
         )

@@ -33,7 +33,7 @@ from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.control import inspect_command
 
-from celery_singleton_lock import LockedTask, LockLostError
+from celery_singleton_lock import LockedTask, LockLostError, RateLimited
 from celery_singleton_lock._lock.runtime import get_heartbeat
 from celery_singleton_lock.compat.once import QueueOnce
 from celery_singleton_lock.compat.singleton import Singleton
@@ -586,7 +586,109 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
             raise self.retry(countdown=countdown)
         return result
 
+    # -- lock_rate ---------------------------------------------------------------------------
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated", lock_rate="5/s", max_retries=0,
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def rated(self: Any, job: str, n: int = 0) -> str:
+        """At most 5 starts a second per job, whatever the number of calls; every call runs."""
+        return _rate_start(self, job)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_shared_a", lock_rate="2/s",
+        lock_rate_key="fault-partner", max_retries=0, shared=False,
+    )  # fmt: skip
+    def rated_shared_a(self: Any, job: str, n: int = 0) -> str:
+        return _rate_start(self, job)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_shared_b", lock_rate="2/s",
+        lock_rate_key="fault-partner", max_retries=0, shared=False,
+    )  # fmt: skip
+    def rated_shared_b(self: Any, job: str, n: int = 0) -> str:
+        return _rate_start(self, job)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_customer", lock_rate="2/s",
+        lock_rate_key=lambda job, customer, n=0: f"fault-customer:{job}:{customer}",
+        max_retries=0, shared=False,
+    )  # fmt: skip
+    def rated_customer(self: Any, job: str, customer: str, n: int = 0) -> str:
+        return _rate_start(self, job, customer=customer)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_429", lock_rate="50/s",
+        lock_rate_key=lambda job, n=0: f"fault-429:{job}", max_retries=0, shared=False,
+    )  # fmt: skip
+    def rated_429(self: Any, job: str, n: int = 0) -> str:
+        """The first call of a job is told "slow down" for 2 s by the partner (its body raises
+        RateLimited once); the others run."""
+        result = _rate_start(self, job)
+        if n == 0 and data(self.app).set(f"told:{job}", 1, nx=True):
+            raise RateLimited(retry_after=2)
+        return result
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_limited", lock_rate="4/s",
+        lock_limit=2, lock_on_locked="wait", lock_wait_timeout=20, max_retries=0,
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def rated_limited(self: Any, job: str, n: int = 0, seconds: float = 0.3) -> str:
+        """Two at once and four starts a second per job; a call over two at once waits for a
+        slot, then for its turn."""
+        start = _enter(self, job)
+        _rate_start(self, job)
+        _sleep(seconds)
+        _leave(self, job, start)
+        return str(self.request.id)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_publish", lock_at="publish",
+        lock_rate="1/s", lock_rate_key=lambda job, n=0: f"fault-pub:{job}", max_retries=0,
+        shared=False,
+    )  # fmt: skip
+    def rated_publish(self: Any, job: str, n: int = 0) -> str:
+        """Deduplicated at publish (one job per n) and one start a second per job."""
+        return _rate_start(self, job)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_impatient", lock_rate="1/m",
+        lock_rate_key=lambda job, n=0: f"fault-impatient:{job}", lock_rate_max_delay=0,
+        shared=False,
+    )  # fmt: skip
+    def rated_impatient(self: Any, job: str, n: int = 0) -> str:
+        """One start a minute per job, and no waiting for a turn: lock_on_locked at once."""
+        return _rate_start(self, job)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_impatient_raise", lock_rate="1/m",
+        lock_rate_key=lambda job, n=0: f"fault-impatient:{job}", lock_rate_max_delay=0,
+        lock_on_locked="raise", shared=False,
+    )  # fmt: skip
+    def rated_impatient_raise(self: Any, job: str, n: int = 0) -> str:
+        return _rate_start(self, job)
+
     return app
+
+
+def _rate_start(task: Any, job: str, **extra: Any) -> str:
+    """Record a start of a rate-limited body: the limiter's start (Redis's clock), the body's
+    own reading of Redis's clock, and who ran it."""
+    turn = task.rate_turn
+    client = data(task.app)
+    seconds, micros = client.time()
+    item = {
+        "id": task.request.id,
+        "pid": os.getpid(),
+        "at": turn.at if turn is not None else None,
+        "t": seconds + micros / 1e6,
+        "retries": task.request.retries,
+        **extra,
+    }
+    client.rpush(f"rate:{job}", json.dumps(item))
+    return str(task.request.id)
 
 
 if os.environ.get(URL_ENV):

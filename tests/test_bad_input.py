@@ -133,6 +133,15 @@ def app(redis_server: RedisServer) -> Any:
         ("lock_release_on_start", "yes"),
         ("lock_unique_on", 5),
         ("lock_key", "not callable"),
+        ("lock_rate", "10 per second"),
+        ("lock_rate", "0/s"),
+        ("lock_rate", "5/0s"),
+        ("lock_rate", "5/fortnight"),
+        ("lock_rate", 10),
+        ("lock_rate_key", ""),
+        ("lock_rate_key", 5),
+        ("lock_rate_max_delay", -1),
+        ("lock_limit", 0),
     ],
 )
 def test_task_options(app: Any, client: Any, option: str, value: Any) -> None:
@@ -235,3 +244,46 @@ def test_a_megabyte_of_arguments_makes_a_bounded_key(app: Any, client: Any) -> N
     assert task.delay("x" * 1_000_000).id == first.id
     [keys] = list(LockSpace(client).find())
     assert len(keys.lock) < 300
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"lock_rate_key": "partner"}, "lock_rate_key"),
+        ({"lock_rate_max_delay": 5}, "lock_rate_max_delay"),
+        ({"lock_limit": None}, "lock_limit=None"),
+        ({"lock_limit": None, "lock_rate": "5/s", "lock_at": "publish"}, "lock_limit=None"),
+        ({"lock_limit": None, "lock_rate": "5/s", "lock_cooldown": 5}, "lock_limit=None"),
+        (
+            {"lock_rate": "5/s", "lock_at": "publish", "lock_release_on_start": True},
+            "lock_release_on_start",
+        ),
+    ],
+)
+def test_rate_options_that_make_no_sense_together(
+    app: Any, client: Any, options: dict[str, Any], named: str
+) -> None:
+    def define() -> None:
+        @app_task(app, base=LockedTask, name=f"bad.rate.{named}", shared=False, **options)
+        def task() -> None:
+            return None
+
+        assert f"bad.rate.{named}" in app.tasks
+
+    _refused(client, define, named)
+
+
+def test_a_rate_callables_bad_answer_fails_the_run_before_redis(app: Any, client: Any) -> None:
+    @app_task(app, base=LockedTask, name="bad.rate.answer", shared=False, lock_rate=lambda n: n)
+    def rated(n: Any) -> None:
+        return None
+
+    @app_task(
+        app, base=LockedTask, name="bad.rate.key", shared=False, lock_rate="5/s",
+        lock_rate_key=lambda n: n,
+    )  # fmt: skip
+    def keyed(n: Any) -> None:
+        return None
+
+    _refused(client, lambda: rated.apply(("ten a second",), throw=True), "lock_rate(...)")
+    _refused(client, lambda: keyed.apply((7,), throw=True), "lock_rate_key(...)")

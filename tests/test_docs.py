@@ -423,8 +423,18 @@ def test_the_metrics_the_docs_list_are_those_metrics_py_defines() -> None:
         and any(isinstance(t, ast.Name) and t.id == "reason" for t in node.targets)
         and isinstance(node.value, ast.Constant)
     }
+    for _, source in _package_sources():
+        for node in ast.walk(source):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "report_refusal"
+                and isinstance(node.args[1], ast.Constant)
+            ):
+                reasons.add(str(node.args[1].value))
     (refusals,) = [line for line in section.split("\n- ") if "refusals_total" in line]
-    assert reasons == {"limit", "cooldown"} and set(re.findall(r"`(\w+)`", refusals)) >= reasons
+    assert reasons == {"limit", "cooldown", "rate"}
+    assert set(re.findall(r"`(\w+)`", refusals)) >= reasons
 
 
 def test_the_scripts_the_docs_list_are_lua_s_files() -> None:

@@ -233,7 +233,8 @@ def test_every_error_is_a_lock_error_and_exported() -> None:
 
     for name in _errors.__all__:
         error = getattr(_errors, name)
-        assert issubclass(error, LockError), name
+        # RateLimited is raised by a task's body, to the package: not a lock's failure
+        assert issubclass(error, LockError) or name == "RateLimited", name
         assert getattr(celery_singleton_lock, name) is error, name
         assert name in celery_singleton_lock.__all__, name
 

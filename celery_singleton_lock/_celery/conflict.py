@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, MaxRetriesExceededError
 
-from .._errors import TaskLockedError
+from .._errors import RateLimitExceededError, TaskLockedError
 from .._lock import AcquireReply
 from .canvas import chord_member_of
 from .hold import report_duplicate, store_skipped
@@ -56,7 +56,8 @@ class Conflict:
     def refused(
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
-        """End the duplicate (``reason``: ``locked``, ``limit`` or ``cooldown``)."""
+        """End the duplicate (``reason``: ``locked``, ``limit``, ``cooldown``, or ``rate``: its
+        ``lock_rate`` turn did not come in time; ``key`` is then the limiter's name)."""
         if chord_member_of(request):
             log.warning(
                 "%s[%s] is a chord header member and lock %s is held by task %s: failing it "
@@ -67,8 +68,16 @@ class Conflict:
                 refusal.holder,
             )
             report_duplicate(task.name, "raised")
-            raise TaskLockedError(refusal.holder, key)
-        if reason == "cooldown":
+            raise _locked_error(refusal, key, reason)
+        if reason == "rate":
+            log.info(
+                "skipped %s[%s]: its turn under rate limiter %s did not come within "
+                "lock_rate_max_delay",
+                task.name,
+                request.id,
+                key,
+            )
+        elif reason == "cooldown":
             log.info(
                 "skipped %s[%s]: lock %s cools down after task %s (%.1f s left)",
                 task.name,
@@ -105,7 +114,13 @@ class Raise(Conflict):
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
         report_duplicate(task.name, "raised")
-        raise TaskLockedError(refusal.holder, key)
+        raise _locked_error(refusal, key, reason)
+
+
+def _locked_error(refusal: AcquireReply, key: str, reason: str) -> Exception:
+    if reason == "rate":
+        return RateLimitExceededError(key, refusal.lease_left)
+    return TaskLockedError(refusal.holder, key)
 
 
 class Retry(Conflict):

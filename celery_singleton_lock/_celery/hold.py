@@ -155,7 +155,8 @@ class JobObserver(Protocol):
         ``returned`` or ``raised`` at publish, or ``replaced`` (``lock_debounce``)."""
 
     def refused_by(self, task: str, reason: str) -> None:
-        """A duplicate of ``task`` was refused for ``reason``: ``limit`` or ``cooldown``."""
+        """A call of ``task`` was refused for ``reason``: ``limit`` or ``cooldown`` (a
+        duplicate), or ``rate`` (a ``lock_rate`` turn)."""
 
 
 #: the process's observer, or None (read directly by the call sites)

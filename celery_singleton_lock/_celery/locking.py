@@ -62,12 +62,15 @@ class TaskLocking:
         """Read and check the options of ``task_class`` (a subclass of ``base``, whose
         attributes are the defaults): an error names the task and the option."""
         defaults = LockOptions()
+        # An option counts as set when a class below ``base`` defines it, even to its default
+        # (lock_limit=1 beside lock_rate means one at a time, not lock_rate alone).
+        below = task_class.__mro__[: task_class.__mro__.index(base)]
         raw = {}
         for name in OPTION_NAMES:
             value = inspect.getattr_static(task_class, name)
             if isinstance(value, staticmethod):
                 value = value.__func__
-            if value is not getattr(defaults, name):
+            if value is not getattr(defaults, name) or any(name in vars(k) for k in below):
                 raw[name] = value
         task = str(task_class.__dict__.get("name") or task_class.__qualname__)
         # Celery turns every decorator keyword into a class attribute: a misspelt option would
@@ -136,8 +139,11 @@ class TaskLocking:
     def states(self, app: Any, name: str) -> list[LockState]:
         """Every lock of the job ``name`` as Redis has it now: its slots, then its queued lock
         when its message holds another one (``lock_at="queue"``)."""
+        limit = self.options.lock_limit
+        if limit is None:
+            return []  # lock_rate alone: the job holds no lock
         space = self.space(app)
-        states: list[LockState] = space.named(name, self.options.lock_limit).inspect()
+        states: list[LockState] = space.named(name, limit).inspect()
         message = self.mode.message_lock(name)
         if message != name:
             states += space.named(message).inspect()

@@ -11,10 +11,10 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any, NoReturn
 
-from .._lock import check_duration
+from .._lock import Rate, check_duration
 
 __all__ = [
     "OPTION_NAMES",
@@ -49,6 +49,10 @@ def _seconds(task: str, name: str, value: object) -> float:
     return check_duration(value, f"task {task!r}: {name}")
 
 
+def _seconds_or_zero(task: str, name: str, value: object) -> float:
+    return check_duration(value, f"task {task!r}: {name}", include_minimum=True)
+
+
 def _seconds_or_none(task: str, name: str, value: object) -> float | None:
     return check_duration(
         value, f"task {task!r}: {name}", allow_none=True, none_means="the default"
@@ -67,6 +71,32 @@ def _permits(task: str, name: str, value: object) -> int:
     if value < 1:
         raise ValueError(
             f"task {task!r}: {name} must be at least 1 (1: one run at a time), got {value}"
+        )
+    return value
+
+
+def _permits_or_none(task: str, name: str, value: object) -> int | None:
+    return None if value is None else _permits(task, name, value)
+
+
+def _rate(task: str, name: str, value: object) -> Rate | Callable[..., Any] | None:
+    if value is None or callable(value):
+        return value  # a callable's answer is checked for each call, before Redis
+    if not isinstance(value, str | Rate):
+        raise TypeError(
+            f"task {task!r}: {name} must be 'N/period' such as '10/s', '100/m' or '5/10s', or a "
+            f"callable(*args, **kwargs) returning one, got {value!r}"
+        )
+    return Rate.parse(value, f"task {task!r}: {name}")
+
+
+def _rate_key(task: str, name: str, value: object) -> str | Callable[..., str] | None:
+    if value is None or callable(value):
+        return value
+    if not isinstance(value, str) or not value:
+        raise TypeError(
+            f"task {task!r}: {name} must be a limiter name such as 'partner-api' (shared by "
+            f"every task that names it), or a callable(*args, **kwargs) -> str, got {value!r}"
         )
     return value
 
@@ -110,13 +140,44 @@ class LockOptions:
             _choice("run", "publish", "queue"),
         ),
     )
-    lock_limit: int = field(
+    lock_limit: int | None = field(
         default=1,
         metadata=_about(
-            "`1`",
+            "`1` (`None` with `lock_rate` alone)",
             "how many runs of one key may hold it at once (each holds one of `lock_limit` "
-            "leased slots); over the limit `lock_on_locked` applies",
-            _permits,
+            "leased slots); over the limit `lock_on_locked` applies. `None`: no limit on runs "
+            "at once, only `lock_rate` (the default when `lock_rate` is set with no `lock_at`, "
+            "`lock_limit`, `lock_cooldown` or `lock_debounce`)",
+            _permits_or_none,
+        ),
+    )
+    lock_rate: Rate | Callable[..., Any] | None = field(
+        default=None,
+        metadata=_about(
+            "`None`",
+            'at most N *starts* per period per key, across every worker: `"10/s"`, `"100/m"`, '
+            '`"5/10s"`; exact over any window of that length, on Redis\'s clock; or a '
+            "`callable(*args, **kwargs)` returning one (a limit by plan). A call over the limit "
+            "comes back when its turn comes, not counted against `max_retries`",
+            _rate,
+        ),
+    )
+    lock_rate_key: str | Callable[..., str] | None = field(
+        default=None,
+        metadata=_about(
+            "the job's key",
+            "which calls share a `lock_rate` limiter: a name several tasks share (one partner "
+            "API), or a `callable(*args, **kwargs) -> str` (per customer or tenant)",
+            _rate_key,
+        ),
+    )
+    lock_rate_max_delay: float = field(
+        default=3600.0,
+        metadata=_about(
+            "`3600` s",
+            "with `lock_rate`: the longest a call waits for its turn, counted from its first "
+            "refusal; past it `lock_on_locked` applies (`0`: at once)",
+            _seconds_or_zero,
         ),
     )
     lock_cooldown: float | None = field(
@@ -267,6 +328,14 @@ def validate_options(
                 f"task {task!r}: lock_unique_on names {missing} that are not parameters "
                 f"of the task; its parameters are {list(params)}"
             )
+    if (
+        options.lock_rate is not None
+        and "lock_limit" not in raw
+        and options.lock_at == "run"
+        and options.lock_cooldown is None
+    ):
+        # lock_rate alone limits starts, not runs at once: every call runs in its turn
+        options = replace(options, lock_limit=None)
     _check_combination(task, options, raw)
     return options
 
@@ -295,6 +364,25 @@ def _check_combination(task: str, options: LockOptions, raw: Mapping[str, Any]) 
         )
     if options.lock_cooldown is None and "lock_cooldown_on_failure" in raw:
         refuse("lock_cooldown_on_failure is set but lock_cooldown is not")
+    for name in ("lock_rate_key", "lock_rate_max_delay"):
+        if options.lock_rate is None and name in raw:
+            refuse(f"{name} is set but lock_rate is not")
+    if options.lock_limit is None:
+        if options.lock_rate is None:
+            refuse(
+                "lock_limit=None (no limit on runs at once) needs lock_rate: without it the task "
+                "would not be locked at all; use a plain Task, or lock_limit=N"
+            )
+        if options.lock_at != "run" or options.lock_cooldown is not None:
+            refuse(
+                "lock_limit=None holds no lock, and lock_at='publish', 'queue' and "
+                "lock_cooldown need one; set lock_limit=1 (one at a time) or more"
+            )
+    if options.lock_rate is not None and options.lock_release_on_start:
+        refuse(
+            "lock_rate counts starts, and lock_release_on_start=True releases the job's lock as "
+            "the run starts; use lock_at='publish' without it, or lock_at='run'"
+        )
     if options.lock_debounce is not None:
         if options.lock_at not in ("publish", "queue"):
             refuse(

@@ -46,6 +46,7 @@ class TaskRun:
         "lock",
         "parked",
         "task",
+        "turn",
     )
 
     def __init__(
@@ -64,23 +65,30 @@ class TaskRun:
         #: the class's ``__call__`` chain reached the body: a call of the task from now on is
         #: a nested call inside its own run
         self.body_started = False
+        #: its turn under ``lock_rate`` (``None`` without the option)
+        self.turn: Any = None
 
     @property
     def held_lock(self) -> ReentrantLock | None:
         return None if self.finished or self.parked else self.lock
 
-    def finish(self, why: str, failed: bool) -> None:
+    def finish(self, why: str, failed: bool, cooldown: bool = True) -> None:
         """Release every hold of the task id (its run's and its publish's), or keep it for the
-        task's cooldown; ``failed``: the run raised. Idempotent."""
+        task's cooldown (not with ``cooldown=False``: a run that did not happen, for a rate
+        limit); ``failed``: the run raised. Idempotent."""
         lock = self.lock
         if self.finished or self.parked or lock is None:
             return
         self.finished = True
         task = self.task
-        cooldown = task.locking.mode.cooldown
-        seconds = None if cooldown is None else cooldown.after(failed)
+        cooling = task.locking.mode.cooldown if cooldown else None
+        seconds = None if cooling is None else cooling.after(failed)
         try:
-            if seconds is not None and cooldown.start(task.name, lock, seconds):
+            if (
+                seconds is not None
+                and cooling is not None
+                and cooling.start(task.name, lock, seconds)
+            ):
                 return
             reply = lock.release_all()
         except LockBackendError as exc:
@@ -178,7 +186,7 @@ def run_locked(
     except BaseException as exc:
         mode.failed_before_body(task, request, args, kwargs, exc)
         raise
-    if run.lock is None:
+    if run.lock is None and run.turn is None:
         return body(*args, **kwargs)
     try:
         result = body(*args, **kwargs)
@@ -187,6 +195,10 @@ def run_locked(
             run.park(0.0)
         raise
     except BaseException as exc:
+        if run.turn is not None:
+            pause = task.rate_limit_pause(exc)
+            if pause is not None:
+                mode.rate_paused(task, request, run, pause)  # raises its comeback
         run.finish(type(exc).__name__, failed=True)
         raise
     run.finish("success", failed=False)  # before the worker stores the result

@@ -27,7 +27,8 @@ from typing import Any, ClassVar
 
 from celery import Task, states
 
-from .._lock import LockKeys, LockSpace
+from .._errors import RateLimited
+from .._lock import LockKeys, LockSpace, RateReply
 from . import wiring
 from .config import LockConfig
 from .locking import TaskLocking
@@ -108,6 +109,14 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         for every name made without ``lock_key``, on the publisher and the worker alike."""
         return None
 
+    def rate_limit_pause(self, exc: BaseException) -> float | None:
+        """Seconds to pause this task's ``lock_rate`` limiter, for every worker, when the body
+        raised ``exc``; ``None``: ``exc`` is not a rate limit (the run fails as usual). Here a
+        :class:`RateLimited`'s ``retry_after``; override it to map a client library's "too many
+        requests" error (with its ``Retry-After``) the same way. Asked only for a task with
+        ``lock_rate``."""
+        return exc.retry_after if isinstance(exc, RateLimited) else None
+
     @classmethod
     def lock_space(cls, app: Any) -> LockSpace:
         """This class's locks under ``app``: the app's lock client, under :meth:`key_prefix`."""
@@ -146,6 +155,14 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         space = self.locking.space(app)
         states = self.locking.states(app, name)
         return sum(space.force_release(s.keys.lock) for s in states if s.held) > 0
+
+    @property
+    def rate_turn(self) -> RateReply | None:
+        """Inside a run of a task with ``lock_rate``: its limiter's reply (``at``: the start as
+        the limiter counted it, on Redis's clock; ``used``: starts in the window so far)."""
+        run = current_run(self.request)
+        turn = None if run is None else run.turn
+        return None if turn is None else turn.reply
 
     @property
     def lock(self) -> Any:

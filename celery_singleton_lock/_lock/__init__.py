@@ -8,7 +8,7 @@ Modules, bottom up: ``keys``, ``owner`` (tokens), ``checks`` (arguments, the cli
 ``deadline`` (one deadline per operation), ``scripts`` (lua/), ``observe`` (what it reports),
 ``hold``, ``renewal`` (a client's renewal lane), ``wakeup`` (push wake-ups), ``sentinel``,
 ``runtime`` (all of those for one client and process), ``commands`` (one script call each),
-``reentrant``, ``permits``, ``semaphore``, ``space``.
+``reentrant``, ``permits``, ``semaphore``, ``rate`` (a rate limiter), ``space``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from __future__ import annotations
 from .checks import MAX_LEASE_SECONDS, RedisClient, check_duration
 from .commands import AcquireReply, LockState, ReleaseReply, text
 from .deadline import DeadlineRetry
-from .keys import LockKeys, check_prefix
+from .keys import LockKeys, RateKeys, check_prefix
 from .observe import LockObserver, get_observer, set_observer
 from .owner import new_run_token
+from .rate import Rate, RateLimiter, RateReply, RateState
 from .reentrant import ReentrantLock
 from .semaphore import Semaphore
 from .space import (
@@ -43,6 +44,11 @@ __all__ = [
     "LockSpace",
     "LockState",
     "NamedLock",
+    "Rate",
+    "RateKeys",
+    "RateLimiter",
+    "RateReply",
+    "RateState",
     "RecordReply",
     "RedisClient",
     "ReentrantLock",

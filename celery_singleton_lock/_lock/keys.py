@@ -87,3 +87,25 @@ class LockKeys:
     @property
     def pair(self) -> tuple[str, str]:
         return (self.lock, self.meta)
+
+
+@dataclass(frozen=True)
+class RateKeys:
+    """The two keys of one rate limiter: ``log`` (a sorted set of starts and turns, see
+    lua/rate_take.lua) and ``state`` (its rule and pause), ``<prefix>:rate:{<name>}`` and
+    ``...:state``: one hash tag, and never the shape of a lock's ``<prefix>:{<name>}``, so a
+    SCAN for locks passes them by."""
+
+    prefix: str
+    name: str
+    log: str
+    state: str
+
+    @classmethod
+    def for_name(cls, prefix: str, name: str) -> RateKeys:
+        log = f"{prefix}:rate:{{{escape_name(name)}}}"
+        return cls(prefix, name, log, log + ":state")
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return (self.log, self.state)

@@ -11,6 +11,7 @@ by the release that ends a hold (lua/wait_*.lua).
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Collection, Iterator
 from typing import Any, NamedTuple
@@ -19,9 +20,10 @@ from . import commands, observe, scripts
 from .checks import RedisClient, check_backend_timeout, check_client, check_lease_ms
 from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, seconds, text
 from .deadline import bounded
-from .keys import LockKeys, check_prefix, escape_name
+from .keys import LockKeys, RateKeys, check_prefix, escape_name, unescape_name
 from .owner import new_request_id
 from .permits import check_permits, owned_by, permit_keys, release_owned, take
+from .rate import Rate, RateLimiter, RateState, read_state
 from .reentrant import ReentrantLock
 from .semaphore import Semaphore
 
@@ -127,6 +129,28 @@ class LockSpace:
             for raw in self.client.scan_iter(match=match, count=500):
                 with contextlib.suppress(ValueError):
                     yield LockKeys.from_lock_key(text(raw))
+
+    def rate_limiter(self, name: str, rate: Rate | str) -> RateLimiter:
+        """The :class:`RateLimiter` ``name`` of this space, under ``rate``."""
+        return RateLimiter(
+            self.client, name, rate, prefix=self.prefix, backend_timeout=self.backend_timeout
+        )
+
+    def rate_limiters(self) -> Iterator[RateState]:
+        """Every rate limiter of this space in use now (its keys exist), by SCAN."""
+        glob = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix)
+        with backend_errors("scan", "", f"for the rate limiters under prefix {self.prefix!r}"):
+            found = [
+                text(raw) for raw in self.client.scan_iter(match=f"{glob}:rate:{{*}}", count=500)
+            ]
+        head = f"{self.prefix}:rate:{{"
+        for key in sorted(set(found)):
+            if key.startswith(head) and key.endswith("}"):
+                with bounded(self.backend_timeout):
+                    yield read_state(
+                        self.client,
+                        RateKeys.for_name(self.prefix, unescape_name(key[len(head) : -1])),
+                    )
 
     def record_if_held(
         self,

@@ -21,7 +21,7 @@ from .._celery.config import LockConfig
 from .._celery.install import connect_command_hooks
 from .._celery.task import LockedTask
 from .._errors import LockError
-from .._lock import LockSpace
+from .._lock import LockSpace, Rate, RateState
 from . import locks as ops
 
 __all__ = ["locks", "main"]
@@ -41,14 +41,46 @@ _COLUMNS = (
 )
 
 
+#: ``locks list``'s table of rate limiters
+_LIMITER_COLUMNS = (
+    ("name", "LIMITER"),
+    ("used", "USED"),
+    ("rule", "LIMIT"),
+    ("waiting", "WAITING"),
+    ("next_free", "NEXT FREE s"),
+    ("paused", "PAUSED s"),
+)
+
+
 def _cell(value: Any) -> str:
     return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
-def _table(views: Sequence[ops.LockView]) -> str:
-    rows = [[title for _, title in _COLUMNS]]
-    rows += [[_cell(getattr(v, field)) for field, _ in _COLUMNS] for v in views]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+def _limiter_row(state: RateState) -> dict[str, Any]:
+    """A limiter as ``locks list`` shows it (``--json``: with ``"kind": "limiter"``)."""
+    rule = str(Rate(state.limit, state.period)) if state.limit else None
+    return {
+        "kind": "limiter",
+        "name": state.name,
+        "used": f"{state.used}/{state.limit}" if state.limit else str(state.used),
+        "rule": rule,
+        "limit": state.limit,
+        "period_s": state.period,
+        "waiting": state.waiting,
+        "next_free": state.next_free,
+        "paused": state.paused or None,
+    }
+
+
+def _table(views: Sequence[Any], columns: Sequence[tuple[str, str]] = _COLUMNS) -> str:
+    """``views`` (objects, or dicts) as a table of ``columns``."""
+
+    def get(view: Any, field: str) -> Any:
+        return view.get(field) if isinstance(view, dict) else getattr(view, field)
+
+    rows = [[title for _, title in columns]]
+    rows += [[_cell(get(v, field)) for field, _ in columns] for v in views]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
     return "\n".join(line.rstrip() for line in lines)
 
@@ -143,14 +175,24 @@ def list_(client: Any, prefixes: list[str], as_json: bool, match: str) -> None:
     (its message's hold and its run's, one job), 1 while queued. STATE "cooldown" is a job
     that ended and cools down (lock_cooldown): LEASE is the cooldown left. SLOTS, for a job
     with a lock_limit above 1, is how many of its slots are held out of the limit (one row
-    per slot held)."""
+    per slot held).
+
+    Then every lock_rate limiter in use: USED is the starts in its window out of its limit,
+    WAITING the calls with a turn reserved, NEXT FREE the seconds until a new call would start,
+    PAUSED the pause left after a body raised RateLimited. --json gives one list: locks
+    ("kind": "lock"), then limiters ("kind": "limiter")."""
     views = [view for p in prefixes for view in ops.find_locks(client, p, match)]
+    limiters = [_limiter_row(r) for p in prefixes for r in ops.find_limiters(client, p, match)]
     if as_json:
-        click.echo(json.dumps([v.as_dict() for v in views], indent=2))
-    elif views:
+        click.echo(json.dumps([v.as_dict() for v in views] + limiters, indent=2))
+        return
+    if views:
         click.echo(_table(views))
     else:
         click.echo(f"no locks held under prefix {', '.join(map(repr, prefixes))}")
+    if limiters:
+        click.echo("")
+        click.echo(_table(limiters, _LIMITER_COLUMNS))
 
 
 @_command(_key)

@@ -3,15 +3,16 @@ atomically; and a purge of them."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .._celery.hold import HoldState
-from .._lock import LockSpace, LockState
+from .._lock import LockSpace, LockState, RateState
 
-__all__ = ["LockView", "find_locks", "purge", "show"]
+__all__ = ["LockView", "find_limiters", "find_locks", "purge", "show"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class LockView:
     slots: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"kind": "lock", **asdict(self)}
 
 
 def _info(state: LockState) -> dict[str, Any]:
@@ -81,6 +82,13 @@ def find_locks(client: Any, prefix: str = "lock", pattern: str = "*") -> list[Lo
         replace(v, slots=f"{in_use[v.name]}/{limits[v.name]}") if v.name in limits else v
         for _, v in sorted(views.items())
     ]
+
+
+def find_limiters(client: Any, prefix: str = "lock", pattern: str = "*") -> list[RateState]:
+    """Every ``lock_rate`` limiter under ``prefix`` in use now (a start in its window, a turn
+    reserved, or a pause), whose name matches the glob ``pattern``, by name."""
+    found = LockSpace(client, prefix).rate_limiters()
+    return sorted((r for r in found if fnmatch.fnmatchcase(r.name, pattern)), key=lambda r: r.name)
 
 
 def show(client: Any, key_or_name: str, prefix: str = "lock") -> LockView | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from celery import states
 from celery.exceptions import Ignore
@@ -24,6 +24,7 @@ from ..conflict import Conflict, conflict_for
 from ..hold import HoldState, MessageLock, holder_info, release_if_in
 from ..options import LockOptions
 from ..parts import Cooldown, refusal_reason
+from ..rate import TaskRate, Turn
 from ..run import TaskRun
 
 __all__ = ["Mode", "RunMode", "free_revoked_holder"]
@@ -41,13 +42,16 @@ class RunMode:
 
     def __init__(self, options: LockOptions) -> None:
         self.options = options
-        self.limit = options.lock_limit
+        #: ``False`` with ``lock_rate`` alone (``lock_limit=None``): a run takes no lock
+        self.holds_lock = options.lock_limit is not None
+        self.limit = options.lock_limit or 1
         self.conflict: Conflict = conflict_for(options)
         self.cooldown = (
             None
             if options.lock_cooldown is None
             else Cooldown(options.lock_cooldown, options.lock_cooldown_on_failure)
         )
+        self.rate = None if options.lock_rate is None else TaskRate(options)
 
     # -- the job's locks --------------------------------------------------------------------
 
@@ -96,6 +100,10 @@ class RunMode:
             return TaskRun(task, None)
 
     def take(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
+        if not self.holds_lock:  # lock_rate alone: no lock, the limiter only
+            run = TaskRun(task, None)
+            run.turn = self.admit(task, request, bound, message, None)
+            return run
         name = self.run_lock(message)
         lock = self.new_lock(task, bound, name, request.id)
         reply = lock.try_acquire()
@@ -111,7 +119,10 @@ class RunMode:
         if reply.acquired:
             held = lock.held if isinstance(lock, Semaphore) else lock
             assert held is not None, "an acquired semaphore holds a slot"
-            return self.entered(task, request, bound, held, message)
+            turn = None if self.rate is None else self.admit(task, request, bound, message, held)
+            run = self.entered(task, request, bound, held, message)
+            run.turn = turn
+            return run
         if reply.other_run:
             log.warning(
                 "not running %s[%s]: this message was delivered again while its first run is "
@@ -123,6 +134,49 @@ class RunMode:
             raise Ignore()
         job = bound.space.named(name, self.limit)
         return self.refused(task, request, bound, message, job, lock, reply)
+
+    def admit(
+        self, task: Any, request: Any, bound: Bound, message: str, held: ReentrantLock | None
+    ) -> Turn:
+        """The run holds its job's lock (``held``; ``None`` with ``lock_rate`` alone): take its
+        turn under ``lock_rate``, or give the hold up (:meth:`yield_hold`) and come back."""
+        assert self.rate is not None
+        limiter = self.rate.limiter(
+            task, bound, self.run_lock(message), request.args, request.kwargs
+        )
+
+        def let_go(countdown: float | None) -> None:
+            if held is not None:
+                self.yield_hold(task, request, bound, message, held, countdown)
+
+        return self.rate.admit(task, request, limiter, self.conflict, let_go)
+
+    def yield_hold(
+        self,
+        task: Any,
+        request: Any,
+        bound: Bound,
+        message: str,
+        held: ReentrantLock,
+        countdown: float | None,
+    ) -> None:
+        """A run that just took its job's lock waits for its ``lock_rate`` turn (it comes back
+        in ``countdown`` seconds) or gives up (``None``): a run-time lock is let go either way,
+        for the job's other calls meanwhile."""
+        held.release_all()
+
+    def rate_paused(self, task: Any, request: Any, run: TaskRun, seconds: float) -> NoReturn:
+        """The body of ``run`` raised a rate limit of ``seconds``: pause its limiter and come
+        back after it (a run-time lock is let go meanwhile, a publish-time one kept)."""
+        assert self.rate is not None and run.turn is not None
+
+        def let_go(countdown: float | None) -> None:
+            if countdown is None or not self.at_publish:
+                run.finish("a rate limit", failed=False, cooldown=False)
+            else:
+                run.park(countdown)
+
+        self.rate.paused(task, request, run.turn, seconds, self.conflict, let_go)
 
     def new_lock(
         self, task: Any, bound: Bound, name: str, task_id: str
@@ -215,6 +269,8 @@ class RunMode:
         hard time limit or a revoke. ``requeued``: the message goes back to the queue
         (``reject_on_worker_lost``): the hold is parked for its redelivery. ``ran``: the run
         had started and ended as a failure: its cooldown, if a failure starts one, parks it."""
+        if not self.holds_lock:
+            return  # lock_rate alone: the run held no lock
         app = task.app
         bound = task.locking.bound(app)
         name = self.run_lock(message)

@@ -74,6 +74,23 @@ class PublishMode(RunMode):
     def message_permits(self) -> int:
         return self.limit  # a message's hold is its run's
 
+    def yield_hold(
+        self,
+        task: Any,
+        request: Any,
+        bound: Bound,
+        message: str,
+        held: ReentrantLock,
+        countdown: float | None,
+    ) -> None:
+        """The job stays taken for the call that waits for its ``lock_rate`` turn (a duplicate
+        meanwhile still finds it), as for a retry; freed when the call gives up."""
+        if countdown is None:
+            held.release_all()
+            return
+        lease = countdown + task.locking.queue_ttl(task.app)
+        held.park(lease, holder_info(task.name, request.id), HoldState.REQUEUED)
+
     # -- publish ----------------------------------------------------------------------------
 
     def publish(

@@ -138,6 +138,26 @@ class QueueMode(PublishMode):
 
         return TaskRun(task, lock, after_end, after_park)
 
+    def yield_hold(
+        self,
+        task: Any,
+        request: Any,
+        bound: Bound,
+        message: str,
+        held: ReentrantLock,
+        countdown: float | None,
+    ) -> None:
+        """A copy that waits for its ``lock_rate`` turn stays the job's queued copy (its queued
+        lock is kept, as for a retry: never replaced meanwhile); the job's lock is let go."""
+        held.release_all()
+        queued = bound.space.named(message)
+        if countdown is None:
+            queued.release(request.id, retry_for=task.locking.queue_ttl(task.app))
+            return
+        lease = countdown + task.locking.queue_ttl(task.app)
+        info = holder_info(task.name, request.id)
+        queued.park(request.id, lease, info=info, state=HoldState.REQUEUED)
+
     def refused(
         self,
         task: Any,

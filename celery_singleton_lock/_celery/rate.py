@@ -1,0 +1,212 @@
+"""``lock_rate``: at most N starts per period per key, across every worker, on Redis's clock
+(the lock layer's :class:`RateLimiter`). :class:`TaskRate` is made once per task class and asked
+by its mode as a run starts: after the job's lock (if any) is taken and just before the body,
+so the limiter counts a start when it happens.
+
+A call over the limit is not failed: the limiter reserves it a turn and the call comes back at
+that turn, as a copy of its message with a countdown, the same task id and the same
+``retries`` (``max_retries`` never sees it); its own count travels in the header
+:data:`RATE_HEADER`. Past ``lock_rate_max_delay`` from its first refusal, ``lock_on_locked``
+applies. A body that raises :class:`RateLimited` (or an exception the task's
+``rate_limit_pause`` maps to seconds) pauses the whole limiter, and the call comes back after
+the pause.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, NoReturn
+
+from celery.exceptions import Reject, Retry
+
+from .._lock import AcquireReply, Rate, RateLimiter, RateReply
+from .config import Bound
+from .hold import report_refusal
+from .options import LockOptions
+
+__all__ = ["RATE_HEADER", "TaskRate", "Turn", "Waited"]
+
+log = logging.getLogger("celery_singleton_lock.rate")
+
+#: the message header of a call that comes back for its turn: ``[comebacks, since, retries]``
+RATE_HEADER = "singleton_lock_rate"
+
+#: what the mode does with the job's hold when a call gives up its turn: ``let_go(countdown)``
+#: keeps the hold for a comeback due in ``countdown`` seconds, ``let_go(None)`` frees it
+LetGo = Callable[[float | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Waited:
+    """How long a call has waited for its turn: its comebacks so far, and its first refusal on
+    Redis's clock (Unix seconds; 0.0: never refused)."""
+
+    comebacks: int = 0
+    since: float = 0.0
+
+    @classmethod
+    def of(cls, request: Any) -> Waited:
+        """The wait the message of ``request`` carries: only a comeback's own (a later retry
+        of the run copies the headers along, with another ``retries``)."""
+        get = getattr(request, "get", None)
+        value = None if get is None else get(RATE_HEADER)
+        if (
+            isinstance(value, list | tuple)
+            and len(value) == 3
+            and type(value[0]) is int
+            and isinstance(value[1], int | float)
+            and value[2] == (getattr(request, "retries", 0) or 0)
+        ):
+            return cls(value[0], float(value[1]))
+        return cls()
+
+    def header(self, retries: int) -> list[Any]:
+        return [self.comebacks, self.since, retries]
+
+
+class Turn(NamedTuple):
+    """A call admitted by its limiter: the limiter, and its reply (``reply.at``: the start)."""
+
+    limiter: RateLimiter
+    reply: RateReply
+
+
+class TaskRate:
+    """A task class's ``lock_rate``: which limiter a call asks, and what a refusal does."""
+
+    __slots__ = ("key", "max_delay", "rate")
+
+    def __init__(self, options: LockOptions) -> None:
+        self.rate = options.lock_rate
+        self.key = options.lock_rate_key
+        self.max_delay = options.lock_rate_max_delay
+
+    def limiter(
+        self,
+        task: Any,
+        bound: Bound,
+        job: str,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+    ) -> RateLimiter:
+        """The limiter of one call of the job ``job`` (its lock name): the one the call's
+        arguments name (``lock_rate_key``), else the job's own, under its rule."""
+        args, kwargs = args or (), kwargs or {}
+        rate = self.rate
+        if not isinstance(rate, Rate):
+            assert rate is not None, "a TaskRate is made for a task with lock_rate"
+            rate = Rate.parse(rate(*args, **kwargs), f"task {task.name!r}: lock_rate(...)")
+        key = self.key
+        if key is None:
+            name = job
+        elif isinstance(key, str):
+            name = key
+        else:
+            name = key(*args, **kwargs)
+            if not isinstance(name, str) or not name:
+                raise TypeError(
+                    f"task {task.name!r}: lock_rate_key(...) must return a non-empty str (the "
+                    f"limiter's name), got {name!r}"
+                )
+        return bound.space.rate_limiter(name, rate)
+
+    def admit(
+        self, task: Any, request: Any, limiter: RateLimiter, conflict: Any, let_go: LetGo
+    ) -> Turn:
+        """This call's turn now, or (it raises) its comeback at its turn: ``let_go`` keeps or
+        frees the job's hold first. An eager call (``task.apply()``) waits here instead."""
+        if request.is_eager:
+            reply = limiter.acquire(timeout=self.max_delay, call_id=request.id)
+        else:
+            reply = limiter.try_acquire(request.id)
+        if reply.admitted:
+            return Turn(limiter, reply)
+        report_refusal(task.name, "rate")
+        self.wait_turn(task, request, limiter, reply, conflict, let_go)
+
+    def paused(
+        self,
+        task: Any,
+        request: Any,
+        turn: Turn,
+        seconds: float,
+        conflict: Any,
+        let_go: LetGo,
+    ) -> NoReturn:
+        """The body said "slow down" for ``seconds``: pause the limiter for every worker, and
+        come back after the pause."""
+        limiter = turn.limiter
+        left = limiter.pause(seconds)
+        log.warning(
+            "%s[%s]: rate limiter %s paused for %.1f s (the body raised a rate limit); this "
+            "call comes back after the pause",
+            task.name,
+            request.id,
+            limiter.name,
+            left,
+        )
+        report_refusal(task.name, "rate")
+        reply = RateReply(False, wait=left, at=turn.reply.at, paused=left)
+        self.wait_turn(task, request, limiter, reply, conflict, let_go)
+
+    def wait_turn(
+        self,
+        task: Any,
+        request: Any,
+        limiter: RateLimiter,
+        reply: RateReply,
+        conflict: Any,
+        let_go: LetGo,
+    ) -> NoReturn:
+        """Come back at the turn ``reply`` gives, or past ``lock_rate_max_delay`` hand the call
+        to ``lock_on_locked`` (``conflict``)."""
+        waited = Waited.of(request)
+        since = waited.since or reply.at
+        if request.is_eager or reply.at - since + reply.wait > self.max_delay:
+            try:
+                limiter.cancel(request.id)
+            finally:
+                let_go(None)
+            log.info(
+                "%s[%s]: its turn under rate limiter %s (%s) is %.1f s away, past "
+                "lock_rate_max_delay (%.0f s)",
+                task.name,
+                request.id,
+                limiter.name,
+                limiter.rate,
+                reply.wait,
+                self.max_delay,
+            )
+            refusal = AcquireReply(False, lease_left=reply.wait)
+            conflict.refused(task, request, limiter.name, refusal, "rate")
+        # Its turn is reserved: a little jitter keeps a worker's clock ahead of Redis's from
+        # bringing it back before the turn.
+        countdown = reply.wait + random.uniform(0.005, 0.02 + reply.wait * 0.02)
+        let_go(countdown)
+        come_back(task, request, countdown, Waited(waited.comebacks + 1, since))
+
+
+def come_back(task: Any, request: Any, countdown: float, waited: Waited) -> NoReturn:
+    """Send the call again in ``countdown`` seconds, as Celery's ``Task.retry`` does but with
+    the same ``retries``, and end this run as a retry."""
+    retries = request.retries or 0
+    headers = dict(request.headers or {})
+    headers[RATE_HEADER] = waited.header(retries)
+    sig = task.signature_from_request(
+        request, countdown=countdown, retries=retries, headers=headers
+    )
+    log.info(
+        "%s[%s] waits for its rate limit turn: back in %.2f s (comeback %d)",
+        task.name,
+        request.id,
+        countdown,
+        waited.comebacks,
+    )
+    try:
+        sig.apply_async()
+    except Exception as exc:
+        raise Reject(exc, requeue=False) from exc
+    raise Retry(f"rate limit: its turn is in {countdown:.2f} s", when=countdown, sig=sig)
