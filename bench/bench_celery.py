@@ -21,6 +21,8 @@ What it measures:
   - ``locked-publish``   ``@app.task(base=LockedTask, lock_at="publish")``
   - ``locked-limit3``    ``@app.task(base=LockedTask, lock_limit=3)``      (three slots a key:
     the run finds its owner's slot, if any, in one round trip before it takes one)
+  - ``locked-rate``      ``@app.task(base=LockedTask, lock_rate="100/s")``  (a rate limit per
+    key and nothing else: every call admitted, one EVALSHA of lua/rate_take.lua each)
   - ``celery-once``      ``@app.task(base=QueueOnce)``  (celery_once: lock at publish, DEL after)
   - ``celery-singleton`` ``@app.task(base=Singleton)``  (celery_singleton: same)
   - ``floor-run``        a reference, not a product: a ``Task`` subclass whose ``__call__``
@@ -100,6 +102,7 @@ CONTENDERS = {
     "locked-run": "bench.locked_run",
     "locked-publish": "bench.locked_publish",
     "locked-limit3": "bench.locked_limit3",
+    "locked-rate": "bench.locked_rate",
     "celery-once": "bench.once",
     "celery-singleton": "bench.singleton",
     "floor-run": "bench.floor_run",
@@ -172,6 +175,10 @@ def make_app(broker_url: str, locks_url: str, counter_path: str, body_incr: bool
 
     @app.task(name="bench.locked_limit3", base=LockedTask, lock_limit=3, ignore_result=True)
     def locked_limit3(i: int) -> None:
+        body(i)
+
+    @app.task(name="bench.locked_rate", base=LockedTask, lock_rate="100/s", ignore_result=True)
+    def locked_rate(i: int) -> None:
         body(i)
 
     floor_client: list[Any] = []

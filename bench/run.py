@@ -139,6 +139,7 @@ def render_markdown(results: dict[str, Any], command: str, when: str) -> str:
         "locked-run": '**LockedTask** `lock_at="run"`',
         "locked-publish": '**LockedTask** `lock_at="publish"`',
         "locked-limit3": "**LockedTask** `lock_limit=3`",
+        "locked-rate": '**LockedTask** `lock_rate="100/s"`',
     }
     for name, label in names.items():
         cells = []
@@ -250,6 +251,7 @@ def render_chart(results: dict[str, Any], path: Path) -> None:
         "locked-run": "LockedTask run",
         "locked-publish": "LockedTask publish",
         "locked-limit3": "LockedTask lock_limit=3",
+        "locked-rate": "LockedTask lock_rate",
     }
     pools = list(celery["pools"])
     names = [n for n in pretty if any(n in celery["pools"][p]["contenders"] for p in pools)]

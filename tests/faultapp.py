@@ -654,6 +654,14 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         return _rate_start(self, job)
 
     @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_queue", lock_at="queue",
+        lock_rate="1/2s", lock_unique_on=["job"], max_retries=0, shared=False,
+    )  # fmt: skip
+    def rated_queue(self: Any, job: str, n: int = 0) -> str:
+        """One queued and one running per job, and one start per 2 s."""
+        return _rate_start(self, job)
+
+    @_app_task(
         app, base=LockedTask, bind=True, name="fault.rated_impatient", lock_rate="1/m",
         lock_rate_key=lambda job, n=0: f"fault-impatient:{job}", lock_rate_max_delay=0,
         shared=False,

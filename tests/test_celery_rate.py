@@ -261,3 +261,23 @@ def test_locks_list_shows_the_limiters_in_use(
         cli_main(["list", "--url", url, "--match", name, "--json"])
     (item,) = [i for i in json.loads(out.getvalue()) if i["kind"] == "limiter"]
     assert (item["name"], item["limit"], item["period_s"], item["waiting"]) == (name, 1, 60.0, 1)
+
+
+def test_a_queued_copy_waiting_for_its_turn_stays_the_queued_copy(
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
+) -> None:
+    job = new_job("rate-queue")
+    task = fault_app.tasks["fault.rated_queue"]
+    data = fault_server.client(db=DATA_DB)
+    first = task.delay(job, 0)
+    wait_until(lambda: data.llen(f"rate:{job}") == 1, 10, "the first call to start")
+    second = task.delay(job, 1)  # the queued copy: its turn is 2 s after the first start
+    assert second.id != first.id
+    wait_until(lambda: second.state == "RETRY", 10, "the copy to wait for its turn")
+    third = task.delay(job, 2)
+    assert third.id == second.id  # one copy queued: the one waiting for its turn
+    _done([first, second], 20)
+    assert (first.state, second.state) == ("SUCCESS", "SUCCESS")
+    at = [s["at"] for s in _starts(fault_server, job)]
+    assert len(at) == 2 and at[1] - at[0] >= 2.0
+    assert not task.is_locked(job)  # and nothing is left held
