@@ -253,7 +253,8 @@ def test_locks_list_shows_the_limiters_in_use(
     lines = out.getvalue().splitlines()
     header, row = lines[-2].split(), lines[-1].split()
     assert header[:2] == ["LIMITER", "USED"]
-    assert row[:4] == [name, "1/1", "1/m", "1"]  # one start of one, one turn handed out
+    key = RateKeys.for_name(space.prefix, name).log
+    assert row[:4] == [key, "1/1", "1/m", "1"]  # one start of one, one turn handed out
     # a new call would come after the one waiting: a minute after its turn
     assert 110 < float(row[4]) <= 120 and 29 < float(row[5]) <= 30
     out = io.StringIO()
@@ -261,6 +262,14 @@ def test_locks_list_shows_the_limiters_in_use(
         cli_main(["list", "--url", url, "--match", name, "--json"])
     (item,) = [i for i in json.loads(out.getvalue()) if i["kind"] == "limiter"]
     assert (item["name"], item["limit"], item["period_s"], item["waiting"]) == (name, 1, 60.0, 1)
+    # an operator's release of the limiter's key resets it: the next call starts at once
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit):
+        cli_main(["release", "--url", url, key])
+    assert out.getvalue().strip() == f"{key}: reset"
+    again = task.delay(job, 1)
+    _done([again], 10)
+    assert again.state == "SUCCESS"
 
 
 def test_a_queued_copy_waiting_for_its_turn_stays_the_queued_copy(

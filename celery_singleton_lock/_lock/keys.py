@@ -106,6 +106,15 @@ class RateKeys:
         log = f"{prefix}:rate:{{{escape_name(name)}}}"
         return cls(prefix, name, log, log + ":state")
 
+    @classmethod
+    def from_log_key(cls, key: str) -> RateKeys | None:
+        """The keys of the limiter whose log is ``key`` (``<prefix>:rate:{<name>}``), or
+        ``None`` when ``key`` is not such a key."""
+        prefix, sep, rest = key.partition(":rate:{")
+        if not prefix or not sep or not rest.endswith("}") or "}" in rest[:-1]:
+            return None
+        return cls.for_name(prefix, unescape_name(rest[:-1]))
+
     @property
     def pair(self) -> tuple[str, str]:
         return (self.log, self.state)

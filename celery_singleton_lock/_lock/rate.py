@@ -182,6 +182,12 @@ class RateLimiter:
         with bounded(self._backend_timeout), backend_errors("cancel a turn of", self.name):
             return bool(self._client.zrem(self.keys.log, f"r:{call_id}"))
 
+    def reset(self) -> bool:
+        """An operator's reset: forget the starts, the turns and the pause (the calls waiting
+        for a turn are admitted as new calls when they come back). Whether it was in use."""
+        with bounded(self._backend_timeout), backend_errors("reset", self.name):
+            return bool(self._client.delete(*self.keys.pair))
+
     def inspect(self) -> RateState:
         """The limiter now, read in one step."""
         with bounded(self._backend_timeout):

@@ -21,7 +21,7 @@ from .._celery.config import LockConfig
 from .._celery.install import connect_command_hooks
 from .._celery.task import LockedTask
 from .._errors import LockError
-from .._lock import LockSpace, Rate, RateState
+from .._lock import LockSpace, Rate, RateKeys, RateLimiter, RateState
 from . import locks as ops
 
 __all__ = ["locks", "main"]
@@ -43,7 +43,7 @@ _COLUMNS = (
 
 #: ``locks list``'s table of rate limiters
 _LIMITER_COLUMNS = (
-    ("name", "LIMITER"),
+    ("key", "LIMITER"),
     ("used", "USED"),
     ("rule", "LIMIT"),
     ("waiting", "WAITING"),
@@ -56,11 +56,12 @@ def _cell(value: Any) -> str:
     return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
-def _limiter_row(state: RateState) -> dict[str, Any]:
+def _limiter_row(state: RateState, prefix: str) -> dict[str, Any]:
     """A limiter as ``locks list`` shows it (``--json``: with ``"kind": "limiter"``)."""
     rule = str(Rate(state.limit, state.period)) if state.limit else None
     return {
         "kind": "limiter",
+        "key": RateKeys.for_name(prefix, state.name).log,
         "name": state.name,
         "used": f"{state.used}/{state.limit}" if state.limit else str(state.used),
         "rule": rule,
@@ -177,12 +178,13 @@ def list_(client: Any, prefixes: list[str], as_json: bool, match: str) -> None:
     with a lock_limit above 1, is how many of its slots are held out of the limit (one row
     per slot held).
 
-    Then every lock_rate limiter in use: USED is the starts in its window out of its limit,
-    WAITING the calls with a turn reserved, NEXT FREE the seconds until a new call would start,
-    PAUSED the pause left after a body raised RateLimited. --json gives one list: locks
-    ("kind": "lock"), then limiters ("kind": "limiter")."""
+    Then every lock_rate limiter in use, by key (`release KEY` resets one): USED is the
+    starts in its window out of its limit, WAITING the calls with a turn reserved, NEXT FREE
+    the seconds until a new call would start, PAUSED the pause left after a body raised
+    RateLimited. --json gives one list: locks ("kind": "lock"), then limiters
+    ("kind": "limiter")."""
     views = [view for p in prefixes for view in ops.find_locks(client, p, match)]
-    limiters = [_limiter_row(r) for p in prefixes for r in ops.find_limiters(client, p, match)]
+    limiters = [_limiter_row(r, p) for p in prefixes for r in ops.find_limiters(client, p, match)]
     if as_json:
         click.echo(json.dumps([v.as_dict() for v in views] + limiters, indent=2))
         return
@@ -210,7 +212,17 @@ def show(client: Any, prefixes: list[str], as_json: bool, key: str) -> None:
 
 @_command(_key, click.option("--holder", default=None, help="only if this task id holds it"))
 def release(client: Any, prefixes: list[str], as_json: bool, key: str, holder: str | None) -> None:
-    """Force-release one lock (waiters are woken; the fencing token keeps increasing)."""
+    """Force-release one lock (waiters are woken; the fencing token keeps increasing), or reset
+    one rate limiter given by its key (prefix:rate:{name}: its starts, turns and pause are
+    forgotten)."""
+    limiter = RateKeys.from_log_key(key)
+    if limiter is not None:
+        done = RateLimiter(client, limiter.name, "1/s", prefix=limiter.prefix).reset()
+        if as_json:
+            click.echo(json.dumps({"key": key, "reset": done}))
+        else:
+            click.echo(f"{key}: reset" if done else f"{key}: was not in use")
+        return
     where = _locate(client, key, prefixes)
     done = LockSpace(client, where).force_release(key, holder=holder)
     current = None if done else ops.show(client, key, where)
