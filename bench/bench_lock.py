@@ -28,7 +28,9 @@ What it measures:
    - redis-py's ``redis.lock.Lock`` and python-redis-lock's ``redis_lock.Lock``;
    - as a diagnostic without a target, ReentrantLock's two Redis calls alone (its Lua scripts
      and their arguments, without the lock object), which splits the gap to the floor into
-     "scripts and arguments" and "lock object".
+     "scripts and arguments" and "lock object";
+   - ``RateLimiter.try_acquire`` on one key with a rate too high to refuse (every call
+     admitted): its "cycle" is one admitted call, one EVALSHA of lua/rate_take.lua.
    The contenders run interleaved, in rotating order, for several rounds of N cycles each, and
    the median per contender is reported, so machine noise hits all of them alike. The bench
    and the server it started are pinned to two different CPUs meanwhile (``--pin``): left to
@@ -76,7 +78,7 @@ if str(_ROOT) not in sys.path:
 import redis
 
 import celery_singleton_lock
-from celery_singleton_lock import ReentrantLock
+from celery_singleton_lock import RateLimiter, ReentrantLock
 from celery_singleton_lock._lock.runtime import get_heartbeat
 
 try:
@@ -253,6 +255,7 @@ LABELS = {
     "bare_hash": "bare hash lock (push floor's scripts), uncontended",
     "csl": "ReentrantLock (renew=True)",
     "scripts": "  (its 2 Lua calls alone, no lock object)",
+    "rate": "RateLimiter.try_acquire, admitted (1 call)",
     "redispy": f"redis-py {redis.__version__} Lock",
     "prl": "python-redis-lock"
     + (f" {redis_lock.__version__}" if redis_lock is not None else "")
@@ -290,6 +293,25 @@ def scripts_runner(client: Any, names: Names, lease_ms: int) -> Callable[[int], 
     except Exception as exc:
         log(f"  (skipping the scripts-alone row: {type(exc).__name__}: {exc})")
         return None
+
+
+#: a rule no run of the bench comes near: every call is admitted (the log holds about a
+#: second of calls, as a busy limiter's does)
+RATE_UNREFUSED = "1000000/s"
+
+
+def rate_runner(client: Any, names: Names) -> Callable[[int], None]:
+    """``RateLimiter.try_acquire`` admitted every time on one key: a "cycle" is one admitted
+    call (one EVALSHA), beside the lock's acquire + release."""
+    limiter = RateLimiter(client, "uncontended-rate", RATE_UNREFUSED, prefix=names.prefix)
+
+    def run(n: int) -> None:
+        take = limiter.try_acquire
+        for _ in range(n):
+            if not take().admitted:
+                raise RuntimeError(f"rate: refused under {RATE_UNREFUSED}")
+
+    return run
 
 
 def section_uncontended(client: Any, names: Names, rounds: int, cycles: int) -> dict[str, Any]:
@@ -339,6 +361,7 @@ def section_uncontended(client: Any, names: Names, rounds: int, cycles: int) -> 
             scripts = scripts_runner(client, names, lease_ms)
             if scripts is not None:
                 contenders["scripts"] = scripts
+    contenders["rate"] = rate_runner(client, names)
 
     # Warm up every path (script loads, connection, heartbeat thread), then count the round
     # trips of one cycle of each, untimed, and which commands it sends itself.
@@ -1032,7 +1055,8 @@ def render(result: dict[str, Any]) -> str:
         f"   (ReentrantLock / floor, median of the per-round ratios: {paired:.3f}x; srv us = "
         "server time per cycle, INFO commandstats usec of the commands the contender sends "
         "itself (a script's include the commands it runs), median of the rounds; srv x fl = "
-        "that over the floor's; cmds = commands the server ran per cycle, inside scripts too)"
+        "that over the floor's; cmds = commands the server ran per cycle, inside scripts too; "
+        "RateLimiter's cycle is one admitted call)"
     )
     out.append("")
 

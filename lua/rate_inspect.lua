@@ -1,30 +1,45 @@
--- rate_inspect.lua: a rate limiter as an operator sees it (reads only).
+-- rate_inspect.lua: one rate limiter as an operator sees it, read atomically (no write).
 --
--- KEYS[1]  log (sorted set, see rate_take.lua), KEYS[2]  state (hash: n, p, u)
+-- KEYS[1]  log, KEYS[2]  state (see rate_take.lua)
+-- ARGV[1]  limit, ARGV[2] period ms: the rule to assume when the state has none ("0": none)
 --
--- Returns {limit, period ms, used (starts and due turns in the window ending now), waiting
--- (turns handed out), next free ms (when a new call would be admitted), pause left ms}; the
--- times as strings. limit and period are 0 when the state is gone.
+-- Returns {limit, period_ms, used, waiting, next_free_ms, paused_ms}:
+--   limit, period_ms  the rule last used on it (the state's; else ARGV's; 0 when unknown)
+--   used          entries in the window (now - period, now]: starts, and turns come due
+--   waiting       reserved turns in the window or ahead of it
+--   next_free_ms  ms until a new call would be admitted, a string ("0": now)
+--   paused_ms     ms of pause left, a string ("0": not paused)
+-- The window's entries are read to tell turns from starts: at most `limit` starts and the
+-- turns, so the cost grows with the limit (an operator's call, not a hot path).
 
 local log, state = KEYS[1], KEYS[2]
-local clock = redis.call('time')
-local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
-local function ms(x) return string.format('%.3f', x) end
-local rule = redis.call('hmget', state, 'n', 'p', 'u')
-local limit, period = tonumber(rule[1]) or 0, tonumber(rule[2]) or 0
-local paused = tonumber(rule[3])
-if paused and paused <= now then paused = nil end
-local since = '(' .. ms(now - period)
-local used = redis.call('zcount', log, since, ms(now))
-local entries = redis.call('zrangebyscore', log, since, '+inf', 'withscores')
-local waiting = 0
-for i = 1, #entries, 2 do
-    if string.sub(entries[i], 1, 2) == 'r:' then waiting = waiting + 1 end
+local s = redis.call('hmget', state, 'n', 'p', 'u')
+local limit = tonumber(s[1]) or tonumber(ARGV[1]) or 0
+local period = tonumber(s[2]) or tonumber(ARGV[2]) or 0
+local time = redis.call('time')
+local now = tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000
+local u = tonumber(s[3])
+local paused_ms = (u and u > now) and u - now or 0
+
+-- without a known period, every entry of the log is taken as in the window
+local low = period > 0 and string.format('(%.3f', now - period) or '-inf'
+local now_s = string.format('%.3f', now)
+local due = redis.call('zrangebyscore', log, low, now_s)
+local waiting = redis.call('zcount', log, '(' .. now_s, '+inf')
+for i = 1, #due do
+    if string.sub(due[i], 1, 2) == 'r:' then
+        waiting = waiting + 1
+    end
 end
-local count = #entries / 2
-local at = now
-if limit > 0 and count >= limit then
-    at = math.max(now, tonumber(entries[2 * (count - limit) + 2]) + period)
+
+local free = paused_ms
+local total = #due + redis.call('zcount', log, '(' .. now_s, '+inf')
+if limit > 0 and total >= limit then
+    local e = redis.call('zrangebyscore', log, low, '+inf', 'withscores', 'limit',
+        total - limit, 1)
+    -- as rate_take.lua times a new call's turn (after a turn, 2% later, at most 20 ms)
+    local slack = string.sub(e[1], 1, 2) == 'r:' and math.min(period / 50, 20) or 0
+    free = math.max(free, tonumber(e[2]) + period + slack - now)
 end
-if paused then at = math.max(at, paused) end
-return {limit, period, used, waiting, ms(at - now), ms(paused and paused - now or 0)}
+return {limit, period, #due, waiting, string.format('%.3f', free),
+    string.format('%.3f', paused_ms)}

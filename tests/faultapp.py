@@ -34,6 +34,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.control import inspect_command
 
 from celery_singleton_lock import LockedTask, LockLostError, RateLimited
+from celery_singleton_lock._celery.rate import Waited
 from celery_singleton_lock._lock.runtime import get_heartbeat
 from celery_singleton_lock.compat.once import QueueOnce
 from celery_singleton_lock.compat.singleton import Singleton
@@ -693,6 +694,7 @@ def _rate_start(task: Any, job: str, **extra: Any) -> str:
         "at": turn.at if turn is not None else None,
         "t": seconds + micros / 1e6,
         "retries": task.request.retries,
+        "comebacks": Waited.of(task.request).comebacks,
         **extra,
     }
     client.rpush(f"rate:{job}", json.dumps(item))

@@ -2,13 +2,15 @@
 
 The rest of the package uses only what this module exports: :class:`ReentrantLock` (and
 :class:`Semaphore`) for a hold this process keeps and renews, :class:`LockSpace` and its
-:class:`NamedLock` for holds kept elsewhere, and their typed replies.
+:class:`NamedLock` for holds kept elsewhere, :class:`RateLimiter` for at most N starts per
+period, and their typed replies.
 
 Modules, bottom up: ``keys``, ``owner`` (tokens), ``checks`` (arguments, the client),
 ``deadline`` (one deadline per operation), ``scripts`` (lua/), ``observe`` (what it reports),
 ``hold``, ``renewal`` (a client's renewal lane), ``wakeup`` (push wake-ups), ``sentinel``,
 ``runtime`` (all of those for one client and process), ``commands`` (one script call each),
-``reentrant``, ``permits``, ``semaphore``, ``rate`` (a rate limiter), ``space``.
+``reentrant``, ``permits``, ``semaphore``, ``rule`` and ``rate``
+(a rate limiter), ``space``.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from .deadline import DeadlineRetry
 from .keys import LockKeys, RateKeys, check_prefix
 from .observe import LockObserver, get_observer, set_observer
 from .owner import new_run_token
-from .rate import Rate, RateLimiter, RateReply, RateState
+from .rate import RateLimiter, RateReply, RateState
 from .reentrant import ReentrantLock
+from .rule import Rate
 from .semaphore import Semaphore
 from .space import (
     CLAIMED,

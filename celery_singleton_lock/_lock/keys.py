@@ -1,7 +1,9 @@
-"""Redis key names of one lock; every key of a lock shares one ``{...}`` hash tag."""
+"""Redis key names of one lock and of one rate limiter; every key of either shares one
+``{...}`` hash tag."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -29,6 +31,15 @@ def unescape_name(escaped: str) -> str:
     if "%" not in escaped:
         return escaped
     return escaped.replace("%7D", "}").replace("%25", "%")
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally in a SCAN pattern (``*``, ``?``, ``[``, ``]`` and ``\\``
+    backslash-escaped): a prefix such as ``jobs[1]`` or ``a*`` must not match other prefixes."""
+    return _GLOB.sub(r"\\\g<0>", text)
+
+
+_GLOB = re.compile(r"[\\*?\[\]]")
 
 
 @dataclass(frozen=True)
@@ -91,10 +102,10 @@ class LockKeys:
 
 @dataclass(frozen=True)
 class RateKeys:
-    """The two keys of one rate limiter: ``log`` (a sorted set of starts and turns, see
-    lua/rate_take.lua) and ``state`` (its rule and pause), ``<prefix>:rate:{<name>}`` and
-    ``...:state``: one hash tag, and never the shape of a lock's ``<prefix>:{<name>}``, so a
-    SCAN for locks passes them by."""
+    """The two keys of one rate limiter, in one hash tag: ``log`` (``prefix:rate:{name}``, a
+    sorted set of starts and reserved turns) and ``state`` (``<log>:state``, a hash: the rule
+    last used and a pause); see lua/rate_take.lua. The ``rate:`` before the brace keeps them
+    out of a lock SCAN (``prefix:{...}``)."""
 
     prefix: str
     name: str
@@ -107,13 +118,14 @@ class RateKeys:
         return cls(prefix, name, log, log + ":state")
 
     @classmethod
-    def from_log_key(cls, key: str) -> RateKeys | None:
-        """The keys of the limiter whose log is ``key`` (``<prefix>:rate:{<name>}``), or
-        ``None`` when ``key`` is not such a key."""
-        prefix, sep, rest = key.partition(":rate:{")
-        if not prefix or not sep or not rest.endswith("}") or "}" in rest[:-1]:
+    def from_key(cls, prefix: str, key: str) -> RateKeys | None:
+        """The keys of the limiter whose log or state ``key`` is (found by SCAN under
+        ``prefix``), or ``None`` for any other key."""
+        head = f"{prefix}:rate:{{"
+        tag, brace, suffix = key[len(head) :].partition("}")
+        if not key.startswith(head) or not brace or suffix not in ("", ":state"):
             return None
-        return cls.for_name(prefix, unescape_name(rest[:-1]))
+        return cls.for_name(prefix, unescape_name(tag))
 
     @property
     def pair(self) -> tuple[str, str]:

@@ -11,7 +11,6 @@ by the release that ends a hold (lua/wait_*.lua).
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Collection, Iterator
 from typing import Any, NamedTuple
@@ -20,11 +19,12 @@ from . import commands, observe, scripts
 from .checks import RedisClient, check_backend_timeout, check_client, check_lease_ms
 from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, seconds, text
 from .deadline import bounded
-from .keys import LockKeys, RateKeys, check_prefix, escape_name, unescape_name
+from .keys import LockKeys, check_prefix, escape_name, glob_escape
 from .owner import new_request_id
 from .permits import check_permits, owned_by, permit_keys, release_owned, take
-from .rate import Rate, RateLimiter, RateState, read_state
+from .rate import RateLimiter, RateState, find_rate_limiters
 from .reentrant import ReentrantLock
+from .rule import Rate
 from .semaphore import Semaphore
 
 #: :meth:`NamedLock.claim_waiter`'s answers: claimed; the waiter waits no more; another
@@ -100,6 +100,17 @@ class LockSpace:
         options.update(prefix=self.prefix, backend_timeout=self.backend_timeout)
         return Semaphore(self.client, name, permits, ttl=ttl, **options)
 
+    def rate_limiter(self, name: str, rate: Rate | str) -> RateLimiter:
+        """A :class:`RateLimiter` of ``rate`` (``"10/s"``) on ``name`` in this space."""
+        return RateLimiter(
+            self.client, name, rate, prefix=self.prefix, backend_timeout=self.backend_timeout
+        )
+
+    def rate_limiters(self) -> Iterator[RateState]:
+        """Every rate limiter under this prefix, by SCAN, as :meth:`RateLimiter.inspect` sees
+        it (the rule last used on each)."""
+        return find_rate_limiters(self.client, self.prefix, self.backend_timeout)
+
     def named(self, name: str, permits: int = 1) -> NamedLock:
         """The lock ``name`` with its ``permits``, to act on in Redis only (no round trip)."""
         return NamedLock(self, name, permits)
@@ -125,32 +136,11 @@ class LockSpace:
         with backend_errors("scan", "", f"for the locks under prefix {self.prefix!r}"):
             # The pattern is escaped as a name is, so the '}' after it ends the name; the '*'
             # after it matches a permit's ':s<k>' (and hashes that are not locks: left out).
-            match = f"{self.prefix}:{{{escape_name(pattern)}}}*"
+            # The prefix is matched literally: 'a*' must not find the locks of 'ab'.
+            match = f"{glob_escape(self.prefix)}:{{{escape_name(pattern)}}}*"
             for raw in self.client.scan_iter(match=match, count=500):
                 with contextlib.suppress(ValueError):
                     yield LockKeys.from_lock_key(text(raw))
-
-    def rate_limiter(self, name: str, rate: Rate | str) -> RateLimiter:
-        """The :class:`RateLimiter` ``name`` of this space, under ``rate``."""
-        return RateLimiter(
-            self.client, name, rate, prefix=self.prefix, backend_timeout=self.backend_timeout
-        )
-
-    def rate_limiters(self) -> Iterator[RateState]:
-        """Every rate limiter of this space in use now (its keys exist), by SCAN."""
-        glob = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix)
-        with backend_errors("scan", "", f"for the rate limiters under prefix {self.prefix!r}"):
-            found = [
-                text(raw) for raw in self.client.scan_iter(match=f"{glob}:rate:{{*}}", count=500)
-            ]
-        head = f"{self.prefix}:rate:{{"
-        for key in sorted(set(found)):
-            if key.startswith(head) and key.endswith("}"):
-                with bounded(self.backend_timeout):
-                    yield read_state(
-                        self.client,
-                        RateKeys.for_name(self.prefix, unescape_name(key[len(head) : -1])),
-                    )
 
     def record_if_held(
         self,

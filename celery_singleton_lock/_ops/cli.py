@@ -215,7 +215,7 @@ def release(client: Any, prefixes: list[str], as_json: bool, key: str, holder: s
     """Force-release one lock (waiters are woken; the fencing token keeps increasing), or reset
     one rate limiter given by its key (prefix:rate:{name}: its starts, turns and pause are
     forgotten)."""
-    limiter = RateKeys.from_log_key(key)
+    limiter = next(filter(None, (RateKeys.from_key(p, key) for p in prefixes)), None)
     if limiter is not None:
         done = RateLimiter(client, limiter.name, "1/s", prefix=limiter.prefix).reset()
         if as_json:
