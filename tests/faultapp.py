@@ -655,6 +655,28 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         return _rate_start(self, job)
 
     @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_plan",
+        lock_rate=lambda job, plan, n=0: "3/s" if plan == "pro" else "1/s",
+        lock_rate_key=lambda job, plan, n=0: f"fault-plan:{job}:{plan}", max_retries=0,
+        shared=False,
+    )  # fmt: skip
+    def rated_plan(self: Any, job: str, plan: str, n: int = 0) -> str:
+        """A limit by plan: three starts a second for "pro", one for the others."""
+        return _rate_start(self, job, plan=plan)
+
+    @_app_task(
+        app, base=PartnerTask, bind=True, name="fault.rated_mapped", lock_rate="50/s",
+        lock_rate_key=lambda job, n=0: f"fault-mapped:{job}", max_retries=0, shared=False,
+    )  # fmt: skip
+    def rated_mapped(self: Any, job: str, n: int = 0) -> str:
+        """The first call of a job meets the partner's own "busy" error (mapped to a pause of
+        1 s by the task class); the others run."""
+        result = _rate_start(self, job)
+        if n == 0 and data(self.app).set(f"told:{job}", 1, nx=True):
+            raise PartnerBusy(1.0)
+        return result
+
+    @_app_task(
         app, base=LockedTask, bind=True, name="fault.rated_queue", lock_at="queue",
         lock_rate="1/2s", lock_unique_on=["job"], max_retries=0, shared=False,
     )  # fmt: skip
@@ -680,6 +702,23 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         return _rate_start(self, job)
 
     return app
+
+
+class PartnerBusy(Exception):
+    """A client library's own "429 Too Many Requests", with the partner's Retry-After."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"busy, retry after {retry_after} s")
+        self.retry_after_s = retry_after
+
+
+class PartnerTask(LockedTask):
+    """A task class that maps the partner's "busy" error to a pause of its limiter."""
+
+    def rate_limit_pause(self, exc: BaseException) -> float | None:
+        if isinstance(exc, PartnerBusy):
+            return exc.retry_after_s
+        return super().rate_limit_pause(exc)
 
 
 def _rate_start(task: Any, job: str, **extra: Any) -> str:

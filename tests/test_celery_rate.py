@@ -292,3 +292,35 @@ def test_a_queued_copy_waiting_for_its_turn_stays_the_queued_copy(
     at = [s["at"] for s in _starts(fault_server, job)]
     assert len(at) == 2 and at[1] - at[0] >= 2.0
     assert not task.is_locked(job)  # and nothing is left held
+
+
+def test_a_limit_can_depend_on_the_arguments(
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
+) -> None:
+    job = new_job("rate-plan")
+    task = fault_app.tasks["fault.rated_plan"]
+    calls = [task.delay(job, plan, n) for n in range(3) for plan in ("pro", "free")]
+    _done(calls, 20)
+    assert [c.state for c in calls] == ["SUCCESS"] * 6
+    starts = _starts(fault_server, job)
+    pro = [s["at"] for s in starts if s["plan"] == "pro"]
+    free = [s["at"] for s in starts if s["plan"] == "free"]
+    assert pro[-1] - pro[0] < 1.0  # three a second: all three at once
+    assert free[1] - free[0] >= 1.0 and free[2] - free[1] >= 1.0
+
+
+def test_a_task_class_maps_a_partners_error_to_a_pause(
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
+) -> None:
+    job = new_job("rate-mapped")
+    task = fault_app.tasks["fault.rated_mapped"]
+    told = task.delay(job, 0)
+    data = fault_server.client(db=DATA_DB)
+    wait_until(lambda: data.exists(f"told:{job}"), 10, "the partner to be busy")
+    other = task.delay(job, 1)
+    _done([told, other], 20)
+    assert (told.state, other.state) == ("SUCCESS", "SUCCESS")
+    starts = _starts(fault_server, job)
+    busy_at = starts[0]["at"]
+    assert [s["id"] for s in starts].count(told.id) == 2
+    assert all(s["at"] >= busy_at + 1.0 for s in starts[1:])

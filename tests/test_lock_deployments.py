@@ -23,7 +23,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from celery_singleton_lock import LockBackendError, ReentrantLock
+from celery_singleton_lock import LockBackendError, LockSpace, RateLimiter, ReentrantLock
 from celery_singleton_lock._lock.runtime import LockRuntime, get_heartbeat, publish_command
 from celery_singleton_lock.testing import RedisServer, find_redis_server, free_port
 
@@ -148,6 +148,18 @@ def test_redis_cluster() -> None:
                 assert client.keyslot(lock.key) == client.keyslot(lock.key + ":meta")  # type: ignore[no-untyped-call]  # redis-py: unannotated
                 lock.release()
             assert fences == sorted(set(fences))
+
+            # a rate limiter's script runs on the node of its keys, and the limiters of a
+            # prefix spread over the nodes are all listed (SCAN on every primary)
+            limiters = [RateLimiter(client, name, "2/s") for name in names[:9]]
+            for limiter in limiters:
+                replies = [limiter.try_acquire(f"call-{i}") for i in range(3)]
+                assert [r.admitted for r in replies] == [True, True, False]
+                assert 0.9 < replies[2].wait <= 1.1
+                assert limiter.pause(1.0) > 0.9
+            listed = {state.name: state for state in LockSpace(client).rate_limiters()}
+            assert set(listed) >= set(names[:9])
+            assert all((listed[n].used, listed[n].waiting) == (2, 1) for n in names[:9])
 
             # a name starting with '}' (an empty hash tag, unescaped) keeps its keys in one slot
             for odd in ("}x", "}", "a}b%"):
