@@ -48,11 +48,11 @@ local log, state = KEYS[1], KEYS[2]
 local limit, period, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 -- Checked before any write (the client checks first; this guards other callers).
 if not limit or limit < 1 or limit % 1 ~= 0 or limit > 9007199254740991 then
-    return redis.error_reply('ERR limit must be a whole number >= 1, got ' .. ARGV[1])
+    return redis.error_reply('ERR limit must be a whole number >= 1, got ' .. tostring(ARGV[1]))
 end
 if not period or period < 1 or period % 1 ~= 0 or period > 315360000000 then
     return redis.error_reply('ERR period must be a whole number of ms from 1 to ten years, got '
-        .. ARGV[2])
+        .. tostring(ARGV[2]))
 end
 if not id then
     return redis.error_reply('ERR call id missing')

@@ -326,6 +326,13 @@ def test_rate_limiters_lists_this_prefix_only(redis_client: Any) -> None:
     assert listed["paused"].limit == 0 and listed["paused"].paused > 29
 
 
+def test_a_space_makes_limiters_with_its_prefix_and_bound(redis_client: Any) -> None:
+    limiter = LockSpace(redis_client, "jobs", backend_timeout=2.5).rate_limiter("n", Rate(2, 3))
+    assert (limiter.prefix, limiter.backend_timeout, str(limiter.rate)) == ("jobs", 2.5, "2/3s")
+    assert limiter.keys.pair == ("jobs:rate:{n}", "jobs:rate:{n}:state")
+    assert limiter.try_acquire() and redis_client.exists(*limiter.keys.pair) == 2
+
+
 def test_the_lock_scan_ignores_rate_keys(redis_client: Any) -> None:
     for prefix in ("lock", "a*"):
         space = LockSpace(redis_client, prefix)

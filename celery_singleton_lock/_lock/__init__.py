@@ -21,9 +21,9 @@ from .deadline import DeadlineRetry
 from .keys import LockKeys, RateKeys, check_prefix
 from .observe import LockObserver, get_observer, set_observer
 from .owner import new_run_token
-from .rate import RateLimiter, RateReply, RateState
+from .rate import RateLimiter
 from .reentrant import ReentrantLock
-from .rule import Rate
+from .rule import Rate, RateReply, RateState
 from .semaphore import Semaphore
 from .space import (
     CLAIMED,

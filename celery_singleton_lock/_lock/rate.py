@@ -1,5 +1,5 @@
 """``RateLimiter``: at most N starts in any window of P seconds, across every process, counted on
-Redis's clock (lua/rate_take.lua); ``Rate`` is the rule, ``"10/s"`` or ``"5/10s"``."""
+Redis's clock (lua/rate_take.lua); its rule and replies are in :mod:`.rule`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import scripts
 from .checks import (
@@ -21,45 +21,9 @@ from .checks import (
 from .commands import backend_errors, text
 from .deadline import bounded
 from .keys import RateKeys, check_prefix, glob_escape
-from .rule import Rate
+from .rule import Rate, RateReply, RateState
 
 _log = logging.getLogger("celery_singleton_lock.rate")
-
-
-class RateReply(NamedTuple):
-    """What :meth:`RateLimiter.try_acquire` decided (lua/rate_take.lua's reply, typed)."""
-
-    admitted: bool
-    #: seconds until this call's turn (0.0 when admitted)
-    wait: float = 0.0
-    #: starts in the window ending now (this one included when admitted)
-    used: int = 0
-    #: Redis's clock at the decision, Unix seconds with microseconds (when admitted: this
-    #: call's start as the limiter counts it)
-    at: float = 0.0
-    #: seconds the limiter stays paused (0.0: not paused)
-    paused: float = 0.0
-
-    def __bool__(self) -> bool:
-        # A tuple with fields is always true: `if limiter.try_acquire():` must mean "admitted".
-        return self.admitted
-
-
-class RateState(NamedTuple):
-    """One rate limiter as an operator sees it (lua/rate_inspect.lua's reply, typed)."""
-
-    name: str
-    #: the rule last used on it (0 and 0.0 when unknown)
-    limit: int
-    period: float
-    #: starts in the window ending now
-    used: int
-    #: calls with a turn reserved
-    waiting: int
-    #: seconds until a new call would be admitted (0.0: now)
-    next_free: float
-    #: seconds of pause left (0.0: none)
-    paused: float
 
 
 def new_call_id() -> str:
@@ -70,7 +34,7 @@ def _check_call_id(call_id: object) -> str:
     if not isinstance(call_id, str) or not call_id:
         raise TypeError(
             f"call_id must be a non-empty str (the caller's stable id, such as a Celery task "
-            f"id), or None for a fresh one, got {call_id!r}"
+            f"id), or None for a call that keeps no turn, got {call_id!r}"
         )
     return call_id
 

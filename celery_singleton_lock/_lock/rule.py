@@ -1,10 +1,11 @@
 """``Rate``: the rule of a rate limiter, at most N starts in any window of P seconds, written
-``"10/s"`` or ``"5/10s"`` (:class:`RateLimiter` counts them)."""
+``"10/s"`` or ``"5/10s"``; and what a limiter answers, ``RateReply`` and ``RateState``."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .checks import check_duration
 
@@ -69,3 +70,39 @@ class Rate:
             if count.is_integer():
                 return f"{self.limit}/{'' if count == 1 else int(count)}{unit}"
         return f"{self.limit}/{self.period!r}s"
+
+
+class RateReply(NamedTuple):
+    """What :meth:`RateLimiter.try_acquire` decided (lua/rate_take.lua's reply, typed)."""
+
+    admitted: bool
+    #: seconds until this call's turn (0.0 when admitted)
+    wait: float = 0.0
+    #: starts in the window ending now (this one included when admitted)
+    used: int = 0
+    #: Redis's clock at the decision, Unix seconds with microseconds (when admitted: this
+    #: call's start as the limiter counts it)
+    at: float = 0.0
+    #: seconds the limiter stays paused (0.0: not paused)
+    paused: float = 0.0
+
+    def __bool__(self) -> bool:
+        # A tuple with fields is always true: `if limiter.try_acquire():` must mean "admitted".
+        return self.admitted
+
+
+class RateState(NamedTuple):
+    """One rate limiter as an operator sees it (lua/rate_inspect.lua's reply, typed)."""
+
+    name: str
+    #: the rule last used on it (0 and 0.0 when unknown)
+    limit: int
+    period: float
+    #: starts in the window ending now
+    used: int
+    #: calls with a turn reserved
+    waiting: int
+    #: seconds until a new call would be admitted (0.0: now)
+    next_free: float
+    #: seconds of pause left (0.0: none)
+    paused: float

@@ -22,9 +22,9 @@ from .deadline import bounded
 from .keys import LockKeys, check_prefix, escape_name, glob_escape
 from .owner import new_request_id
 from .permits import check_permits, owned_by, permit_keys, release_owned, take
-from .rate import RateLimiter, RateState, find_rate_limiters
+from .rate import RateLimiter, find_rate_limiters
 from .reentrant import ReentrantLock
-from .rule import Rate
+from .rule import Rate, RateState
 from .semaphore import Semaphore
 
 #: :meth:`NamedLock.claim_waiter`'s answers: claimed; the waiter waits no more; another
