@@ -63,20 +63,19 @@ def _no_cooldown_or_seconds(task: str, name: str, value: object) -> float | None
     return check_duration(value, f"task {task!r}: {name}", allow_none=True, none_means="none")
 
 
-def _permits(task: str, name: str, value: object) -> int:
+def _permits_or_none(task: str, name: str, value: object) -> int | None:
+    if value is None:
+        return None  # lock_rate alone (checked with the other options)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(
-            f"task {task!r}: {name} must be a whole number of runs at once such as 3, got {value!r}"
+            f"task {task!r}: {name} must be a whole number of runs at once such as 3 (or None: "
+            f"no limit, with lock_rate), got {value!r}"
         )
     if value < 1:
         raise ValueError(
             f"task {task!r}: {name} must be at least 1 (1: one run at a time), got {value}"
         )
     return value
-
-
-def _permits_or_none(task: str, name: str, value: object) -> int | None:
-    return None if value is None else _permits(task, name, value)
 
 
 def _rate(task: str, name: str, value: object) -> Rate | Callable[..., Any] | None:
@@ -367,17 +366,14 @@ def _check_combination(task: str, options: LockOptions, raw: Mapping[str, Any]) 
     for name in ("lock_rate_key", "lock_rate_max_delay"):
         if options.lock_rate is None and name in raw:
             refuse(f"{name} is set but lock_rate is not")
-    if options.lock_limit is None:
-        if options.lock_rate is None:
-            refuse(
-                "lock_limit=None (no limit on runs at once) needs lock_rate: without it the task "
-                "would not be locked at all; use a plain Task, or lock_limit=N"
-            )
-        if options.lock_at != "run" or options.lock_cooldown is not None:
-            refuse(
-                "lock_limit=None holds no lock, and lock_at='publish', 'queue' and "
-                "lock_cooldown need one; set lock_limit=1 (one at a time) or more"
-            )
+    if options.lock_limit is None and (
+        options.lock_rate is None or options.lock_at != "run" or options.lock_cooldown is not None
+    ):
+        refuse(
+            "lock_limit=None (no limit on runs at once) holds no lock: it needs lock_rate, and "
+            "lock_at='publish', 'queue' and lock_cooldown need a lock; set lock_limit=1 (one at "
+            "a time) or more, or use a plain Task"
+        )
     if options.lock_rate is not None and options.lock_release_on_start:
         refuse(
             "lock_rate counts starts, and lock_release_on_start=True releases the job's lock as "
