@@ -1,9 +1,8 @@
 """Per-task lock options: their one definition, and their validation.
 
-Each option is one field of :class:`LockOptions`: its name, its default, the README's
-description and its check. :class:`~._celery.task.LockedTask` gets its class attributes from
-these fields, the misspelt-option check its list of names, and the README's options table is
-:func:`options_table` (a test keeps the two equal).
+Each option is one field of :class:`LockOptions` (name, default, the README's description,
+check): ``LockedTask`` gets its class attributes from these fields, the misspelt-option check
+its names, and the README's options table is :func:`options_table` (a test keeps them equal).
 """
 
 from __future__ import annotations
