@@ -285,5 +285,14 @@ def test_a_rate_callables_bad_answer_fails_the_run_before_redis(app: Any, client
     def keyed(n: Any) -> None:
         return None
 
+    @app_task(
+        app, base=LockedTask, name="bad.rate.locked_key", shared=False, lock_rate="5/s",
+        lock_limit=1, lock_rate_key=lambda n: n,
+    )  # fmt: skip
+    def locked_keyed(n: Any) -> None:
+        return None
+
     _refused(client, lambda: rated.apply(("ten a second",), throw=True), "lock_rate(...)")
     _refused(client, lambda: keyed.apply((7,), throw=True), "lock_rate_key(...)")
+    # with a lock too: the limiter is made before the lock is taken, so no lock is left held
+    _refused(client, lambda: locked_keyed.apply((7,), throw=True), "lock_rate_key(...)")

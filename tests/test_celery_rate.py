@@ -324,3 +324,20 @@ def test_a_task_class_maps_a_partners_error_to_a_pause(
     busy_at = starts[0]["at"]
     assert [s["id"] for s in starts].count(told.id) == 2
     assert all(s["at"] >= busy_at + 1.0 for s in starts[1:])
+
+
+def test_a_limiter_that_fails_lets_the_run_s_lock_go(
+    fault_server: RedisServer, fault_app: Celery, fault_worker: Any
+) -> None:
+    job = new_job("rate-fails")
+    task = fault_app.tasks["fault.rated_limited"]
+    space = task.locking.space(fault_app)
+    name = task.locking.lock_name(task.name, [job], {})
+    # Redis refuses the limiter's script (its key holds a string: WRONGTYPE), after the run
+    # took one of its job's two slots
+    locks = fault_server.client(db=LOCK_DB)
+    locks.set(RateKeys.for_name(space.prefix, name).log, "not a sorted set", ex=60)
+    call = task.delay(job, 0, 0.0)
+    _done([call], 10)
+    assert call.state == "FAILURE" and "LockBackendError" in repr(call.result)
+    assert not task.is_locked(job)  # the slot the run took was let go

@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Any, ClassVar, NoReturn
 
 from celery import states
 from celery.exceptions import Ignore
 
 from ..._errors import LockBackendError
-from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore, new_run_token
+from ..._lock import (
+    AcquireReply,
+    NamedLock,
+    RateLimiter,
+    ReentrantLock,
+    Semaphore,
+    new_run_token,
+)
 from ..config import Bound
 from ..conflict import Conflict, conflict_for
 from ..hold import HoldState, MessageLock, holder_info, release_if_in
@@ -100,11 +108,17 @@ class RunMode:
             return TaskRun(task, None)
 
     def take(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
-        if not self.holds_lock:  # lock_rate alone: no lock, the limiter only
-            run = TaskRun(task, None)
-            run.turn = self.admit(task, request, bound, message, None)
-            return run
         name = self.run_lock(message)
+        # The call's limiter first: a lock_rate or lock_rate_key callable that fails does so
+        # before anything is written.
+        limiter = None
+        if self.rate is not None:
+            limiter = self.rate.limiter(task, bound, name, request.args, request.kwargs)
+        if not self.holds_lock:  # lock_rate alone: no lock, the limiter only
+            assert limiter is not None, "lock_limit=None is refused without lock_rate"
+            run = TaskRun(task, None)
+            run.turn = self.admit(task, request, bound, message, None, limiter)
+            return run
         lock = self.new_lock(task, bound, name, request.id)
         reply = lock.try_acquire()
         if (
@@ -119,7 +133,9 @@ class RunMode:
         if reply.acquired:
             held = lock.held if isinstance(lock, Semaphore) else lock
             assert held is not None, "an acquired semaphore holds a slot"
-            turn = None if self.rate is None else self.admit(task, request, bound, message, held)
+            turn = None
+            if limiter is not None:
+                turn = self.admit(task, request, bound, message, held, limiter)
             run = self.entered(task, request, bound, held, message)
             run.turn = turn
             return run
@@ -136,20 +152,33 @@ class RunMode:
         return self.refused(task, request, bound, message, job, lock, reply)
 
     def admit(
-        self, task: Any, request: Any, bound: Bound, message: str, held: ReentrantLock | None
+        self,
+        task: Any,
+        request: Any,
+        bound: Bound,
+        message: str,
+        held: ReentrantLock | None,
+        limiter: RateLimiter,
     ) -> Turn:
         """The run holds its job's lock (``held``; ``None`` with ``lock_rate`` alone): take its
-        turn under ``lock_rate``, or give the hold up (:meth:`yield_hold`) and come back."""
+        turn under ``lock_rate``, or give the hold up (:meth:`yield_hold`) and come back. When
+        the limiter fails (Redis), what this run took is let go before the error goes on."""
         assert self.rate is not None
-        limiter = self.rate.limiter(
-            task, bound, self.run_lock(message), request.args, request.kwargs
-        )
+        let_go_done = False
 
         def let_go(countdown: float | None) -> None:
+            nonlocal let_go_done
+            let_go_done = True
             if held is not None:
                 self.yield_hold(task, request, bound, message, held, countdown)
 
-        return self.rate.admit(task, request, limiter, self.conflict, let_go)
+        try:
+            return self.rate.admit(task, request, limiter, self.conflict, let_go)
+        except LockBackendError:
+            if held is not None and not let_go_done:
+                with suppress(Exception):  # resent in the background when Redis fails
+                    held.release_all()
+            raise
 
     def yield_hold(
         self,
