@@ -77,12 +77,14 @@ class Turn(NamedTuple):
 class TaskRate:
     """A task class's ``lock_rate``: which limiter a call asks, and what a refusal does."""
 
-    __slots__ = ("key", "max_delay", "rate")
+    __slots__ = ("_shared", "key", "max_delay", "rate")
 
     def __init__(self, options: LockOptions) -> None:
         self.rate = options.lock_rate
         self.key = options.lock_rate_key
         self.max_delay = options.lock_rate_max_delay
+        #: the one limiter of a fixed name and rule, with the lock space it was made for
+        self._shared: tuple[Any, RateLimiter] | None = None
 
     def limiter(
         self,
@@ -94,12 +96,17 @@ class TaskRate:
     ) -> RateLimiter:
         """The limiter of one call of the job ``job`` (its lock name): the one the call's
         arguments name (``lock_rate_key``), else the job's own, under its rule."""
+        key, rate = self.key, self.rate
+        if isinstance(key, str) and isinstance(rate, Rate):
+            # one limiter for every call: made once per app config, not per call
+            shared = self._shared
+            if shared is None or shared[0] is not bound.space:
+                shared = self._shared = (bound.space, bound.space.rate_limiter(key, rate))
+            return shared[1]
         args, kwargs = args or (), kwargs or {}
-        rate = self.rate
         if not isinstance(rate, Rate):
             assert rate is not None, "a TaskRate is made for a task with lock_rate"
             rate = Rate.parse(rate(*args, **kwargs), f"task {task.name!r}: lock_rate(...)")
-        key = self.key
         if key is None:
             name = job
         elif isinstance(key, str):

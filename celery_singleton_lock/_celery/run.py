@@ -15,13 +15,16 @@ import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore, Reject, Retry
 
 from .._errors import LockBackendError, TaskLockedError
 from .._lock import ReentrantLock
 from .hold import HoldState, holder_info
+
+if TYPE_CHECKING:
+    from .rate import Turn
 
 __all__ = ["TaskRun", "current_run", "retry_keeping_lock", "run_locked", "seconds_until"]
 
@@ -66,7 +69,7 @@ class TaskRun:
         #: a nested call inside its own run
         self.body_started = False
         #: its turn under ``lock_rate`` (``None`` without the option)
-        self.turn: Any = None
+        self.turn: Turn | None = None
 
     @property
     def held_lock(self) -> ReentrantLock | None:
