@@ -125,6 +125,21 @@ class WorkerProcess:
 
         return wait_until(found, timeout, f"{pattern!r} in the log of {self.hostname}", 0.05)
 
+    def accepted(self, app: Any, task_id: str, timeout: float = 10.0) -> int:
+        """Wait until the worker's main process has read that a pool process accepted
+        ``task_id`` (``inspect active`` gives its pid); returns that pid. A test that kills the
+        pool process waits for this first: billiard sends a job it has not seen accepted to
+        another pool process instead of failing it with ``WorkerLostError``."""
+
+        def pid() -> int | None:
+            active = app.control.inspect([self.hostname], timeout=1.0).active() or {}
+            for request in active.get(self.hostname, []):
+                if request.get("id") == task_id and request.get("worker_pid"):
+                    return int(request["worker_pid"])
+            return None
+
+        return wait_until(pid, timeout, f"{task_id} accepted by a pool process of {self.hostname}")
+
     def children(self) -> list[int]:
         """Pids of the main process's child processes (pool children, embedded beat)."""
         try:

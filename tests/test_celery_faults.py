@@ -360,6 +360,7 @@ def test_released_when_pool_child_sigkilled(env: Env, w: WorkerProcess) -> None:
     result = env.task("work").delay(job, 30.0)
     pid = env.started(job)[0]["pid"]
     assert pid in w.children()
+    assert w.accepted(env.app, result.id) == pid
     assert env.locks.exists(key)
     os.kill(pid, signal.SIGKILL)
     took = env.gone_within(key, 15)

@@ -149,6 +149,7 @@ def test_the_slot_of_a_killed_pool_child_is_released_by_the_main_process(
                 "the run to start",
             )
             assert pid in worker.children()
+            assert worker.accepted(fault_app, result.id) == pid
             assert [s.holder for s in space.named(name, 2).inspect()] == ["other-holder", result.id]
             os.kill(pid, signal.SIGKILL)
             wait_until(

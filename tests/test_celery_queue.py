@@ -267,7 +267,9 @@ def test_a_killed_run_process_wakes_the_queued_copy_at_once(
         _started(data, job)
         waiting = task.apply_async((job, 0.0), queue=b)
         _parked(waiting)
-        os.kill(records(data, "starts", job)[0]["pid"], signal.SIGKILL)  # the main process stays
+        pid = records(data, "starts", job)[0]["pid"]
+        assert runner.accepted(fault_app, running.id) == pid
+        os.kill(pid, signal.SIGKILL)  # the main process stays
         released = runner.wait_log(
             rf"\[([-\d]+ [:\d]+,\d+): INFO/MainProcess\] released \S+ of "
             rf"fault\.queue_patient\[{running.id}\] after its pool process ended",
