@@ -59,8 +59,10 @@ def locks(redis_server: RedisServer, web_app: Celery) -> Iterator[Any]:
 
 def hold(client: Any, name: str, owner: str, *, state: str = "", task: str = "") -> Any:
     """A lock held in Redis for ``owner`` (no renewal here: a long lease)."""
-    reply = LockSpace(client).named(name).take(
-        owner, 60, state=state, info=info(task, owner) if task else ""
+    reply = (
+        LockSpace(client)
+        .named(name)
+        .take(owner, 60, state=state, info=info(task, owner) if task else "")
     )
     assert reply.acquired
     return reply
@@ -76,7 +78,7 @@ def test_the_list_shows_locks_cooldowns_slots_limiters_and_beat_leaders(
     assert running.acquire(blocking=False)
     hold(locks, "webt.cool:1", "task-2", state="cooldown", task="webt.cool")
     first, second = slots.delay(7), slots.delay(7)
-    waiting = debounced.delay(1)
+    debounced.delay(1)
     limiter = RateLimiter(locks, "api", "5/m")
     assert limiter.try_acquire().admitted
     leader = ReentrantLock(locks, "beat:webtest", ttl=30, info="celery beat b1")
@@ -89,7 +91,11 @@ def test_the_list_shows_locks_cooldowns_slots_limiters_and_beat_leaders(
             rows = {r["key"]: r for r in table_rows(page.body, "locks")}
             run = rows["lock:{webt.run:1}"]
             assert (run["state"], run["task"], run["holder"]) == ("running", "webt.run", "task-1")
-            assert (run["host"], run["pid"], run["@detail"]) == ("w1", "4242", "lock?key=lock%3A%7Bwebt.run%3A1%7D")
+            assert (run["host"], run["pid"], run["@detail"]) == (
+                "w1",
+                "4242",
+                "lock?key=lock%3A%7Bwebt.run%3A1%7D",
+            )
             assert rows["lock:{webt.cool:1}"]["state"] == "cooldown"
             assert rows["lock:{webt.cool:1}"]["lease"].endswith("s")
             slot_rows = [r for r in rows.values() if r["task"] == "webt.slots"]
@@ -105,14 +111,19 @@ def test_the_list_shows_locks_cooldowns_slots_limiters_and_beat_leaders(
             assert (beat["data-key"], beat["app"], beat["holder"]) == (
                 "lock:{beat:webtest}", "webtest", leader.owner,
             )  # fmt: skip
-            for name in ("duplicates", "refusals-limit", "refusals-cooldown", "refusals-rate", "lost"):
+            for name in (
+                "duplicates",
+                "refusals-limit",
+                "refusals-cooldown",
+                "refusals-rate",
+                "lost",
+            ):
                 assert text_of(page.body, "data-count", name) is not None
                 assert text_of(page.body, "data-count", name).isdecimal()  # type: ignore[union-attr]
             assert 'id="purge"' not in page.body
     finally:
         running.release()
         leader.release()
-
 
 
 def test_filter_sort_and_paging(web_app: Celery, locks: Any) -> None:

@@ -75,7 +75,7 @@ def make_urlpatterns(
         options.update(make_app_options)
         return make_app(_celery_app(), access=access, **options)
 
-    @csrf_exempt
+    @csrf_exempt  # type: ignore[untyped-decorator]  # django: unannotated
     def page(request: Any, sub: str = "") -> HttpResponse:
         if not can_view(request):
             user = getattr(request, "user", None)
@@ -86,7 +86,9 @@ def make_urlpatterns(
         environ = {**request.META, REQUEST: request}
         full = request.path
         mount = full[: len(full) - len(sub)] if sub else full
-        form = {k: request.POST.get(k, "") for k in request.POST} if request.method == "POST" else {}
+        form = (
+            {k: request.POST.get(k, "") for k in request.POST} if request.method == "POST" else {}
+        )
         answer = web().handle(request_from_environ(environ, sub, mount, form))
         response = HttpResponse(answer.body, status=answer.status)
         for header, value in answer.headers:  # one Set-Cookie at most: the page's CSRF cookie
