@@ -16,6 +16,11 @@ times, interleaved, in rounds (the median is reported):
   ``find_locks`` read them before (the reference: what the batches save).
 
 Both must return the same views (checked each round). Target: 10,000 locks in under 0.5 s.
+
+Then what a refused call pays for the recent counts (``singleton_lock_counts``): the Celery
+layer's ``report_refusal`` of a ``LockedTask`` (what a duplicate's path calls once), with the
+setting on (a dict increment; a thread writes them each second) and off, per call, beside the
+round trip every refused call makes anyway (a refused acquire: one EVALSHA).
 """
 
 from __future__ import annotations
@@ -68,6 +73,50 @@ def one_by_one(client: Any, prefix: str = "lock", pattern: str = "*") -> list[lo
     return locks.views_of((space.inspect(keys.lock) for keys in space.find(pattern)), now)
 
 
+def per_call_us(call: Any, n: int, rounds: int) -> float:
+    """Median over ``rounds`` of the microseconds one ``call()`` takes, ``n`` calls a round."""
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(n):
+            call()
+        times.append((time.perf_counter() - started) / n * 1e6)
+    return statistics.median(times)
+
+
+def _never_run() -> None:
+    """The benched task's body: never run, only its reports are timed."""
+
+
+def refusal_costs(server: RedisServer, rounds: int) -> dict[str, float]:
+    """Microseconds per refused call: its report with the counts on and off, and a refused
+    acquire (the round trip of the refusal itself)."""
+    from celery import Celery
+
+    from celery_singleton_lock import LockedTask, reload_settings
+    from celery_singleton_lock._celery import counts
+    from celery_singleton_lock._celery.hold import report_refusal
+
+    app = Celery("bench_ops", set_as_current=False)
+    app.conf.singleton_lock_redis_url = f"redis://127.0.0.1:{server.port}/1"
+
+    task = app.task(base=LockedTask, name="bench.refused", shared=False)(_never_run)
+    space = task.locking.space(app)
+    job = space.named("bench-refused")
+    assert job.take("holder", 600.0).acquired
+    results = {
+        "refused acquire (EVALSHA)": per_call_us(lambda: job.take("other", 600.0), 2_000, rounds)
+    }
+    for on in (True, False):
+        app.conf.singleton_lock_counts = on
+        reload_settings(app)
+        results[f"report_refusal, counts {'on' if on else 'off'}"] = per_call_us(
+            lambda: report_refusal(task, "limit"), 200_000, rounds
+        )
+    counts.flush()
+    return results
+
+
 def _comparable(views: list[locks.LockView]) -> list[tuple[Any, ...]]:
     # age and lease move between two reads: compared without them
     return [(v.key, v.task, v.holder, v.pid, v.state, v.fence, v.slots) for v in views]
@@ -93,6 +142,7 @@ def main() -> int:
                 times[name].append(time.perf_counter() - started)
             assert len(found["find_locks"]) == args.n, len(found["find_locks"])
             assert _comparable(found["find_locks"]) == _comparable(found["one round trip per lock"])
+        costs = refusal_costs(server, args.rounds)
     medians = {name: statistics.median(t) for name, t in times.items()}
     result = {
         "locks": args.n,
@@ -101,6 +151,7 @@ def main() -> int:
         "speedup": medians["one round trip per lock"] / medians["find_locks"],
         "target_s": TARGET_S,
         "met": medians["find_locks"] < TARGET_S,
+        "refusal_us": costs,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -112,6 +163,10 @@ def main() -> int:
     met = "yes" if result["met"] else "**no**"
     speedup = result["speedup"]
     print(f"\nfind_locks is {speedup:.1f}x the one-by-one read; target < {TARGET_S} s: {met}")
+    print("\nWhat a refused call pays for the recent counts, median of the rounds")
+    print("| call | us/call |\n| --- | ---: |")
+    for name, us in costs.items():
+        print(f"| {name} | {us:.3f} |")
     return 0
 
 
