@@ -50,6 +50,8 @@ _clients: dict[int, Any] = {}
 _mutex = threading.Lock()
 _wake = threading.Condition(_mutex)
 _thread: threading.Thread | None = None
+#: the last write failed: the process's exit does not wait on a Redis that is down
+_failing = False
 
 
 def counts_key(prefix: str, minute: int) -> str:
@@ -93,7 +95,7 @@ def _start() -> None:
     global _thread
     _thread = threading.Thread(target=_run, name="celery-singleton-lock-counts", daemon=True)
     _thread.start()
-    atexit.register(flush)
+    atexit.register(_at_exit)
 
 
 def _run() -> None:
@@ -120,6 +122,7 @@ def flush() -> bool:
     by_client: dict[int, list[tuple[str, int, str, int]]] = {}
     for (client_id, prefix, minute, field), n in taken.items():
         by_client.setdefault(client_id, []).append((prefix, minute, field, n))
+    global _failing
     ok = True
     for client_id, rows in by_client.items():
         try:
@@ -133,7 +136,15 @@ def flush() -> bool:
                 exc,
             )
             _keep(clients[client_id], rows)
+    _failing = not ok
     return ok
+
+
+def _at_exit() -> None:
+    """At the interpreter's exit (a publisher's): write what is left, unless Redis failed the
+    last write (the exit would wait on it)."""
+    if _pending and not _failing:
+        flush()
 
 
 def _write(client: Any, rows: list[tuple[str, int, str, int]]) -> None:
@@ -165,12 +176,13 @@ def on_shutdown(**_: Any) -> None:
 def _after_fork_in_child() -> None:
     """A forked child counts from zero with a lock and no thread of its own (its parent
     writes what it had counted)."""
-    global _mutex, _wake, _thread
+    global _mutex, _wake, _thread, _failing
     _pending.clear()
     _clients.clear()
     _mutex = threading.Lock()
     _wake = threading.Condition(_mutex)
     _thread = None
+    _failing = False
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
