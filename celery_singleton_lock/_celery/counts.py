@@ -73,11 +73,12 @@ def count(task: Any, field: str) -> None:
         log.debug("%s not counted for %r", field, task, exc_info=True)
         return
     with _mutex:
+        idle = not _pending  # the thread waits only while nothing is pending
         _pending[key] += 1
         _clients[key[0]] = client
         if _thread is None:
             _start()
-        else:
+        elif idle:
             _wake.notify()
 
 
