@@ -22,16 +22,20 @@ from typing import Any
 
 import faultapp
 import pytest
+import redis
 from celery import Celery
 from celery_procs import WorkerProcess, close_app, new_job, redis_base
 from faultapp import DATA_DB, LOCK_DB
 from lock_helpers import wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from celery_singleton_lock import LockBackendError
 from celery_singleton_lock._celery import counts as writer
 from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock._ops.counts import RecentCounts, recent_counts
 from celery_singleton_lock._ops.locks import find_limiters, find_locks
-from celery_singleton_lock.testing import RedisServer
+from celery_singleton_lock.testing import RedisServer, free_port
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -147,6 +151,9 @@ def test_only_the_window_is_counted(server: RedisServer) -> None:
     assert recent_counts(client, "window", minutes=120).refusals["limit"] == 15
     assert recent_counts(client, "window", minutes=1).refusals["limit"] == 1
     assert recent_counts(client, "nothing-here").total_duplicates() == 0
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    with pytest.raises(LockBackendError, match="read the counts under prefix 'lock'"):
+        recent_counts(dead)
     for bad in (0, 121, 1.5, "60"):
         with pytest.raises(ValueError, match="minutes must be an int from 1 to 120"):
             recent_counts(client, "window", minutes=bad)  # type: ignore[arg-type]

@@ -8,9 +8,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from .._celery.counts import LOST, RETENTION_S, counts_key
+from .._errors import LockBackendError
 from .._lock import LockSpace, check_prefix, text
-from .._lock.commands import backend_errors
 
 __all__ = ["DUPLICATE_ACTIONS", "REFUSAL_REASONS", "RecentCounts", "recent_counts"]
 
@@ -56,11 +58,16 @@ def recent_counts(client: Any, prefix: str = "lock", minutes: int = 60) -> Recen
     minutes = _check_minutes(minutes)
     now = int(LockSpace(client, prefix).server_time() // 60)
     keys = [counts_key(prefix, minute) for minute in range(now - minutes + 1, now + 1)]
-    with backend_errors("read", "", f"the counts under prefix {prefix!r}"):
+    try:
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.hgetall(key)
         hashes = pipe.execute()
+    except RedisError as exc:
+        raise LockBackendError(
+            f"Redis failed to read the counts under prefix {prefix!r}: {type(exc).__name__}: "
+            f"{exc}. Check that Redis is reachable at the configured URL."
+        ) from exc
     total: Counter[str] = Counter()
     for fields in hashes:
         for name, value in fields.items():
