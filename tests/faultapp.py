@@ -49,6 +49,8 @@ BEAT_ENV = "CSL_FAULT_BEAT"
 TTL_ENV = "CSL_FAULT_TTL"
 #: a port: the app's singleton_lock_metrics_port (tests/test_metrics.py)
 METRICS_ENV = "CSL_FAULT_METRICS_PORT"
+#: "0": the app's singleton_lock_counts is off (tests/test_ops_counts.py)
+COUNTS_ENV = "CSL_FAULT_COUNTS"
 #: "1": the worker accepts pickled messages too (fault.queue_pickled; a worker run as root
 #: also needs C_FORCE_ROOT for that)
 PICKLE_ENV = "CSL_FAULT_PICKLE"
@@ -751,6 +753,8 @@ if os.environ.get(URL_ENV):
         app.conf.accept_content = ["json", "pickle"]
     if os.environ.get(TTL_ENV):
         app.conf.singleton_lock_ttl = float(os.environ[TTL_ENV])
+    if os.environ.get(COUNTS_ENV) == "0":
+        app.conf.singleton_lock_counts = False
     if os.environ.get(METRICS_ENV):
         app.conf.update(
             singleton_lock_metrics_port=int(os.environ[METRICS_ENV]),

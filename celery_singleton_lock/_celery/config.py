@@ -46,6 +46,7 @@ class LockConfig:
         "backend_timeout",
         "beat_scheduler",
         "client_setting",
+        "counts",
         "metrics_address",
         "metrics_port",
         "on_backend_error",
@@ -76,6 +77,8 @@ class LockConfig:
         self.tasks: dict[str, Any] = dict(values["singleton_lock_tasks"])
         self.metrics_port: int | None = values["singleton_lock_metrics_port"]
         self.metrics_address: str = values["singleton_lock_metrics_address"]
+        #: ``singleton_lock_counts``: count duplicates, refusals and lost locks in Redis
+        self.counts: bool = values["singleton_lock_counts"]
         self._app = weakref.ref(app)
         self._inputs = tuple(given(conf, name) for name in _CLIENT_INPUTS)
         self._mutex = threading.Lock()

@@ -67,7 +67,7 @@ class Conflict:
                 key,
                 refusal.holder,
             )
-            report_duplicate(task.name, "raised")
+            report_duplicate(task, "raised")
             raise _locked_error(refusal, key, reason)
         if reason == "rate":
             log.info(
@@ -94,7 +94,7 @@ class Conflict:
                 key,
                 refusal.holder,
             )
-        report_duplicate(task.name, "skipped")
+        report_duplicate(task, "skipped")
         store_skipped(task, request, {"holder": refusal.holder, "lock": key, "reason": reason})
         raise Ignore()
 
@@ -113,7 +113,7 @@ class Raise(Conflict):
     def refused(
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
-        report_duplicate(task.name, "raised")
+        report_duplicate(task, "raised")
         raise _locked_error(refusal, key, reason)
 
 
@@ -130,7 +130,7 @@ class Retry(Conflict):
     def refused(
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
-        report_duplicate(task.name, "retried")
+        report_duplicate(task, "retried")
         try:
             raise task.retry(countdown=self.retry_countdown(request, refusal))
         except MaxRetriesExceededError:

@@ -21,6 +21,7 @@ from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Protocol
 
 from .._lock import NamedLock
+from .counts import count
 
 __all__ = [
     "HEADER",
@@ -168,13 +169,17 @@ def set_job_observer(new: JobObserver | None) -> None:
     observer = new
 
 
-def report_duplicate(task_name: str, action: str) -> None:
-    """Count a duplicate of ``task_name`` and what was done with it (see :class:`JobObserver`)."""
+def report_duplicate(task: Any, action: str) -> None:
+    """Count a duplicate of ``task`` and what was done with it (see :class:`JobObserver`), for
+    the metrics and in Redis (:mod:`.counts`)."""
+    count(task, "duplicates:" + action)
     if observer is not None:
-        observer.duplicate(task_name, action)
+        observer.duplicate(task.name, action)
 
 
-def report_refusal(task_name: str, reason: str) -> None:
-    """Count why a duplicate of ``task_name`` was refused (see :class:`JobObserver`)."""
+def report_refusal(task: Any, reason: str) -> None:
+    """Count why a call of ``task`` was refused (see :class:`JobObserver`), for the metrics
+    and in Redis (:mod:`.counts`)."""
+    count(task, "refusals:" + reason)
     if observer is not None:
-        observer.refused_by(task_name, reason)
+        observer.refused_by(task.name, reason)

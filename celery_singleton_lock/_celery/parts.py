@@ -92,7 +92,7 @@ def refusal_reason(task: Any, cooldown: Cooldown | None, job: NamedLock, holder:
         reason = "limit"
     else:
         return "locked"
-    report_refusal(task.name, reason)
+    report_refusal(task, reason)
     return reason
 
 
@@ -132,7 +132,7 @@ class Debounce:
             by,
             holder,
         )
-        report_duplicate(task.name, "replaced")
+        report_duplicate(task, "replaced")
         return True
 
 

@@ -131,7 +131,7 @@ class TaskRate:
             reply = limiter.try_acquire(request.id)
         if reply.admitted:
             return Turn(limiter, reply)
-        report_refusal(task.name, "rate")
+        report_refusal(task, "rate")
         self.wait_turn(task, request, limiter, reply, conflict, let_go)
 
     def paused(
@@ -155,7 +155,7 @@ class TaskRate:
             limiter.name,
             left,
         )
-        report_refusal(task.name, "rate")
+        report_refusal(task, "rate")
         reply = RateReply(False, wait=left, at=turn.reply.at, paused=left)
         self.wait_turn(task, request, limiter, reply, conflict, let_go)
 

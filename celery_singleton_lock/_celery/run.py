@@ -21,6 +21,7 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from .._errors import LockBackendError, TaskLockedError
 from .._lock import ReentrantLock
+from .counts import LOST, count
 from .hold import HoldState, holder_info
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ class TaskRun:
                 lock.key,
                 lock.owner,
             )
+            count(task, LOST)
         if self.after_end is not None:
             self.after_end()
 
@@ -121,6 +123,8 @@ class TaskRun:
         lease = max(delay, 0.0) + task.locking.queue_ttl(task.app)
         try:
             kept = lock.park(lease, holder_info(task.name, lock.owner), HoldState.REQUEUED)
+            if not kept:  # Redis said it was not held (not: Redis did not answer)
+                count(task, LOST)
         except LockBackendError as exc:
             log.error("could not keep %s for the retry: %s", lock.key, exc)
             kept = False

@@ -185,6 +185,12 @@ def _policy(name: str, value: Any) -> str:
     return str(value)
 
 
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -289,6 +295,15 @@ SETTINGS: dict[str, Setting] = {
             '`"0.0.0.0"`',
             "the address the metrics listen on",
             _address,
+        ),
+        Setting(
+            "singleton_lock_counts",
+            True,
+            "`True`",
+            "count duplicates, refusals and lost locks per minute in Redis "
+            "(`<prefix>:counts:<minute>` hashes, kept 2 h) for the locks web page's last hour; "
+            "a task pays a dict increment on those paths only, a thread writes them each second",
+            _bool,
         ),
     )
 }

@@ -20,6 +20,7 @@ from typing import Any
 from celery import signals
 from celery.app import app_or_default
 
+from . import counts
 from .canvas import note_chord_member
 from .config import LockConfig, reload_settings
 from .worker import on_task_rejected, on_task_revoked, on_task_unknown
@@ -98,6 +99,8 @@ def connect() -> None:
             (signals.worker_init, on_start),
             (signals.beat_init, on_start),
             (signals.worker_process_init, _on_worker_process_init),
+            (signals.worker_process_shutdown, counts.on_shutdown),
+            (signals.worker_shutdown, counts.on_shutdown),
         ):
             signal.connect(
                 receiver, weak=False, dispatch_uid=f"celery_singleton_lock.{signal.name}"

@@ -328,6 +328,11 @@ def inspect(client: Any, keys: LockKeys) -> LockState:
     """The lock's state, read atomically."""
     with backend_errors("inspect", keys.name):
         reply = scripts.INSPECT(client, keys.pair, ())
+    return lock_state(keys, reply)
+
+
+def lock_state(keys: LockKeys, reply: Any) -> LockState:
+    """lua/inspect.lua's ``reply`` for the lock of ``keys``, typed."""
     pttl, fence = int(reply[0]), text(reply[1])
     return LockState(
         keys=keys,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from . import commands, observe, scripts
+from . import batch, commands, observe, scripts
 from .checks import RedisClient, check_backend_timeout, check_client, check_lease_ms
 from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, seconds, text
 from .deadline import bounded
@@ -120,6 +120,13 @@ class LockSpace:
         with bounded(self.backend_timeout):
             return commands.inspect(self.client, self.keys_of(key_or_name))
 
+    def inspect_many(self, keys: Sequence[LockKeys]) -> list[LockState]:
+        """:meth:`inspect` of each lock of ``keys`` (from :meth:`find`), in order, pipelined in
+        batches: a few round trips for thousands of locks (per node on a Cluster). Each lock is
+        read atomically; the list as a whole is no one snapshot."""
+        with bounded(self.backend_timeout):
+            return batch.inspect_many(self.client, keys, self.prefix)
+
     def force_release(
         self, key_or_name: str, *, holder: str | None = None, states: Collection[str] = ()
     ) -> bool:
@@ -130,15 +137,16 @@ class LockSpace:
             keys = self.keys_of(key_or_name)
             return commands.force_release(self.client, keys, holder or "", states=states)
 
-    def find(self, pattern: str = "*") -> Iterator[LockKeys]:
+    def find(self, pattern: str = "*", *, count: int = 500) -> Iterator[LockKeys]:
         """The keys of every lock (each permit too) whose name matches the glob ``pattern``,
-        by SCAN; a lock may appear twice while the keyspace is rehashed."""
+        by SCAN (``count``: the keys each SCAN call looks at); a lock may appear twice while
+        the keyspace is rehashed."""
         with backend_errors("scan", "", f"for the locks under prefix {self.prefix!r}"):
             # The pattern is escaped as a name is, so the '}' after it ends the name; the '*'
             # after it matches a permit's ':s<k>' (and hashes that are not locks: left out).
             # The prefix is matched literally: 'a*' must not find the locks of 'ab'.
             match = f"{glob_escape(self.prefix)}:{{{escape_name(pattern)}}}*"
-            for raw in self.client.scan_iter(match=match, count=500):
+            for raw in self.client.scan_iter(match=match, count=count):
                 with contextlib.suppress(ValueError):
                     yield LockKeys.from_lock_key(text(raw))
 

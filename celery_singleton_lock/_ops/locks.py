@@ -6,13 +6,18 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .._celery.hold import HoldState
 from .._lock import LockSpace, LockState, RateState
 
-__all__ = ["LockView", "find_limiters", "find_locks", "purge", "show"]
+__all__ = ["LockView", "find_limiters", "find_locks", "purge", "show", "views_of"]
+
+#: keys each SCAN call of :func:`find_locks` looks at: a lock is two keys (its hash and its
+#: meta hash), so 10,000 locks take about four calls
+SCAN_COUNT = 5000
 
 
 @dataclass(frozen=True)
@@ -65,18 +70,26 @@ def _view(state: LockState, info: dict[str, Any], now: float) -> LockView:
 
 
 def find_locks(client: Any, prefix: str = "lock", pattern: str = "*") -> list[LockView]:
-    """Every held lock under ``prefix`` whose name matches the glob ``pattern``, by key."""
+    """Every held lock under ``prefix`` whose name matches the glob ``pattern``, by key: found
+    by SCAN, then read in pipelined batches (a few round trips for thousands of locks)."""
     space = LockSpace(client, prefix)
     now = space.server_time()
+    # A key SCAN returned twice (a rehash) is read once.
+    found = list({keys.lock: keys for keys in space.find(pattern, count=SCAN_COUNT)}.values())
+    return views_of(space.inspect_many(found), now)
+
+
+def views_of(states: Iterable[LockState], now: float) -> list[LockView]:
+    """The held ones of ``states`` as ``locks list`` shows them (``now``: the server's clock),
+    by key, each slot of a job of several counted among the others found."""
     views: dict[str, LockView] = {}
     limits: dict[str, int] = {}
-    for keys in space.find(pattern):
-        state = space.inspect(keys.lock)
+    for state in states:
         if state.held:
             info = _info(state)
-            views[keys.lock] = _view(state, info, now)
+            views[state.keys.lock] = _view(state, info, now)
             if isinstance(info.get("limit"), int) and info["limit"] > 1:
-                limits[keys.name] = info["limit"]
+                limits[state.keys.name] = info["limit"]
     in_use = Counter(view.name for view in views.values())
     return [
         replace(v, slots=f"{in_use[v.name]}/{limits[v.name]}") if v.name in limits else v

@@ -194,11 +194,11 @@ class PublishMode(RunMode):
         in_canvas = canvas_member(options)
         by_worker = in_canvas and sent_by_worker(task.app, options)
         if in_canvas and not by_worker and chord_member_of(options):
-            report_duplicate(task.name, "raised")
+            report_duplicate(task, "raised")
             refuse_chord_member(task, options, reply.holder, ttl, key)
         # Raised inside a worker's chain step, it would fail the task before it instead.
         raising = self.options.lock_on_duplicate == "raise" and not by_worker
-        report_duplicate(task.name, "raised" if raising else "returned")
+        report_duplicate(task, "raised" if raising else "returned")
         error = AlreadyQueuedError(reply.holder, ttl, key, cooldown=cooldown)
         if in_canvas:
             fail_member(task, task_id, options, error)

@@ -102,7 +102,7 @@ class QueueMode(PublishMode):
             reply.holder,
             key,
         )
-        report_duplicate(task.name, "skipped")
+        report_duplicate(task, "skipped")
         store_skipped(task, request, {"holder": reply.holder, "lock": key, "reason": "queued"})
         raise Ignore()
 

@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""What an operator's read of every lock costs: ``find_locks`` (``celery locks list``, the web
+page) over 10,000 held locks, against a Redis on loopback.
+
+    .venv/bin/python bench/bench_ops.py              # 10,000 locks, 5 rounds
+    .venv/bin/python bench/bench_ops.py -n 2000 --rounds 3
+    .venv/bin/python bench/bench_ops.py --json       # the results as JSON on stdout
+
+The bench starts its own throw-away ``redis-server`` on a free loopback port
+(:class:`celery_singleton_lock.testing.RedisServer`), takes N locks with a Celery holder's info
+(every tenth a slot of a job of ``lock_limit=3``, so the slot count is worked out too), and
+times, interleaved, in rounds (the median is reported):
+
+* ``find_locks``: SCAN with a large COUNT, then lua/inspect.lua per lock, pipelined in batches;
+* ``one round trip per lock``: the same SCAN and views with one ``LockSpace.inspect`` each, as
+  ``find_locks`` read them before (the reference: what the batches save).
+
+Both must return the same views (checked each round). Target: 10,000 locks in under 0.5 s.
+
+Then what a refused call pays for the recent counts (``singleton_lock_counts``): the Celery
+layer's ``report_refusal`` of a ``LockedTask`` (what a duplicate's path calls once), with the
+setting on (a dict increment; a thread writes them each second) and off, per call, beside the
+round trip every refused call makes anyway (a refused acquire: one EVALSHA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from celery_singleton_lock._celery.hold import holder_info
+from celery_singleton_lock._lock import LockSpace, scripts
+from celery_singleton_lock._lock.keys import LockKeys
+from celery_singleton_lock._lock.scripts import META_RETENTION_MS
+from celery_singleton_lock._ops import locks
+from celery_singleton_lock.testing import RedisServer
+
+#: the target: 10,000 held locks read in under this many seconds
+TARGET_S = 0.5
+
+
+def take_locks(client: Any, prefix: str, n: int) -> None:
+    """N held locks, pipelined (the set-up is not what is measured)."""
+    lease_ms = 600_000
+    scripts.ACQUIRE.load(client)
+    pipe = client.pipeline(transaction=False)
+    for i in range(n):
+        # every tenth and the next: two slots of one job of three (its row says "2/3")
+        limit = 3 if i % 10 < 2 else 1
+        name = f"tasks.work:{i - i % 10 if limit > 1 else i}"
+        keys = LockKeys.for_name(prefix, name, 1 + i % 10 if limit > 1 else 1)
+        info = holder_info("tasks.work", f"id-{i}", limit)
+        args = (f"owner-{i}", lease_ms, f"req-{i}", lease_ms + META_RETENTION_MS, info, "", "")
+        scripts.ACQUIRE.queue(pipe, keys.pair, args)
+        if len(pipe) >= 1000:
+            pipe.execute()
+    pipe.execute()
+
+
+def one_by_one(client: Any, prefix: str = "lock", pattern: str = "*") -> list[locks.LockView]:
+    """``find_locks`` as it was: one inspect round trip per lock found."""
+    space = LockSpace(client, prefix)
+    now = space.server_time()
+    return locks.views_of((space.inspect(keys.lock) for keys in space.find(pattern)), now)
+
+
+def per_call_us(call: Any, n: int, rounds: int) -> float:
+    """Median over ``rounds`` of the microseconds one ``call()`` takes, ``n`` calls a round."""
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(n):
+            call()
+        times.append((time.perf_counter() - started) / n * 1e6)
+    return statistics.median(times)
+
+
+def _never_run() -> None:
+    """The benched task's body: never run, only its reports are timed."""
+
+
+def refusal_costs(server: RedisServer, rounds: int) -> dict[str, float]:
+    """Microseconds per refused call: its report with the counts on and off, and a refused
+    acquire (the round trip of the refusal itself)."""
+    from celery import Celery
+
+    from celery_singleton_lock import LockedTask, reload_settings
+    from celery_singleton_lock._celery import counts
+    from celery_singleton_lock._celery.hold import report_refusal
+
+    app = Celery("bench_ops", set_as_current=False)
+    app.conf.singleton_lock_redis_url = f"redis://127.0.0.1:{server.port}/1"
+
+    task = app.task(base=LockedTask, name="bench.refused", shared=False)(_never_run)
+    space = task.locking.space(app)
+    job = space.named("bench-refused")
+    assert job.take("holder", 600.0).acquired
+    results = {
+        "refused acquire (EVALSHA)": per_call_us(lambda: job.take("other", 600.0), 2_000, rounds)
+    }
+    for on in (True, False):
+        app.conf.singleton_lock_counts = on
+        reload_settings(app)
+        results[f"report_refusal, counts {'on' if on else 'off'}"] = per_call_us(
+            lambda: report_refusal(task, "limit"), 200_000, rounds
+        )
+    counts.flush()
+    return results
+
+
+def _comparable(views: list[locks.LockView]) -> list[tuple[Any, ...]]:
+    # age and lease move between two reads: compared without them
+    return [(v.key, v.task, v.holder, v.pid, v.state, v.fence, v.slots) for v in views]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", type=int, default=10_000, help="held locks (default 10000)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    args = p.parse_args()
+    contenders = {"find_locks": locks.find_locks, "one round trip per lock": one_by_one}
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    with RedisServer() as server:
+        client = server.client()
+        take_locks(client, "lock", args.n)
+        for r in range(args.rounds):
+            found: dict[str, list[locks.LockView]] = {}
+            order = list(contenders)[r % 2 :] + list(contenders)[: r % 2]
+            for name in order:
+                started = time.perf_counter()
+                found[name] = contenders[name](client)
+                times[name].append(time.perf_counter() - started)
+            assert len(found["find_locks"]) == args.n, len(found["find_locks"])
+            assert _comparable(found["find_locks"]) == _comparable(found["one round trip per lock"])
+        costs = refusal_costs(server, args.rounds)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    result = {
+        "locks": args.n,
+        "rounds": args.rounds,
+        "median_s": medians,
+        "speedup": medians["one round trip per lock"] / medians["find_locks"],
+        "target_s": TARGET_S,
+        "met": medians["find_locks"] < TARGET_S,
+        "refusal_us": costs,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"find_locks over {args.n:,} held locks, median of {args.rounds} interleaved rounds")
+    print("| contender | median s | locks/s |\n| --- | ---: | ---: |")
+    for name, seconds in medians.items():
+        print(f"| {name} | {seconds:.3f} | {args.n / seconds:,.0f} |")
+    met = "yes" if result["met"] else "**no**"
+    speedup = result["speedup"]
+    print(f"\nfind_locks is {speedup:.1f}x the one-by-one read; target < {TARGET_S} s: {met}")
+    print("\nWhat a refused call pays for the recent counts, median of the rounds")
+    print("| call | us/call |\n| --- | ---: |")
+    for name, us in costs.items():
+        print(f"| {name} | {us:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Recent counts (``_ops/counts.py``, written by ``_celery/counts.py``): duplicates, refusals
+and lost locks counted per minute in Redis by real ``celery worker`` subprocesses (prefork:
+the pool children count and write), read back by :func:`recent_counts`.
+
+* a duplicate skipped for a limit, a cooldown or a rate is counted, with its refusal's reason,
+  within the flush interval (each check waits for the exact counts with ``wait_until``); a
+  run whose lock an operator force-released counts as lost;
+* only the window's minutes are counted;
+* with ``singleton_lock_counts=False`` nothing is written (checked after the worker's warm
+  shutdown, which writes what is left: the same shutdown writes them with the setting on);
+* a write that Redis fails keeps the counts, written once the server is back;
+* the counts' keys are never a lock nor a limiter to ``locks list``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import faultapp
+import pytest
+import redis
+from celery import Celery
+from celery_procs import WorkerProcess, close_app, new_job, redis_base
+from faultapp import DATA_DB, LOCK_DB
+from lock_helpers import wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_singleton_lock import LockBackendError
+from celery_singleton_lock._celery import counts as writer
+from celery_singleton_lock._lock import LockSpace
+from celery_singleton_lock._ops.counts import RecentCounts, recent_counts
+from celery_singleton_lock._ops.locks import find_limiters, find_locks
+from celery_singleton_lock.testing import RedisServer, free_port
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def app(server: RedisServer) -> Iterator[Celery]:
+    app = faultapp.make_app(redis_base(server.port))
+    try:
+        yield app
+    finally:
+        close_app(app)
+
+
+@pytest.fixture(scope="module")
+def worker(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    log_dir = tmp_path_factory.mktemp("counts")
+    with WorkerProcess(redis_base(server.port), log_dir, concurrency=3) as worker:
+        yield worker
+
+
+def _flat(counts: RecentCounts) -> dict[str, int]:
+    flat = {f"duplicates:{k}": v for k, v in counts.duplicates.items()}
+    flat |= {f"refusals:{k}": v for k, v in counts.refusals.items()}
+    return flat | {"lost": counts.lost}
+
+
+def _reach(client: Any, before: dict[str, int], **more: int) -> dict[str, int]:
+    """Wait until the counts are ``before`` plus ``more`` (``refusals_limit=1``), exactly."""
+    wanted = dict(before)
+    for name, n in more.items():
+        key = name.replace("_", ":", 1)
+        wanted[key] += n
+    seen: dict[str, int] = {}
+
+    def reached() -> bool:
+        seen.update(_flat(recent_counts(client)))
+        return seen == wanted
+
+    try:
+        wait_until(reached, 10, "the counts to be written")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: wanted {wanted}, read {seen}") from exc
+    return seen
+
+
+@pytest.mark.slow  # `celery worker` subprocesses
+def test_duplicates_and_refusals_are_counted(
+    server: RedisServer, app: Celery, worker: WorkerProcess
+) -> None:
+    locks, data = server.client(db=LOCK_DB), server.client(db=DATA_DB)
+    now = _flat(recent_counts(locks))
+
+    # lock_limit=2: a third call while two run is skipped for the limit
+    limited = app.tasks["fault.limited_long"]
+    job = new_job("count-limit")
+    running = [limited.delay(job, 3.0) for _ in range(2)]
+    wait_until(lambda: data.llen(f"starts:{job}") == 2, 20, "two runs to start")
+    third = limited.delay(job)
+    wait_until(lambda: third.state == "SKIPPED", 20, "the third call's skip")
+    assert third.info["reason"] == "limit"
+    now = _reach(locks, now, duplicates_skipped=1, refusals_limit=1)
+
+    # lock_cooldown: a call just after a run's end is skipped for the cooldown
+    cooled = app.tasks["fault.cooled"]
+    job = new_job("count-cool")
+    assert cooled.delay(job).get(timeout=20)
+    too_soon = cooled.delay(job)
+    wait_until(lambda: too_soon.state == "SKIPPED", 20, "the cooldown's skip")
+    assert too_soon.info["reason"] == "cooldown"
+    now = _reach(locks, now, duplicates_skipped=1, refusals_cooldown=1)
+
+    # lock_rate="1/m" and no waiting: a second start within the minute is skipped
+    rated = app.tasks["fault.rated_impatient"]
+    job = new_job("count-rate")
+    assert rated.delay(job, 0).get(timeout=20)
+    second = rated.delay(job, 1)
+    wait_until(lambda: second.state == "SKIPPED", 20, "the rate's skip")
+    assert second.info["reason"] == "rate"
+    now = _reach(locks, now, duplicates_skipped=1, refusals_rate=1)
+
+    # a run whose lock is force-released under it: lost
+    short = app.tasks["fault.short_lease"]
+    job = new_job("count-lost")
+    run = short.delay(job, 1.0)
+    wait_until(lambda: data.llen(f"starts:{job}") == 1, 20, "the run to start")
+    (view,) = [v for v in find_locks(locks) if v.holder == run.id]
+    assert LockSpace(locks).force_release(view.key)
+    assert run.get(timeout=20)["lost"]
+    _reach(locks, now, lost=1)
+    for call in running:
+        call.get(timeout=20)
+
+    # the counts' keys are neither locks nor limiters
+    assert locks.keys("lock:counts:*")
+    assert all(":counts:" not in v.key for v in find_locks(locks))
+    assert not any("counts" in keys.lock for keys in LockSpace(locks).find())
+    assert not any("counts" in r.name for r in find_limiters(locks))
+
+
+def test_only_the_window_is_counted(server: RedisServer) -> None:
+    client = server.client(db=LOCK_DB)
+    minute = int(LockSpace(client).server_time() // 60)
+    for ago, n in ((0, 1), (59, 2), (60, 4), (90, 8)):
+        client.hincrby(writer.counts_key("window", minute - ago), "refusals:limit", n)
+    assert recent_counts(client, "window").refusals["limit"] == 3
+    assert recent_counts(client, "window", minutes=61).refusals["limit"] == 7
+    assert recent_counts(client, "window", minutes=120).refusals["limit"] == 15
+    assert recent_counts(client, "window", minutes=1).refusals["limit"] == 1
+    assert recent_counts(client, "nothing-here").total_duplicates() == 0
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    with pytest.raises(LockBackendError, match="read the counts under prefix 'lock'"):
+        recent_counts(dead)
+    for bad in (0, 121, 1.5, "60"):
+        with pytest.raises(ValueError, match="minutes must be an int from 1 to 120"):
+            recent_counts(client, "window", minutes=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
+def test_the_setting_off_writes_nothing(tmp_path: Path, on: bool) -> None:
+    """The cooldown's skip, then the worker's warm shutdown (which writes what is pending)."""
+    with RedisServer() as own:
+        app = faultapp.make_app(redis_base(own.port))
+        env = {} if on else {faultapp.COUNTS_ENV: "0"}
+        try:
+            with WorkerProcess(redis_base(own.port), tmp_path, concurrency=1, env=env):
+                cooled = app.tasks["fault.cooled"]
+                job = new_job("count-setting")
+                assert cooled.delay(job).get(timeout=20)
+                too_soon = cooled.delay(job)
+                wait_until(lambda: too_soon.state == "SKIPPED", 20, "the cooldown's skip")
+            locks = own.client(db=LOCK_DB)
+            found = recent_counts(locks)
+            assert (found.refusals["cooldown"], found.duplicates["skipped"]) == (on, on)
+            assert bool(locks.keys("*:counts:*")) is on
+        finally:
+            close_app(app)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_failed_write_keeps_the_counts(tmp_path: Path) -> None:
+    """The writer of this process, against a redis-server stopped and started again."""
+    own = RedisServer().start()
+    app = faultapp.make_app(redis_base(own.port))
+    records = _Records()
+    logging.getLogger("celery_singleton_lock.counts").addHandler(records)
+    try:
+        task = app.tasks["fault.limited"]
+        locks = own.client(db=LOCK_DB)
+        locks.ping()
+        task.locking.bound(app).config.client.ping()  # the app's client, made while it is up
+        own.stop()
+        for _ in range(3):
+            writer.count(task, "refusals:limit")
+        wait_until(lambda: records.messages, 10, "a failed write to be logged")
+        assert "could not write 3 lock counts to Redis" in records.messages[0]
+        assert writer.pending() == {("lock", int(time.time() // 60), "refusals:limit"): 3} or (
+            sum(writer.pending().values()) == 3  # a minute boundary between two counts
+        )
+        own.start()
+        locks = own.client(db=LOCK_DB)
+        # the writer backs off while Redis fails: up to a few seconds before the next try
+        wait_until(lambda: recent_counts(locks).refusals["limit"] == 3, 30, "the counts written")
+        assert writer.pending() == {}
+    finally:
+        logging.getLogger("celery_singleton_lock.counts").removeHandler(records)
+        close_app(app)
+        own.stop()
