@@ -8,21 +8,18 @@ names one; with ``--url``, the prefix is ``lock`` unless ``--prefix`` says other
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
-from .._celery.config import LockConfig
 from .._celery.install import connect_command_hooks
-from .._celery.task import LockedTask
-from .._errors import LockError
 from .._lock import LockSpace, Rate, RateKeys, RateLimiter, RateState
 from . import locks as ops
+from .target import target
 
 __all__ = ["locks", "main"]
 
@@ -86,47 +83,6 @@ def _table(views: Sequence[Any], columns: Sequence[tuple[str, str]] = _COLUMNS) 
     return "\n".join(line.rstrip() for line in lines)
 
 
-@contextlib.contextmanager
-def _target(
-    ctx: click.Context, url: str | None, prefix: str | None
-) -> Iterator[tuple[Any, list[str]]]:
-    """The Redis client and the prefixes to act on; a lock error or a wrong setting ends the
-    command with its message, not a traceback."""
-    try:
-        if url:
-            import redis
-
-            client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-            yield client, [prefix or "lock"]
-            return
-        app = getattr(ctx.obj, "app", None)
-        if app is None:
-            raise click.UsageError(
-                "give --url redis://host:port/db, or run as `celery -A proj locks`"
-            )
-        try:
-            client = LockConfig.of(app).client
-        except (TypeError, ValueError) as exc:  # a wrong setting
-            raise click.ClickException(str(exc)) from exc
-        yield client, [prefix] if prefix else _prefixes(app)
-    except LockError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
-def _prefixes(app: Any) -> list[str]:
-    """The app's prefix, then the others its locked tasks use (a drop-in's own)."""
-    try:
-        app.loader.import_default_modules()  # the task modules a worker of the app imports
-    except Exception as exc:  # an operator's command goes on with the tasks it has
-        click.echo(f"warning: the app's task modules failed to import: {exc}", err=True)
-    prefixes = [LockConfig.of(app).prefix]
-    for task in list(app.tasks.values()):
-        prefix = task.key_prefix(app) if isinstance(task, LockedTask) else prefixes[0]
-        if prefix not in prefixes:
-            prefixes.append(prefix)
-    return prefixes
-
-
 def _locate(client: Any, key: str, prefixes: list[str]) -> str:
     """The prefix of ``key`` (a lock key, or a name: the first prefix under which it is held)."""
     for prefix in prefixes:
@@ -156,7 +112,7 @@ class _Locks(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name == "web" and "web" not in self.commands:
             try:
-                from ..web import serve  # registers itself
+                from ..web import serve
             except ImportError as exc:
                 message = str(exc)
 
@@ -181,7 +137,7 @@ def _command(*options: Any, name: str | None = None) -> Callable[[Callable[..., 
     def make(body: Callable[..., None]) -> Any:
         @functools.wraps(body)
         def command(url: str | None, prefix: str | None, as_json: bool, **own: Any) -> None:
-            with _target(click.get_current_context(), url, prefix) as (client, prefixes):
+            with target(click.get_current_context(), url, prefix) as (client, prefixes):
                 body(client, prefixes, as_json, **own)
 
         for option in reversed((*options, _url, _prefix, _json)):

@@ -18,6 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from .access import Access, CallableAccess, TokenAccess
-from .app import LocksWeb, Request, Response, make_app
+from .app import LocksWeb, make_app
+from .messages import Request, Response
 
 __all__ = ["Access", "CallableAccess", "LocksWeb", "Request", "Response", "TokenAccess", "make_app"]

@@ -1,108 +1,23 @@
-"""The page as a WSGI app (:class:`LocksWeb`, made by :func:`make_app`): a request read from
-the WSGI environ (or handed over by Flask or Django), routed to :mod:`.views`, answered with
-the stdlib only."""
+"""The page as a WSGI app (:class:`LocksWeb`, made by :func:`make_app`): a request
+(:mod:`.messages`) routed to :mod:`.views`."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.cookies import CookieError, SimpleCookie
 from typing import Any
-from urllib.parse import parse_qsl
 
 from .._errors import LockError
 from .._lock import check_prefix
 from . import csrf, views
 from .access import Access, TokenAccess
 from .data import Source
+from .messages import Request, Response, request_from_environ
 
-__all__ = ["LocksWeb", "Request", "Response", "make_app", "request_from_environ"]
+__all__ = ["LocksWeb", "make_app"]
 
 log = logging.getLogger("celery_singleton_lock.web")
-
-#: a POSTed form larger than this is refused (a confirm form is a few hundred bytes)
-MAX_FORM_BYTES = 64 * 1024
-
-
-@dataclass
-class Request:
-    """One request, as the page needs it."""
-
-    method: str
-    #: the path below the mount: "", "lock", "release" or "purge"
-    path: str
-    #: the absolute path of the mount, ending with "/" (the CSRF cookie's path)
-    mount: str
-    query: dict[str, str] = field(default_factory=dict)
-    form: dict[str, str] = field(default_factory=dict)
-    cookies: dict[str, str] = field(default_factory=dict)
-    host: str = ""
-    origin: str = ""
-    referer: str = ""
-    remote: str = ""
-    secure: bool = False
-    environ: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Response:
-    """One answer: a status, headers and a body."""
-
-    status: int
-    body: bytes = b""
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def status_line(self) -> str:
-        return f"{self.status} {HTTPStatus(self.status).phrase}"
-
-
-def _read_form(environ: dict[str, Any]) -> dict[str, str]:
-    if environ.get("REQUEST_METHOD") != "POST":
-        return {}
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    if length <= 0 or length > MAX_FORM_BYTES:
-        return {}
-    body = environ["wsgi.input"].read(length).decode("utf-8", "replace")
-    return dict(parse_qsl(body, keep_blank_values=True))
-
-
-def request_from_environ(
-    environ: dict[str, Any],
-    path: str | None = None,
-    mount: str | None = None,
-    form: dict[str, str] | None = None,
-) -> Request:
-    """The request of a WSGI ``environ``; ``path``, ``mount`` and ``form`` when the host
-    framework already routed it and read its body."""
-    cookies: dict[str, str] = {}
-    # another app's malformed cookie: ours is then missing (a new one is set), not fatal
-    with contextlib.suppress(CookieError):
-        cookies = {k: m.value for k, m in SimpleCookie(environ.get("HTTP_COOKIE", "")).items()}
-    if path is None:
-        path = environ.get("PATH_INFO", "").lstrip("/")
-    if mount is None:
-        mount = environ.get("SCRIPT_NAME", "").rstrip("/") + "/"
-    return Request(
-        method=environ.get("REQUEST_METHOD", "GET").upper(),
-        path=path,
-        mount=mount,
-        query=dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)),
-        form=_read_form(environ) if form is None else form,
-        cookies=cookies,
-        host=environ.get("HTTP_HOST") or environ.get("SERVER_NAME", ""),
-        origin=environ.get("HTTP_ORIGIN", ""),
-        referer=environ.get("HTTP_REFERER", ""),
-        remote=environ.get("REMOTE_ADDR", ""),
-        secure=environ.get("wsgi.url_scheme") == "https",
-        environ=environ,
-    )
 
 
 class LocksWeb:
@@ -221,8 +136,8 @@ def make_app(
         source = Source(client, prefixes or ["lock"])
     else:
         from .._celery.config import LockConfig
-        from .._ops.cli import _prefixes
+        from .._ops.target import app_prefixes
 
         client = LockConfig.of(celery_app).client
-        source = Source(client, prefixes or _prefixes(celery_app), celery_app)
+        source = Source(client, prefixes or app_prefixes(celery_app), celery_app)
     return LocksWeb(source, access, link_pattern=link_pattern, refresh=refresh, page_size=page_size)

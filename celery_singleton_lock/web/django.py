@@ -21,7 +21,8 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 from .access import CallableAccess
-from .app import LocksWeb, make_app, request_from_environ
+from .app import LocksWeb, make_app
+from .messages import request_from_environ
 
 __all__ = ["make_urlpatterns", "urlpatterns"]
 

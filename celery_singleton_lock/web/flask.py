@@ -19,7 +19,8 @@ from typing import Any
 import flask
 
 from .access import CallableAccess
-from .app import make_app, request_from_environ
+from .app import make_app
+from .messages import request_from_environ
 
 __all__ = ["blueprint"]
 

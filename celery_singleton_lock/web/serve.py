@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import click
 
-from .._ops.cli import _target, locks
+from .._ops.target import target
 from .access import TokenAccess
 from .app import LocksWeb, make_app
 
@@ -113,7 +113,7 @@ def web(
     _log_to_stderr()
     ctx = click.get_current_context()
     access = TokenAccess(os.environ.get(TOKEN_ENV))
-    with _target(ctx, url, prefix) as (_client, prefixes):
+    with target(ctx, url, prefix) as (_client, prefixes):
         app = getattr(ctx.obj, "app", None)
         options: dict[str, Any] = {"link_pattern": link_pattern, "refresh": refresh}
         options.update(page_size=page_size, access=access, prefixes=prefixes)
@@ -122,6 +122,3 @@ def web(
         except (TypeError, ValueError) as exc:
             raise click.UsageError(str(exc)) from exc
     serve(made, host, port)
-
-
-locks.add_command(web)

@@ -13,9 +13,10 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from . import csrf, rows
 from .data import LIMITER, STATES, matches, sort_views
+from .messages import Request, Response
 
 if TYPE_CHECKING:
-    from .app import LocksWeb, Request, Response
+    from .app import LocksWeb
 
 __all__ = ["BadRequest", "error_page", "listing", "lock_page"]
 
@@ -35,8 +36,6 @@ class BadRequest(ValueError):
 
 
 def _render(status: int, template: str, **context: Any) -> Response:
-    from .app import Response
-
     body = _templates.get_template(template).render(**context).encode("utf-8")
     return Response(status, body, [("Content-Type", "text/html; charset=utf-8")])
 
@@ -179,8 +178,6 @@ def release_confirm(web: LocksWeb, request: Request, token: str) -> Response:
 
 
 def _done(code: str) -> Response:
-    from .app import Response
-
     return Response(HTTPStatus.SEE_OTHER, b"", [("Location", "./?" + urlencode({"done": code}))])
 
 
