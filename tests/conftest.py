@@ -39,6 +39,7 @@ from typing import Any
 import faultapp
 import pytest
 from beatproj.harness import LEADER_SCHEDULER, Beat
+from browser_fixtures import browser  # noqa: F401 - the browser tests' fixture
 from celery import Celery
 from celery_fixtures import CeleryEnv, celery_env, running_worker
 from celery_procs import close_app, redis_base

@@ -557,6 +557,33 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     def debounced_queue(self: Any, job: str, seconds: float = 0.0) -> str:
         return _recorded(self, job, seconds)
 
+    # The web page's browser tests (tests/test_web_browser.py): a run that lasts until the test
+    # says go (STARTED is stored, so the lock page shows a result state a run has), and a job
+    # of three slots.
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.web_work", lock_ttl=30, track_started=True,
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def web_work(self: Any, job: str, hold: float = 120.0) -> str:
+        start = _enter(self, job)
+        try:
+            _until_go(self, job, hold)
+            return str(self.request.id)
+        finally:
+            _leave(self, job, start)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.web_slots", lock_limit=3, lock_ttl=30,
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def web_slots(self: Any, job: str, hold: float = 120.0) -> str:
+        start = _enter(self, job)
+        try:
+            _until_go(self, job, hold)
+            return str(self.request.id)
+        finally:
+            _leave(self, job, start)
+
     # Where features meet operator commands (tests/test_celery_seams.py).
     @_app_task(
         app, base=LockedTask, bind=True, name="fault.cooled_long", lock_cooldown=60.0,
