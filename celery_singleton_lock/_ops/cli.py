@@ -146,7 +146,30 @@ _match = click.option("--match", default="*", show_default=True, help="glob on t
 _key = click.argument("key")
 
 
-@click.group(name="locks")
+class _Locks(click.Group):
+    """The ``locks`` group; its ``web`` command is imported when asked for (it needs the
+    ``web`` extra, and the ``celery`` command imports this module on every run)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), "web"})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "web" and "web" not in self.commands:
+            try:
+                from ..web import serve  # registers itself
+            except ImportError as exc:
+                message = str(exc)
+
+                @click.command(name="web", help="Serve a web page of the locks.")
+                def web() -> None:
+                    raise click.ClickException(message)
+
+                return web
+            return serve.web
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(name="locks", cls=_Locks)
 def locks() -> None:
     """Inspect and release celery-singleton-lock locks."""
 

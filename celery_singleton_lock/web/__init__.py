@@ -1,0 +1,23 @@
+"""A web page of the locks (``pip install 'celery-singleton-lock[web]'``): what ``celery locks
+list`` shows, in a browser, refreshed; a lock's page; release and purge behind a confirmation.
+
+Standalone: ``celery -A proj locks web`` (loopback, read-only unless the environment variable
+``CELERY_SINGLETON_LOCK_WEB_TOKEN`` holds a token to type in). In a Flask app:
+:func:`celery_singleton_lock.web.flask.blueprint`; in Django:
+``path("locks/", include("celery_singleton_lock.web.django"))``. Any WSGI server:
+:func:`make_app`.
+"""
+
+from __future__ import annotations
+
+try:
+    import jinja2  # noqa: F401 - checked here so the message names the extra
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "celery_singleton_lock.web needs jinja2: pip install 'celery-singleton-lock[web]'"
+    ) from exc
+
+from .access import Access, CallableAccess, TokenAccess
+from .app import LocksWeb, Request, Response, make_app
+
+__all__ = ["Access", "CallableAccess", "LocksWeb", "Request", "Response", "TokenAccess", "make_app"]

@@ -1,0 +1,178 @@
+"""What the page reads and changes in Redis: the locks, limiters and beat leaders under the
+prefixes it covers (as ``celery locks list`` reads them), filtered, sorted and paged in Python
+after one read; a lock's details; a release, a reset and a purge."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .._celery.hold import HoldState
+from .._celery.task import LockedTask
+from .._lock import LockSpace, RateKeys, RateLimiter, RateState
+from .._ops import locks as ops
+from .._ops.counts import RecentCounts, recent_counts
+from .._ops.locks import LockView
+
+__all__ = ["LIMITER", "STATES", "Listing", "Source"]
+
+#: the ``state`` filter that shows the rate limiters only
+LIMITER = "limiter"
+#: what the ``state`` filter accepts
+STATES = ("held", "running", "queued", "requeued", "cooldown", "debounced", LIMITER)
+#: the name of a beat leader lock starts with it (celery_singleton_lock.beat)
+BEAT = "beat:"
+#: a queued hold of a task with ``lock_debounce`` is a call waiting out its debounce
+DEBOUNCED = "debounced"
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One read of everything under the prefixes."""
+
+    locks: list[LockView]
+    leaders: list[LockView]
+    #: (prefix, limiter) pairs
+    limiters: list[tuple[str, RateState]]
+
+
+def matches(view: LockView, q: str, state: str) -> bool:
+    """Whether a lock row passes the filter (``q``: a substring of its task or key)."""
+    if state and view.state != state:
+        return False
+    if q:
+        q = q.lower()
+        return q in view.key.lower() or q in (view.task or "").lower()
+    return True
+
+
+def sort_views(views: list[LockView], newest_first: bool) -> list[LockView]:
+    """Oldest first (``newest_first``: the reverse); locks of no known age last, by key."""
+    known = [v for v in views if v.age_s is not None]
+    known.sort(key=lambda v: (v.age_s or 0.0, v.key), reverse=not newest_first)
+    return known + [v for v in views if v.age_s is None]
+
+
+class Source:
+    """The Redis client and prefixes the page covers, and the Celery app (or ``None``)."""
+
+    def __init__(self, client: Any, prefixes: Sequence[str], celery_app: Any = None) -> None:
+        self.client = client
+        self.prefixes = list(prefixes)
+        self.celery_app = celery_app
+        self._debounced: dict[str, bool] = {}
+
+    def _is_debounced(self, task: str | None) -> bool:
+        """Whether ``task`` (a name) is a task of the app with ``lock_debounce`` set."""
+        if task is None or self.celery_app is None:
+            return False
+        if task not in self._debounced:
+            found = self.celery_app.tasks.get(task)
+            options = getattr(getattr(found, "locking", None), "options", None)
+            self._debounced[task] = isinstance(found, LockedTask) and (
+                getattr(options, "lock_debounce", None) is not None
+            )
+        return self._debounced[task]
+
+    def _labelled(self, view: LockView) -> LockView:
+        if view.state == HoldState.QUEUED and self._is_debounced(view.task):
+            return replace(view, state=DEBOUNCED)
+        return view
+
+    def read(self, with_limiters: bool = True) -> Listing:
+        """Every held lock, beat leader and (``with_limiters``) limiter: one read each."""
+        locks: list[LockView] = []
+        leaders: list[LockView] = []
+        for prefix in self.prefixes:
+            for view in ops.find_locks(self.client, prefix):
+                if view.name.startswith(BEAT):
+                    leaders.append(view)
+                else:
+                    locks.append(self._labelled(view))
+        limiters = [
+            (prefix, state)
+            for prefix in (self.prefixes if with_limiters else [])
+            for state in ops.find_limiters(self.client, prefix)
+        ]
+        return Listing(locks, leaders, limiters)
+
+    def counts(self, minutes: int = 60) -> RecentCounts:
+        """The last ``minutes``' counts, summed over the prefixes."""
+        every = [recent_counts(self.client, prefix, minutes) for prefix in self.prefixes]
+        duplicates: dict[str, int] = {}
+        refusals: dict[str, int] = {}
+        for counts in every:
+            for action, n in counts.duplicates.items():
+                duplicates[action] = duplicates.get(action, 0) + n
+            for reason, n in counts.refusals.items():
+                refusals[reason] = refusals.get(reason, 0) + n
+        return RecentCounts(minutes, duplicates, refusals, sum(c.lost for c in every))
+
+    def prefix_of(self, key: str) -> str | None:
+        """The covered prefix of a lock key, or ``None``."""
+        return next((p for p in self.prefixes if key.startswith(f"{p}:{{")), None)
+
+    def limiter_of(self, key: str) -> RateKeys | None:
+        """The limiter a key names (``prefix:rate:{name}``), or ``None``."""
+        return next(filter(None, (RateKeys.from_key(p, key) for p in self.prefixes)), None)
+
+    def lock(self, key: str) -> tuple[LockView, list[LockView]] | None:
+        """One held lock by its key, with the job's other held permits (a ``lock_limit``
+        above 1: its slots then say how many are held); ``None`` when it is not held."""
+        prefix = self.prefix_of(key)
+        view = None if prefix is None else ops.show(self.client, key, prefix)
+        if prefix is None or view is None:
+            return None
+        space = LockSpace(self.client, prefix)
+        limit = _limit(space.inspect(view.key).info)
+        if limit < 2:
+            return self._labelled(view), []
+        found = [ops.show(self.client, k.lock, prefix) for k in space.named(view.name, limit).keys]
+        held = [self._labelled(v) for v in found if v is not None]
+        view = replace(self._labelled(view), slots=f"{len(held)}/{limit}")
+        return view, [v for v in held if v.key != view.key]
+
+    def result_state(self, view: LockView) -> str | None:
+        """The Celery result state of the task holding ``view`` (``None``: not a task's)."""
+        if self.celery_app is None or view.holder is None or view.task is None:
+            return None
+        try:
+            return str(self.celery_app.AsyncResult(view.holder).state)
+        except Exception as exc:  # a result backend down or absent: said on the page
+            return f"unknown ({type(exc).__name__})"
+
+    def release(self, key: str, holder: str | None) -> str:
+        """Free one lock (only from ``holder`` when given) or reset one limiter: ``released``,
+        ``reset``, ``not-held`` or ``not-in-use``."""
+        limiter = self.limiter_of(key)
+        if limiter is not None:
+            done = RateLimiter(self.client, limiter.name, "1/s", prefix=limiter.prefix).reset()
+            return "reset" if done else "not-in-use"
+        prefix = self.prefix_of(key)
+        if prefix is None:
+            return "not-held"
+        done = LockSpace(self.client, prefix).force_release(key, holder=holder or None)
+        return "released" if done else "not-held"
+
+    def purge(self, views: Sequence[LockView]) -> int:
+        """Free each of ``views`` from the holder it was read with (a lock taken again since
+        by another holder stays): how many were freed."""
+        freed = 0
+        for view in views:
+            prefix = self.prefix_of(view.key)
+            if prefix is not None:
+                space = LockSpace(self.client, prefix)
+                freed += space.force_release(view.key, holder=view.holder or None)
+        return freed
+
+
+def _limit(info: str) -> int:
+    """The job's ``lock_limit`` as its hold's info says (1 when it says none)."""
+    try:
+        found = json.loads(info or "{}")
+    except ValueError:
+        return 1
+    limit = found.get("limit") if isinstance(found, dict) else None
+    return limit if type(limit) is int and limit > 1 else 1

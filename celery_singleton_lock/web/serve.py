@@ -1,0 +1,125 @@
+"""``celery -A proj locks web`` and ``python -m celery_singleton_lock --url URL web``: the page
+on the stdlib's WSGI server, one thread per request (enough for operators on loopback).
+
+The token that allows changes is read from the environment only
+(``CELERY_SINGLETON_LOCK_WEB_TOKEN``): a command line is visible to every user in ``ps``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socketserver
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import click
+
+from .._ops.cli import _target, locks
+from .access import TokenAccess
+from .app import LocksWeb, make_app
+
+__all__ = ["TOKEN_ENV", "serve", "web"]
+
+log = logging.getLogger("celery_singleton_lock.web")
+
+#: the environment variable holding the token that allows releases and purges
+TOKEN_ENV = "CELERY_SINGLETON_LOCK_WEB_TOKEN"
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    """wsgiref's server, a thread per request: a slow client does not stall the others."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Each request logged at DEBUG on the page's logger, not printed on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(app: LocksWeb, host: str = "127.0.0.1", port: int = 8600) -> None:
+    """Serve ``app`` on ``host:port`` until interrupted (port 0: a free one, logged)."""
+    server = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler)
+    shown = f"[{host}]" if ":" in host else host
+    log.info("the locks page is served on http://%s:%d/", shown, server.server_port)
+    if not _loopback(host):
+        log.warning(
+            "the locks page listens on %s, not on loopback: anyone who reaches it sees the locks "
+            "(put it behind a proxy with its own login, or keep --host 127.0.0.1)",
+            host,
+        )
+    if not app.access.needs_token:
+        log.info("read-only: set %s to allow releases with that token", TOKEN_ENV)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def _log_to_stderr() -> None:
+    """The command's own logging when nothing configured any."""
+    package = logging.getLogger("celery_singleton_lock")
+    if not package.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(name)s: %(message)s"))
+        package.addHandler(handler)
+        package.setLevel(logging.INFO)
+
+
+@click.command(name="web")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8600, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--refresh", default=5, show_default=True, type=click.IntRange(0), help="seconds; 0: never"
+)
+@click.option(
+    "--link-pattern", default=None, help="a holder's link, e.g. http://flower:5555/task/{task_id}"
+)
+@click.option("--page-size", default=100, show_default=True, type=click.IntRange(1))
+@click.option("--url", default=None, help="Redis URL (default: the Celery app's settings)")
+@click.option(
+    "--prefix",
+    default=None,
+    help="key prefix (default: every prefix of the app's locked tasks; with --url: lock)",
+)
+def web(
+    host: str,
+    port: int,
+    refresh: int,
+    link_pattern: str | None,
+    page_size: int,
+    url: str | None,
+    prefix: str | None,
+) -> None:
+    """Serve a web page of the locks (read-only unless CELERY_SINGLETON_LOCK_WEB_TOKEN is set:
+    then a release or purge asks for that token)."""
+    _log_to_stderr()
+    ctx = click.get_current_context()
+    access = TokenAccess(os.environ.get(TOKEN_ENV))
+    with _target(ctx, url, prefix) as (client, prefixes):
+        app = getattr(ctx.obj, "app", None)
+        options: dict[str, Any] = {"link_pattern": link_pattern, "refresh": refresh}
+        options.update(page_size=page_size, access=access, prefixes=prefixes)
+        try:
+            made = make_app(None if url else app, url=url, **options)
+        except (TypeError, ValueError) as exc:
+            raise click.UsageError(str(exc)) from exc
+    serve(made, host, port)
+
+
+locks.add_command(web)

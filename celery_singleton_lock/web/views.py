@@ -1,0 +1,235 @@
+"""The pages: the list, one lock, the release and purge confirmations and their POSTs, and the
+error page. Query input is checked before Redis is read; a change is checked (access, CSRF,
+token) before anything is freed, and logged naming who did it from where."""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from . import csrf, rows
+from .data import LIMITER, STATES, matches, sort_views
+
+if TYPE_CHECKING:
+    from .app import LocksWeb, Request, Response
+
+__all__ = ["BadRequest", "error_page", "listing", "lock_page"]
+
+log = logging.getLogger("celery_singleton_lock.web")
+
+_templates = Environment(
+    loader=PackageLoader("celery_singleton_lock.web", "templates"),
+    autoescape=True,
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+class BadRequest(ValueError):
+    """A query the page cannot answer (400), its message naming the parameter."""
+
+
+def _render(status: int, template: str, **context: Any) -> Response:
+    from .app import Response
+
+    body = _templates.get_template(template).render(**context).encode("utf-8")
+    return Response(status, body, [("Content-Type", "text/html; charset=utf-8")])
+
+
+def error_page(status: int, message: str) -> Response:
+    """A page saying what went wrong in ``#error``."""
+    return _render(status, "error.html", title=HTTPStatus(status).phrase, message=message)
+
+
+def _filters(query: dict[str, str]) -> tuple[str, str]:
+    q, state = query.get("q", "").strip(), query.get("state", "")
+    if state and state not in STATES:
+        raise BadRequest(f"state must be one of {', '.join(STATES)} (or empty), got {state!r}")
+    return q, state
+
+
+def _paging(query: dict[str, str]) -> tuple[int, bool]:
+    page_text, sort = query.get("page", "1") or "1", query.get("sort", "age") or "age"
+    if not (page_text.isascii() and page_text.isdecimal()) or int(page_text) < 1:
+        raise BadRequest(f"page must be a whole number >= 1, got {page_text!r}")
+    if sort not in ("age", "-age"):
+        raise BadRequest(f"sort must be 'age' (oldest first) or '-age' (newest first), got {sort!r}")
+    return int(page_text), sort == "-age"
+
+
+def listing(web: LocksWeb, request: Request, token: str) -> Response:
+    """``GET ./``: the locks (filtered, sorted, one page), limiters, beat leaders, counts."""
+    q, state = _filters(request.query)
+    page, newest_first = _paging(request.query)
+    found = web.source.read(with_limiters=not state or state == LIMITER)
+    views = [] if state == LIMITER else [v for v in found.locks if matches(v, q, state)]
+    views = sort_views(views, newest_first)
+    pages = max(1, -(-len(views) // web.page_size))
+    shown = views[(page - 1) * web.page_size : page * web.page_size]
+    can_change = web.access.can_change(request.environ)
+    keep = {k: v for k, v in (("q", q), ("state", state)) if v}
+    if newest_first:
+        keep["sort"] = "-age"
+
+    def at(n: int) -> str:
+        return "./?" + urlencode({**keep, "page": n})
+
+    limiters = [
+        rows.limiter(prefix, r)
+        for prefix, r in found.limiters
+        if not q or q.lower() in rows.limiter_key(prefix, r).lower()
+    ]
+    return _render(
+        200,
+        "list.html",
+        refresh=web.refresh,
+        locks=[rows.lock(v) for v in shown],
+        limiters=[] if state and state != LIMITER else limiters,
+        leaders=[rows.leader(v) for v in found.leaders],
+        counts=web.source.counts(),
+        total=len(views),
+        page=page,
+        pages=pages,
+        prev_href=at(page - 1) if page > 1 else None,
+        next_href=at(page + 1) if page < pages else None,
+        q=q,
+        state=state,
+        sort="-age" if newest_first else "age",
+        states=STATES,
+        can_change=can_change,
+        purge_href="purge?" + urlencode(keep) if keep else "purge",
+        message=rows.message(request.query.get("done", "")),
+    )
+
+
+def lock_page(web: LocksWeb, request: Request, token: str) -> Response:
+    """``GET ./lock?key=KEY``: everything known of one lock (404 when it is not held)."""
+    key = request.query.get("key", "")
+    if not key:
+        raise BadRequest("key is missing: lock?key=prefix:{name}")
+    found = web.source.lock(key)
+    if found is None:
+        return error_page(HTTPStatus.NOT_FOUND, f"{key} is not held")
+    view, permits = found
+    result = web.source.result_state(view)
+    link = None
+    if web.link_pattern and view.holder and view.task:
+        link = web.link_pattern.format(task_id=view.holder)
+    return _render(
+        200,
+        "lock.html",
+        fields=rows.fields(view, result),
+        link=link,
+        permits=[rows.lock(p) for p in permits],
+        can_change=web.access.can_change(request.environ),
+        release_href="release?" + urlencode({"key": view.key}),
+    )
+
+
+def _refusal(web: LocksWeb, request: Request, posted: bool) -> Response | None:
+    """403 when this request may not change (or, ``posted``, its form fails a check)."""
+    access, environ = web.access, request.environ
+    why = None if access.can_change(environ) else "you may not release or purge locks"
+    if why is None and posted:
+        why = csrf.check(
+            request.cookies.get(csrf.COOKIE), request.form, request.host, request.origin,
+            request.referer,
+        )  # fmt: skip
+        if why is None and access.needs_token and not access.check_token(environ, request.form):
+            why = "the token is missing or wrong"
+    if why is None:
+        return None
+    if posted:
+        log.warning(
+            "refused a %s by %s from %s: %s",
+            request.path, access.actor(environ), request.remote or "?", why,
+        )  # fmt: skip
+    return error_page(HTTPStatus.FORBIDDEN, why)
+
+
+def release_confirm(web: LocksWeb, request: Request, token: str) -> Response:
+    """``GET ./release?key=KEY``: the confirm form naming the key, task and holder."""
+    refused = _refusal(web, request, posted=False)
+    if refused is not None:
+        return refused
+    key = request.query.get("key", "")
+    if not key:
+        raise BadRequest("key is missing: release?key=prefix:{name}")
+    limiter = web.source.limiter_of(key)
+    found = None if limiter is not None else web.source.lock(key)
+    if limiter is None and found is None:
+        return error_page(HTTPStatus.NOT_FOUND, f"{key} is not held")
+    view = found[0] if found else None
+    return _render(
+        200,
+        "confirm.html",
+        action="release",
+        key=key,
+        view=view,
+        hidden={"key": key, "holder": (view.holder or "") if view else "", "csrf": token},
+        needs_token=web.access.needs_token,
+    )
+
+
+def _done(code: str) -> Response:
+    from .app import Response
+
+    return Response(HTTPStatus.SEE_OTHER, b"", [("Location", "./?" + urlencode({"done": code}))])
+
+
+def release_post(web: LocksWeb, request: Request) -> Response:
+    """``POST ./release``: free the lock (or reset the limiter), log who did it, 303."""
+    refused = _refusal(web, request, posted=True)
+    if refused is not None:
+        return refused
+    key, holder = request.form.get("key", ""), request.form.get("holder", "")
+    if not key:
+        raise BadRequest("key is missing from the form")
+    outcome = web.source.release(key, holder or None)
+    log.warning(
+        "%s by %s from %s: %s%s",
+        outcome, web.access.actor(request.environ), request.remote or "?", key,
+        f" (held by {holder})" if holder else "",
+    )  # fmt: skip
+    return _done(f"{outcome}:{key}")
+
+
+def purge_confirm(web: LocksWeb, request: Request, token: str) -> Response:
+    """``GET ./purge?q=..&state=..``: the confirm form naming how many locks match."""
+    refused = _refusal(web, request, posted=False)
+    if refused is not None:
+        return refused
+    q, state = _filters(request.query)
+    matching = [] if state == LIMITER else web.source.read(with_limiters=False).locks
+    count = sum(matches(v, q, state) for v in matching)
+    hidden = {"q": q, "state": state, "csrf": token}
+    return _render(
+        200,
+        "confirm.html",
+        action="purge",
+        count=count,
+        q=q,
+        state=state,
+        hidden=hidden,
+        needs_token=web.access.needs_token,
+    )
+
+
+def purge_post(web: LocksWeb, request: Request) -> Response:
+    """``POST ./purge``: free every lock the filter matches now, log who did it, 303."""
+    refused = _refusal(web, request, posted=True)
+    if refused is not None:
+        return refused
+    q, state = _filters(request.form)
+    views = [] if state == LIMITER else web.source.read(with_limiters=False).locks
+    freed = web.source.purge([v for v in views if matches(v, q, state)])
+    log.warning(
+        "purged %d lock(s) by %s from %s (filter q=%r state=%r)",
+        freed, web.access.actor(request.environ), request.remote or "?", q, state,
+    )  # fmt: skip
+    return _done(f"purged:{freed}")
