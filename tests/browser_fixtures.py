@@ -14,6 +14,7 @@ only checked when a browser draws it.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 from collections.abc import Iterator
@@ -110,13 +111,20 @@ class Browser:
         )
 
     def screenshot(self, path: Path) -> None:
-        """The whole page (as tall as it is, 1280 wide) as a PNG at ``path``."""
-        height = int(self.driver.execute_script("return document.documentElement.scrollHeight"))
-        self.driver.set_window_size(WIDTH, max(HEIGHT, min(height, 4000)))
-        try:
-            path.write_bytes(self.driver.get_screenshot_as_png())
-        finally:
-            self.driver.set_window_size(WIDTH, HEIGHT)
+        """The whole page (1280 wide, as tall as its content) as a PNG at ``path``: captured
+        by Chromium beyond the window (DevTools ``Page.captureScreenshot``)."""
+        height = int(
+            self.driver.execute_script(
+                "return Math.ceil(document.querySelector('main, body').getBoundingClientRect()"
+                ".bottom + window.scrollY) + 16"
+            )
+        )
+        clip = {"x": 0, "y": 0, "width": WIDTH, "height": min(height, 4000), "scale": 1}
+        shot = self.driver.execute_cdp_cmd(
+            "Page.captureScreenshot",
+            {"format": "png", "captureBeyondViewport": True, "clip": clip},
+        )
+        path.write_bytes(base64.b64decode(shot["data"]))
 
 
 def make_driver() -> WebDriver:

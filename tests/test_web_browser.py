@@ -99,7 +99,7 @@ def test_the_list_shows_each_kind_of_lock(world: World, browser: Browser) -> Non
     assert cell(running, "pid") == str(pid_of(world, jobs["running"], run_id))
     assert 0 < seconds_in(cell(running, "lease")) <= 30
 
-    queued = rows[world.key("fault.queued", jobs["queued"])]
+    queued = rows[world.queued_key("fault.web_queued", jobs["queued"])]
     assert attribute(queued, "data-state") == cell(queued, "state") == "queued"
 
     cooled = rows[world.key("fault.cooled_long", jobs["cooled"])]
@@ -314,7 +314,7 @@ def test_a_post_without_the_token_or_the_csrf_value_frees_nothing(
 def test_no_page_is_wider_than_the_window_even_with_a_long_key(
     world: World, browser: Browser
 ) -> None:
-    long_key = world.key("fault.queued", LONG_JOB)
+    long_key = world.queued_key("fault.web_queued", LONG_JOB)
     assert len(long_key) > 100 and world.space.inspect(long_key).held
     quoted = urllib.parse.urlencode({"key": long_key})
     pages = [

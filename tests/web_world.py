@@ -4,7 +4,7 @@ tests' app, the standalone page (``celery -A tests.faultapp locks web``) on a fr
 port, and a realistic set of locks taken by real calls of real tasks:
 
 - a running job (``fault.web_work``, its run lasts until the world says go);
-- a queued copy (``fault.queued``, ``lock_at="queue"``, published to a queue no worker reads);
+- a queued copy (``fault.web_queued``, ``lock_at="queue"``, in a queue no worker reads);
 - a cooldown (``fault.cooled_long``: 60 s after its run);
 - two slots of three (``fault.web_slots``, ``lock_limit=3``);
 - a rate limiter in use, with a refusal (``fault.rated_impatient``, one start a minute);
@@ -32,6 +32,7 @@ from celery import Celery
 from celery_procs import ROOT, WorkerProcess, close_app, new_job, redis_base
 from lock_helpers import wait_until
 
+from celery_singleton_lock._celery.modes.queue import QUEUED
 from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
 
@@ -55,7 +56,9 @@ class WebServer:
     """``celery -A tests.faultapp locks web`` on a free loopback port, as an operator runs it
     (the token in its environment), logging to a file; stopped with SIGTERM, then SIGKILL."""
 
-    def __init__(self, base: str, log_dir: Path, token: str | None = TOKEN) -> None:
+    def __init__(
+        self, base: str, log_dir: Path, token: str | None = TOKEN, args: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log_path = log_dir / "web.log"
@@ -66,7 +69,7 @@ class WebServer:
             env["CELERY_SINGLETON_LOCK_WEB_TOKEN"] = token
         command = [
             sys.executable, "-m", "celery", "-A", "tests.faultapp", "locks", "web",
-            "--host", "127.0.0.1", "--port", str(self.port), "--refresh", "0",
+            "--host", "127.0.0.1", "--port", str(self.port), "--refresh", "0", *args,
         ]  # fmt: skip
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -127,6 +130,11 @@ class World:
         task = self.app.tasks[task_name]
         return self.space.keys(task.locking.lock_name(task.name, [job], {})).lock
 
+    def queued_key(self, task_name: str, job: str) -> str:
+        """The Redis key of the queued copy's lock of ``task_name(job)`` (``lock_at="queue"``)."""
+        task = self.app.tasks[task_name]
+        return self.space.keys(task.locking.lock_name(task.name, [job], {}) + QUEUED).lock
+
     def starts(self, job: str) -> list[str]:
         """The task ids of the runs of ``job`` that started, in order."""
         return [item["id"] for item in faultapp.records_of(self.app, "starts", job)]
@@ -163,15 +171,20 @@ def populate(world: World, long_job: str = "") -> None:
     app.tasks["fault.cooled_long"].delay(jobs["cooled"])
     cooled_key = world.key("fault.cooled_long", jobs["cooled"])
     wait_until(lambda: world.held_state(cooled_key) == "cooldown", 30, "the cooldown")
-    app.tasks["fault.queued"].apply_async((jobs["queued"],), queue=PARKED)
+    queued = app.tasks["fault.web_queued"]
+    queued.apply_async((jobs["queued"],), queue=PARKED)
     if long_job:
         jobs["long"] = long_job
-        app.tasks["fault.queued"].apply_async((long_job,), queue=PARKED)
+        queued.apply_async((long_job,), queue=PARKED)
     rated = app.tasks["fault.rated_impatient"]
     first = rated.delay(jobs["rated"])
-    wait_until(lambda: first.id in world.starts(jobs["rated"]), 30, "the rated job's start")
+
+    def ran() -> list[str]:
+        return [r["id"] for r in faultapp.records_of(app, "rate", jobs["rated"])]
+
+    wait_until(lambda: first.id in ran(), 30, "the rated job's start")
     rated.delay(jobs["rated"], 1)  # refused: one start a minute
-    wait_until(lambda: world.held_state(BEAT_KEY), 30, "a beat to lead")
+    wait_until(lambda: world.space.inspect(BEAT_KEY).holder, 30, "a beat to lead")
 
 
 def finish(world: World) -> None:
@@ -181,9 +194,11 @@ def finish(world: World) -> None:
 
 
 @contextlib.contextmanager
-def locks_world(log_dir: Path, token: str | None = TOKEN) -> Iterator[World]:
+def locks_world(
+    log_dir: Path, token: str | None = TOKEN, web_args: tuple[str, ...] = ()
+) -> Iterator[World]:
     """Everything the module docstring lists, running; stopped at the end (no locks taken yet:
-    :func:`populate` takes them)."""
+    :func:`populate` takes them). ``web_args``: more options of ``locks web``."""
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(RedisServer())
         base = redis_base(server.port)
@@ -194,7 +209,7 @@ def locks_world(log_dir: Path, token: str | None = TOKEN) -> Iterator[World]:
         env = {faultapp.URL_ENV: base, faultapp.BEAT_ENV: "1"}
         beat = Beat("tests.faultapp", log_dir, 1, env, LEADER_SCHEDULER)
         stack.callback(beat.stop)
-        web = WebServer(base, log_dir, token)
+        web = WebServer(base, log_dir, token, web_args)
         stack.callback(web.stop)
         locks = redis.Redis(port=server.port, db=faultapp.LOCK_DB, decode_responses=True)
         data = redis.Redis(port=server.port, db=faultapp.DATA_DB)
