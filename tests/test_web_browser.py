@@ -32,7 +32,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.wait import WebDriverWait
-from web_world import BEAT_KEY, TOKEN, World, locks_world, populate
+from web_world import BEAT_KEY, PARKED, TOKEN, World, locks_world, populate
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -79,6 +79,9 @@ def clean(browser: Browser, world: World) -> None:
     """What every page must be: no request to another origin, no wider than the window."""
     assert browser.foreign_requests(world.web.url) == []
     assert browser.page_width() <= WIDTH, browser.driver.current_url
+    # all CSS inline, no script to fetch: the page is whole as it arrives
+    assets = "link[rel=stylesheet], script[src], img[src^=http]"
+    assert browser.driver.find_elements(By.CSS_SELECTOR, assets) == []
 
 
 # -- the list --------------------------------------------------------------------------------
@@ -112,12 +115,7 @@ def test_the_list_shows_each_kind_of_lock(world: World, browser: Browser) -> Non
     assert [cell(row, "slots") for row in slots] == ["2/3", "2/3"]
     assert {cell(row, "state") for row in slots} == {"running"}
 
-    assert BEAT_KEY not in rows
-    leaders = driver.find_elements(By.CSS_SELECTOR, "#beat tr.leader")
-    assert [attribute(row, "data-key") for row in leaders] == [BEAT_KEY]
-    assert cell(leaders[0], "app") == "faultapp"
-    assert cell(leaders[0], "pid") == str(world.beat.pid)
-    assert cell(leaders[0], "host") == host
+    assert BEAT_KEY not in rows  # the beat leader has a table of its own
 
     limiters = driver.find_elements(By.CSS_SELECTOR, "#limiters tr.limiter")
     rated = [r for r in limiters if f"fault-impatient:{jobs['rated']}" in attribute(r, "data-key")]
@@ -128,6 +126,22 @@ def test_the_list_shows_each_kind_of_lock(world: World, browser: Browser) -> Non
     for name in ("duplicates", "refusals-limit", "refusals-cooldown", "refusals-rate", "lost"):
         assert element_text(driver, f'#counts [data-count="{name}"]').isdigit(), name
     assert driver.find_elements(By.CSS_SELECTOR, 'meta[http-equiv="refresh"]') == []  # --refresh 0
+    clean(browser, world)
+
+
+def test_the_beat_leader_shows_in_its_own_table(world: World, browser: Browser) -> None:
+    browser.get(world.web.url)
+    leaders = browser.driver.find_elements(By.CSS_SELECTOR, "#beat tr.leader")
+    assert [attribute(row, "data-key") for row in leaders] == [BEAT_KEY]
+    leader = leaders[0]
+    assert cell(leader, "app") == "faultapp"
+    assert f":{world.beat.pid}:" in cell(leader, "holder")  # the beat's owner token
+    assert 0 < seconds_in(cell(leader, "lease")) <= 30
+    assert cell(leader, "since")
+    assert (cell(leader, "host"), cell(leader, "pid")) == (
+        socket.gethostname(),
+        str(world.beat.pid),
+    )
     clean(browser, world)
 
 
@@ -233,7 +247,8 @@ def test_a_release_from_the_page_frees_the_lock_and_the_next_call_runs(
     WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#message"))
     assert "done=" in driver.current_url
     assert not world.space.inspect(key).held
-    wait_until(lambda: key in world.web.log() and "WARNING" in world.web.log(), 10, "the log")
+    logged = [line for line in world.web.log().splitlines() if key in line]
+    assert any("WARNING" in line and "127.0.0.1" in line for line in logged), logged
 
     second_id = world.start_run(job)  # waits until the worker started it
     assert second_id != first_id
@@ -305,6 +320,30 @@ def test_a_post_without_the_token_or_the_csrf_value_frees_nothing(
     status, _ = session.post({"key": key, "csrf": csrf, "token": TOKEN})
     assert status in (200, 303)
     assert not world.space.inspect(key).held
+    clean(browser, world)
+
+
+def test_a_purge_from_the_page_frees_the_matching_locks_only(
+    world: World, browser: Browser
+) -> None:
+    job = new_job("purge-me")
+    world.app.tasks["fault.web_queued"].apply_async((job,), queue=PARKED)
+    key, others = world.queued_key("fault.web_queued", job), world.space.find()
+    before = {k.lock for k in others} - {key}
+    assert world.space.inspect(key).held
+
+    browser.get(world.web.url + "?" + urllib.parse.urlencode({"q": job}))
+    driver = browser.driver
+    assert list(lock_rows(driver)) == [key]
+    driver.find_element(By.CSS_SELECTOR, "a#purge").click()
+    WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#do-purge"))
+    assert job in driver.find_element(By.TAG_NAME, "body").text
+    driver.find_element(By.CSS_SELECTOR, "form#confirm input[name=token]").send_keys(TOKEN)
+    driver.find_element(By.CSS_SELECTOR, "#do-purge").click()
+    WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#message"))
+    assert not world.space.inspect(key).held
+    still = {k.lock for k in world.space.find()}
+    assert before - still <= {k for k in before if ":{fault.tick:" in k}  # ticks come and go
     clean(browser, world)
 
 
