@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pytest
 from browser_fixtures import WIDTH, Browser, attribute, element_text
-from celery_procs import new_job
+from celery_procs import new_job, redis_base
 from faultapp import records_of
 from lock_helpers import wait_until
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.wait import WebDriverWait
-from web_world import BEAT_KEY, PARKED, TOKEN, World, locks_world, populate
+from web_world import BEAT_KEY, PARKED, TOKEN, WebServer, World, locks_world, populate
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -345,6 +345,30 @@ def test_a_purge_from_the_page_frees_the_matching_locks_only(
     still = {k.lock for k in world.space.find()}
     assert before - still <= {k for k in before if ":{fault.tick:" in k}  # ticks come and go
     clean(browser, world)
+
+
+def test_without_a_token_the_page_is_read_only(
+    world: World, browser: Browser, tmp_path: Path
+) -> None:
+    """``locks web`` with no token in its environment shows no release or purge link, and
+    refuses a release posted with a valid CSRF value."""
+    key = world.key("fault.web_work", world.jobs["running"])
+    reader = WebServer(redis_base(world.server.port), tmp_path, token=None)
+    try:
+        browser.get(reader.url)
+        driver = browser.driver
+        assert key in lock_rows(driver)
+        assert driver.find_elements(By.CSS_SELECTOR, "a.release, a#purge") == []
+        session = Session(reader.url)
+        with session.opener.open(reader.url, timeout=10):
+            pass  # the cookie
+        csrf = next(str(c.value) for c in session.jar)  # the page set one cookie: its CSRF
+        status, html = session.post({"key": key, "csrf": csrf})
+        assert status == 403 and 'id="error"' in html
+        assert world.space.inspect(key).held
+        assert browser.foreign_requests(reader.url) == []
+    finally:
+        reader.stop()
 
 
 # -- width -----------------------------------------------------------------------------------
