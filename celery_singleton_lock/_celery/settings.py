@@ -295,9 +295,12 @@ SETTINGS: dict[str, Setting] = {
 DEFAULTS: dict[str, Any] = {name: s.default for name, s in SETTINGS.items()}
 
 
-#: names under this package's prefix that belong to another package, never a misspelling of
-#: ours: celery-singleton's lease setting, which its drop-in (compat.singleton) reads
-_OTHER_PACKAGES_NAMES = frozenset({"singleton_lock_expiry"})
+#: names under this package's prefix that no Celery setting reads, never a misspelling of
+#: ours: celery-singleton's lease setting, which its drop-in (compat.singleton) reads, and the
+#: Django settings of the locks page (celery_singleton_lock.web.django)
+_OTHER_PACKAGES_NAMES = frozenset(
+    {"singleton_lock_expiry", "singleton_lock_web_app", "singleton_lock_web_options"}
+)
 
 
 def given(conf: Any, name: str) -> Any:

@@ -4,6 +4,7 @@ the stdlib only."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -81,10 +82,9 @@ def request_from_environ(
     """The request of a WSGI ``environ``; ``path``, ``mount`` and ``form`` when the host
     framework already routed it and read its body."""
     cookies: dict[str, str] = {}
-    try:
+    # another app's malformed cookie: ours is then missing (a new one is set), not fatal
+    with contextlib.suppress(CookieError):
         cookies = {k: m.value for k, m in SimpleCookie(environ.get("HTTP_COOKIE", "")).items()}
-    except CookieError:  # another app's malformed cookie: ours is then missing, not fatal
-        pass
     if path is None:
         path = environ.get("PATH_INFO", "").lstrip("/")
     if mount is None:
@@ -225,6 +225,4 @@ def make_app(
 
         client = LockConfig.of(celery_app).client
         source = Source(client, prefixes or _prefixes(celery_app), celery_app)
-    return LocksWeb(
-        source, access, link_pattern=link_pattern, refresh=refresh, page_size=page_size
-    )
+    return LocksWeb(source, access, link_pattern=link_pattern, refresh=refresh, page_size=page_size)

@@ -52,7 +52,9 @@ def _loopback(host: str) -> bool:
 
 def serve(app: LocksWeb, host: str = "127.0.0.1", port: int = 8600) -> None:
     """Serve ``app`` on ``host:port`` until interrupted (port 0: a free one, logged)."""
-    server = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler)
+    server = make_server(
+        host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler
+    )
     shown = f"[{host}]" if ":" in host else host
     log.info("the locks page is served on http://%s:%d/", shown, server.server_port)
     if not _loopback(host):
@@ -111,7 +113,7 @@ def web(
     _log_to_stderr()
     ctx = click.get_current_context()
     access = TokenAccess(os.environ.get(TOKEN_ENV))
-    with _target(ctx, url, prefix) as (client, prefixes):
+    with _target(ctx, url, prefix) as (_client, prefixes):
         app = getattr(ctx.obj, "app", None)
         options: dict[str, Any] = {"link_pattern": link_pattern, "refresh": refresh}
         options.update(page_size=page_size, access=access, prefixes=prefixes)

@@ -58,7 +58,9 @@ def _paging(query: dict[str, str]) -> tuple[int, bool]:
     if not (page_text.isascii() and page_text.isdecimal()) or int(page_text) < 1:
         raise BadRequest(f"page must be a whole number >= 1, got {page_text!r}")
     if sort not in ("age", "-age"):
-        raise BadRequest(f"sort must be 'age' (oldest first) or '-age' (newest first), got {sort!r}")
+        raise BadRequest(
+            f"sort must be 'age' (oldest first) or '-age' (newest first), got {sort!r}"
+        )
     return int(page_text), sort == "-age"
 
 

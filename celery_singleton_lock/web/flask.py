@@ -1,0 +1,62 @@
+"""The locks page in a Flask app, behind the app's own login::
+
+    from celery_singleton_lock.web.flask import blueprint
+
+    bp = blueprint(celery_app, can_view=lambda: current_user.is_authenticated,
+                   can_change=lambda: current_user.is_admin, actor=lambda: current_user.name)
+    flask_app.register_blueprint(bp, url_prefix="/locks")
+
+``can_view``, ``can_change`` (default: ``can_view``) and ``actor`` take no argument: they run
+in Flask's request context (``flask.session``, flask-login's ``current_user``). The page's
+own CSRF check applies to its POSTs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flask
+
+from .access import CallableAccess
+from .app import make_app, request_from_environ
+
+__all__ = ["blueprint"]
+
+
+def blueprint(
+    celery_app: Any,
+    *,
+    can_view: Callable[[], bool],
+    can_change: Callable[[], bool] | None = None,
+    actor: Callable[[], str] | None = None,
+    name: str = "celery_singleton_lock",
+    **make_app_options: Any,
+) -> flask.Blueprint:
+    """A blueprint serving the locks page of ``celery_app`` (``make_app_options``: those of
+    :func:`~celery_singleton_lock.web.make_app` but ``access``)."""
+    if not callable(can_view):
+        raise TypeError(f"can_view must be a callable of no argument, got {can_view!r}")
+    if "access" in make_app_options:
+        raise TypeError("give can_view, can_change and actor, not access")
+    change = can_change or can_view
+    access = CallableAccess(
+        lambda environ: can_view(),
+        lambda environ: change(),
+        None if actor is None else (lambda environ: actor()),
+    )
+    web = make_app(celery_app, access=access, **make_app_options)
+    bp = flask.Blueprint(name, __name__)
+
+    def page(path: str = "") -> flask.Response:
+        request = flask.request
+        full = request.path
+        mount = full[: len(full) - len(path)] if path and full.endswith(path) else full
+        form = {k: v for k, v in request.form.items()} if request.method == "POST" else {}
+        answer = web.handle(request_from_environ(request.environ, path, mount, form))
+        return flask.Response(answer.body, answer.status, answer.headers)
+
+    methods = ["GET", "HEAD", "POST"]
+    bp.add_url_rule("/", "page", page, methods=methods)
+    bp.add_url_rule("/<any(lock, release, purge):path>", "sub", page, methods=methods)
+    return bp
