@@ -14,24 +14,20 @@ than the 1280 px window, even with a long key.
 
 from __future__ import annotations
 
-import re
 import socket
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.cookiejar import CookieJar
 from pathlib import Path
 
 import pytest
 from browser_fixtures import WIDTH, Browser, attribute, element_text
 from celery_procs import new_job, redis_base
-from faultapp import records_of
 from lock_helpers import wait_until
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.wait import WebDriverWait
+from web_page import Session, cell, clean, field, lock_rows, open_confirm, pid_of, seconds_in
 from web_world import BEAT_KEY, PARKED, TOKEN, WebServer, World, locks_world, populate
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -45,43 +41,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with locks_world(tmp_path_factory.mktemp("web")) as made:
         populate(made, long_job=LONG_JOB)
         yield made
-
-
-# -- reading the page ------------------------------------------------------------------------
-
-
-def lock_rows(driver: WebDriver) -> dict[str, WebElement]:
-    """The rows of ``#locks`` by their ``data-key``."""
-    rows = driver.find_elements(By.CSS_SELECTOR, "#locks tr.lock")
-    return {attribute(row, "data-key"): row for row in rows}
-
-
-def cell(row: WebElement, name: str) -> str:
-    return str(row.find_element(By.CSS_SELECTOR, f"td.{name}").text).strip()
-
-
-def field(driver: WebDriver, name: str) -> str:
-    return element_text(driver, f'#lock dd[data-field="{name}"]')
-
-
-def seconds_in(text: str) -> float:
-    """The first number of a lease or age as the page writes it ("59 s", "59.2s", "1m 5s")."""
-    found = re.findall(r"\d+(?:\.\d+)?", text)
-    assert found, f"no number in {text!r}"
-    return float(found[0])
-
-
-def pid_of(world: World, job: str, task_id: str) -> int:
-    return next(int(s["pid"]) for s in records_of(world.app, "starts", job) if s["id"] == task_id)
-
-
-def clean(browser: Browser, world: World) -> None:
-    """What every page must be: no request to another origin, no wider than the window."""
-    assert browser.foreign_requests(world.web.url) == []
-    assert browser.page_width() <= WIDTH, browser.driver.current_url
-    # all CSS inline, no script to fetch: the page is whole as it arrives
-    assets = "link[rel=stylesheet], script[src], img[src^=http]"
-    assert browser.driver.find_elements(By.CSS_SELECTOR, assets) == []
 
 
 # -- the list --------------------------------------------------------------------------------
@@ -219,15 +178,6 @@ def test_a_lock_that_is_gone_is_a_404(world: World, browser: Browser) -> None:
 # -- release ---------------------------------------------------------------------------------
 
 
-def open_confirm(browser: Browser, world: World, key: str) -> None:
-    """From the lock's page, follow its release link to the confirm page."""
-    browser.get(world.web.url + "lock?" + urllib.parse.urlencode({"key": key}))
-    browser.driver.find_element(By.CSS_SELECTOR, "a.release").click()
-    WebDriverWait(browser.driver, 10).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, "form#confirm")
-    )
-
-
 def test_a_release_from_the_page_frees_the_lock_and_the_next_call_runs(
     world: World, browser: Browser
 ) -> None:
@@ -254,33 +204,6 @@ def test_a_release_from_the_page_frees_the_lock_and_the_next_call_runs(
     assert second_id != first_id
     assert world.space.inspect(key).holder is not None
     clean(browser, world)
-
-
-class Session:
-    """A client of the page with a cookie jar, as a script (not a browser) would post."""
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.jar = CookieJar()
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
-
-    def confirm_csrf(self, key: str) -> str:
-        """GET the release confirm page (which sets the cookie); the form's CSRF value."""
-        url = self.base + "release?" + urllib.parse.urlencode({"key": key})
-        with self.opener.open(url, timeout=10) as reply:
-            html = reply.read().decode()
-        found = re.search(r'name="csrf"[^>]*value="([^"]+)"|value="([^"]+)"[^>]*name="csrf"', html)
-        assert found, html
-        return found.group(1) or found.group(2)
-
-    def post(self, form: dict[str, str], headers: dict[str, str] | None = None) -> tuple[int, str]:
-        data = urllib.parse.urlencode(form).encode()
-        request = urllib.request.Request(self.base + "release", data, headers or {})
-        try:
-            with self.opener.open(request, timeout=10) as reply:
-                return int(reply.status), reply.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
 
 
 def test_a_post_without_the_token_or_the_csrf_value_frees_nothing(
