@@ -77,20 +77,35 @@ class Browser:
     def __init__(self, driver: WebDriver) -> None:
         self.driver = driver
         self._requests: list[str] = []
+        self._responses: list[tuple[str, int]] = []
 
     def get(self, url: str) -> None:
         """Open ``url`` and wait for it to load (selenium's ``get`` returns once it has)."""
         self.driver.get(url)
 
-    def requests(self) -> list[str]:
-        """Every URL the pages requested since the browser started, in order."""
+    def _read_log(self) -> None:
+        """Move what Chromium logged since the last read (it hands each entry out once)."""
         # selenium's get_log has no type hints: its entries are dicts with a JSON "message"
         log: list[dict[str, Any]] = self.driver.get_log("performance")  # type: ignore[no-untyped-call]
         for entry in log:
             message = json.loads(entry["message"])["message"]
+            params = message.get("params", {})
             if message.get("method") == "Network.requestWillBeSent":
-                self._requests.append(str(message["params"]["request"]["url"]))
+                self._requests.append(str(params["request"]["url"]))
+            elif message.get("method") == "Network.responseReceived":
+                reply = params["response"]
+                self._responses.append((str(reply["url"]), int(reply["status"])))
+
+    def requests(self) -> list[str]:
+        """Every URL the pages requested since the browser started, in order."""
+        self._read_log()
         return list(self._requests)
+
+    def responses(self) -> list[tuple[str, int]]:
+        """(URL, HTTP status) of every response the pages got, in order (a redirect's 303 is
+        not one: Chromium follows it before it reports a response)."""
+        self._read_log()
+        return list(self._responses)
 
     def foreign_requests(self, base: str) -> list[str]:
         """The requests that did not go to ``base``'s origin (scheme, host and port)."""

@@ -235,6 +235,7 @@ def test_a_post_without_the_token_or_the_csrf_value_frees_nothing(
     driver.find_element(By.CSS_SELECTOR, "form#confirm input[name=token]").send_keys(TOKEN)
     driver.find_element(By.CSS_SELECTOR, "#do-release").click()
     WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#error"))
+    assert browser.responses()[-1] == (world.web.url + "release", 403)
     assert world.space.inspect(key).holder is not None
     assert run_id in world.starts(job) and len(world.starts(job)) == 1
 
