@@ -15,6 +15,7 @@ server.
   (``tests/faultapp.py``) on a redis-server of the module's own, and an in-process worker
   (threads pool) running its tasks from the ``fault`` queue.
 - ``fault_beat``: start ``celery beat`` processes of the fault tests' app (slow tests only).
+- ``browser``: a headless Chromium (``tests/browser_fixtures.py``) for the web page's tests.
 - ``policy``: set the module's app's ``singleton_lock_on_backend_error`` for one test.
 
 A test that starts a ``celery worker`` or ``celery beat`` subprocess is marked ``slow``: the
@@ -39,6 +40,7 @@ from typing import Any
 import faultapp
 import pytest
 from beatproj.harness import LEADER_SCHEDULER, Beat
+from browser_fixtures import browser  # noqa: F401 - the browser tests' fixture
 from celery import Celery
 from celery_fixtures import CeleryEnv, celery_env, running_worker
 from celery_procs import close_app, redis_base

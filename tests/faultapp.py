@@ -164,6 +164,11 @@ def _inspect_command(**options: Any) -> Callable[[FuncT], FuncT]:
     return cast("Callable[[FuncT], FuncT]", inspect_command(**options))
 
 
+def _job_key(job: str, *args: Any, **kwargs: Any) -> str:
+    """A job's lock key part: the job itself (readable on the locks page), not a hash."""
+    return job
+
+
 def _app_task(
     app: Celery, *, base: type[TaskT], **options: Any
 ) -> Callable[[Callable[..., Any]], TaskT]:
@@ -558,6 +563,40 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     )  # fmt: skip
     def debounced_queue(self: Any, job: str, seconds: float = 0.0) -> str:
         return _recorded(self, job, seconds)
+
+    # The web page's browser tests (tests/test_web_browser.py): a run that lasts until the test
+    # says go (STARTED is stored, so the lock page shows a result state a run has), a job of
+    # three slots and a queued copy; their keys are the job as written (a page shows it).
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.web_work", lock_ttl=30, track_started=True,
+        lock_key=_job_key, shared=False,
+    )  # fmt: skip
+    def web_work(self: Any, job: str, hold: float = 120.0) -> str:
+        start = _enter(self, job)
+        try:
+            _until_go(self, job, hold)
+            return str(self.request.id)
+        finally:
+            _leave(self, job, start)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.web_slots", lock_limit=3, lock_ttl=30,
+        lock_key=_job_key, shared=False,
+    )  # fmt: skip
+    def web_slots(self: Any, job: str, hold: float = 120.0) -> str:
+        start = _enter(self, job)
+        try:
+            _until_go(self, job, hold)
+            return str(self.request.id)
+        finally:
+            _leave(self, job, start)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.web_queued", lock_at="queue",
+        lock_key=_job_key, shared=False,
+    )  # fmt: skip
+    def web_queued(self: Any, job: str) -> str:
+        return _recorded(self, job, 0.0)
 
     # Where features meet operator commands (tests/test_celery_seams.py).
     @_app_task(
