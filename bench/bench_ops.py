@@ -16,6 +16,9 @@ times, interleaved, in rounds (the median is reported):
   ``find_locks`` read them before (the reference: what the batches save).
 
 Both must return the same views (checked each round). Target: 10,000 locks in under 0.5 s.
+Then the locks page's list (``celery_singleton_lock.web``, the ``web`` extra) over real HTTP
+from wsgiref's server, first page, once per round: the whole answer, read, sorted, paged and
+rendered. Target: under 1 s.
 
 Then what a refused call pays for the recent counts (``singleton_lock_counts``): the Celery
 layer's ``report_refusal`` of a ``LockedTask`` (what a duplicate's path calls once), with the
@@ -46,6 +49,8 @@ from celery_singleton_lock.testing import RedisServer
 
 #: the target: 10,000 held locks read in under this many seconds
 TARGET_S = 0.5
+#: the target: the locks page's list of 10,000 held locks answers in under this many seconds
+PAGE_TARGET_S = 1.0
 
 
 def take_locks(client: Any, prefix: str, n: int) -> None:
@@ -122,6 +127,35 @@ def _comparable(views: list[locks.LockView]) -> list[tuple[Any, ...]]:
     return [(v.key, v.task, v.holder, v.pid, v.state, v.fence, v.slots) for v in views]
 
 
+def page_seconds(url: str, n: int, rounds: int) -> list[float]:
+    """Seconds for the locks page's list (``celery_singleton_lock.web``, first page, default
+    ``page_size``) to answer a GET over real HTTP from wsgiref's server, one per round."""
+    import threading
+    import urllib.request
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from celery_singleton_lock.web import make_app
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = make_server("127.0.0.1", 0, make_app(url=url), handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    seconds = []
+    try:
+        for _ in range(rounds):
+            started = time.perf_counter()
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/") as answer:
+                body = answer.read().decode()
+            seconds.append(time.perf_counter() - started)
+            assert f'<span id="total">{n}</span>' in body, "the page did not count every lock"
+    finally:
+        server.shutdown()
+        server.server_close()
+    return seconds
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", type=int, default=10_000, help="held locks (default 10000)")
@@ -142,6 +176,7 @@ def main() -> int:
                 times[name].append(time.perf_counter() - started)
             assert len(found["find_locks"]) == args.n, len(found["find_locks"])
             assert _comparable(found["find_locks"]) == _comparable(found["one round trip per lock"])
+        page = statistics.median(page_seconds(server.url, args.n, args.rounds))
         costs = refusal_costs(server, args.rounds)
     medians = {name: statistics.median(t) for name, t in times.items()}
     result = {
@@ -151,6 +186,8 @@ def main() -> int:
         "speedup": medians["one round trip per lock"] / medians["find_locks"],
         "target_s": TARGET_S,
         "met": medians["find_locks"] < TARGET_S,
+        "page_s": page,
+        "page_met": page < PAGE_TARGET_S,
         "refusal_us": costs,
     }
     if args.json:
@@ -163,6 +200,8 @@ def main() -> int:
     met = "yes" if result["met"] else "**no**"
     speedup = result["speedup"]
     print(f"\nfind_locks is {speedup:.1f}x the one-by-one read; target < {TARGET_S} s: {met}")
+    page_met = "yes" if result["page_met"] else "**no**"
+    print(f"the locks page's list over HTTP: {page:.3f} s; target < {PAGE_TARGET_S} s: {page_met}")
     print("\nWhat a refused call pays for the recent counts, median of the rounds")
     print("| call | us/call |\n| --- | ---: |")
     for name, us in costs.items():

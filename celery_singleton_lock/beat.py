@@ -18,6 +18,7 @@ entry as sent at the takeover. No Redis error ends the beat: it logs and tries a
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -76,6 +77,10 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         self._ttl: float = config.ttl
         self._leader: ReentrantLock | None = None
         self._me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        #: the holder info operators see (`celery locks list`, the locks page), as a task's
+        self._info = json.dumps(
+            {"task": "celery beat", "host": socket.gethostname(), "pid": os.getpid()}
+        )
         #: a new owner token per term: a term never re-enters an earlier one's hold that Redis
         #: still keeps (a release that could not be sent)
         self._term = 1
@@ -122,7 +127,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             self._lock_name,
             ttl=self._ttl,
             owner=f"{self._me}:{self._term}",
-            info=f"celery beat {self._me}",
+            info=self._info,
         )
         try:
             reply = lock.try_acquire(0)

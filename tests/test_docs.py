@@ -275,12 +275,17 @@ def test_the_site_is_built_offline() -> None:
 def test_every_cli_flag_the_docs_name_exists() -> None:
     """Each ``--flag`` the README and the docs give ``celery locks`` is an option of one of
     its commands (or of ``python -m celery_singleton_lock``'s ``--url``)."""
+    import click
+
     from celery_singleton_lock._ops.cli import locks
 
+    ctx = click.Context(locks)
+    commands = [locks.get_command(ctx, name) for name in locks.list_commands(ctx)]
+    assert all(commands) and "web" in locks.list_commands(ctx)  # `web` too, imported when asked
     known = {
         opt
-        for command in locks.commands.values()
-        for param in command.params
+        for command in commands
+        for param in command.params  # type: ignore[union-attr]  # all checked above
         for opt in getattr(param, "opts", [])
         if opt.startswith("--")
     }
@@ -461,7 +466,8 @@ def test_the_sample_locks_list_is_the_cli_s_table() -> None:
 
 def test_the_api_reference_documents_the_public_names_only() -> None:
     """api.md documents every name of ``celery_singleton_lock.__all__`` and, besides, only names
-    of the public modules (``beat``, ``metrics``, ``testing``), each one they export. An entry
+    of the public modules (``beat``, ``metrics``, ``testing``, ``web`` and its mounts), each one
+    they export. An entry
     written under a private path must be an object that the package exports."""
     import celery_singleton_lock
 
@@ -484,11 +490,15 @@ def test_the_api_reference_documents_the_public_names_only() -> None:
         if obj in public:
             documented.add(public[obj])
         elif isinstance(obj, ModuleType):
-            assert path in {f"celery_singleton_lock.{m}" for m in ("metrics", "testing")}, path
+            assert path in {f"celery_singleton_lock.{m}" for m in ("metrics", "testing", "web")}
         else:
-            assert path == "celery_singleton_lock.beat.LeaderScheduler", path
+            assert path in {
+                "celery_singleton_lock.beat.LeaderScheduler",
+                "celery_singleton_lock.web.flask.blueprint",
+                "celery_singleton_lock.web.django.make_urlpatterns",
+            }, path
     assert documented == set(celery_singleton_lock.__all__)
-    for module in ("metrics", "testing"):
+    for module in ("metrics", "testing", "web"):
         block = text[text.index(f"::: celery_singleton_lock.{module}") :]
         members = re.findall(r"^        - (\w+)$", block.split(":::", 2)[1], re.M)
         exported = importlib.import_module(f"celery_singleton_lock.{module}").__all__

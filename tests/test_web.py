@@ -81,7 +81,12 @@ def test_the_list_shows_locks_cooldowns_slots_limiters_and_beat_leaders(
     debounced.delay(1)
     limiter = RateLimiter(locks, "api", "5/m")
     assert limiter.try_acquire().admitted
-    leader = ReentrantLock(locks, "beat:webtest", ttl=30, info="celery beat b1")
+    leader = ReentrantLock(
+        locks,
+        "beat:webtest",
+        ttl=30,
+        info=json.dumps({"task": "celery beat", "host": "b1", "pid": 4321}),
+    )
     assert leader.acquire(blocking=False)
     try:
         with served(make_app(web_app, refresh=7)) as base:
@@ -111,6 +116,7 @@ def test_the_list_shows_locks_cooldowns_slots_limiters_and_beat_leaders(
             assert (beat["data-key"], beat["app"], beat["holder"]) == (
                 "lock:{beat:webtest}", "webtest", leader.owner,
             )  # fmt: skip
+            assert (beat["host"], beat["pid"]) == ("b1", "4321")
             for name in (
                 "duplicates",
                 "refusals-limit",
