@@ -99,7 +99,7 @@ def refusal_costs(server: RedisServer, rounds: int) -> dict[str, float]:
     from celery import Celery
 
     from celery_singleton_lock import LockedTask, reload_settings
-    from celery_singleton_lock._celery import counts
+    from celery_singleton_lock._celery.config import LockConfig
     from celery_singleton_lock._celery.hold import report_refusal
 
     app = Celery("bench_ops", set_as_current=False)
@@ -118,7 +118,7 @@ def refusal_costs(server: RedisServer, rounds: int) -> dict[str, float]:
         results[f"report_refusal, counts {'on' if on else 'off'}"] = per_call_us(
             lambda: report_refusal(task, "limit"), 200_000, rounds
         )
-    counts.flush()
+    LockConfig.of(app).counter.flush()
     return results
 
 

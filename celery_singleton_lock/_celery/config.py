@@ -16,6 +16,7 @@ import weakref
 from typing import Any, NamedTuple
 
 from .._lock import LockSpace
+from .counts import RecentCounter
 from .settings import SETTINGS, given, read
 
 __all__ = ["Bound", "LockConfig", "peek", "reload_settings"]
@@ -40,6 +41,7 @@ class LockConfig:
         "__weakref__",
         "_app",
         "_client",
+        "_counter",
         "_inputs",
         "_mutex",
         "_spaces",
@@ -83,6 +85,7 @@ class LockConfig:
         self._inputs = tuple(given(conf, name) for name in _CLIENT_INPUTS)
         self._mutex = threading.Lock()
         self._spaces: dict[str, LockSpace] = {}
+        self._counter: RecentCounter | None = None
         # A reload keeps the client (and its connections) unless what it is made from changed.
         self._client: Any = previous.client_if_made_from(self._inputs) if previous else None
 
@@ -119,6 +122,23 @@ class LockConfig:
                     assert app is not None, "a config outlives its app only while unused"
                     client = self._client = make_client(self, app.conf)
         return client
+
+    @property
+    def counter(self) -> RecentCounter:
+        """The app's recent counts not written yet (``singleton_lock_counts``), made at the
+        first count."""
+        counter = self._counter
+        if counter is None:
+            client = self.client  # made under the same mutex: taken before it
+            with self._mutex:
+                counter = self._counter
+                if counter is None:
+                    counter = self._counter = RecentCounter(client)
+        return counter
+
+    @property
+    def counter_if_made(self) -> RecentCounter | None:
+        return self._counter
 
     def space(self, prefix: str | None = None) -> LockSpace:
         """The app's locks under ``prefix`` (``None``: ``singleton_lock_prefix``), every

@@ -1,15 +1,17 @@
 """Recent counts of duplicates, refusals and lost locks, per minute, in Redis: what the web page
 shows of the last hour (read by :func:`celery_singleton_lock._ops.counts.recent_counts`).
 
-A task pays one dict increment, only on a duplicate, refusal or lost-lock path; a daemon thread
-per process (started at the first count) writes what was counted every :data:`FLUSH_INTERVAL`
-seconds, one pipeline of ``HINCRBY`` + ``EXPIREAT`` per client: every key on its own, so it
-works on Redis Cluster. Keys are ``<prefix>:counts:<epoch minute>`` hashes (field
+Each app config has one :class:`RecentCounter` (:attr:`LockConfig.counter`), made at its first
+count. A task pays one dict increment, only on a duplicate, refusal or lost-lock path; the
+counter's daemon thread (started at its first count) writes what was counted every
+:data:`FLUSH_INTERVAL` seconds, one pipeline of ``HINCRBY`` + ``EXPIREAT``: every key on its
+own, so it works on Redis Cluster. Keys are ``<prefix>:counts:<epoch minute>`` hashes (field
 ``duplicates:<action>``, ``refusals:<reason>`` or ``lost``) that expire :data:`RETENTION_S`
 after their minute: never a lock's ``<prefix>:{name}`` nor a limiter's ``<prefix>:rate:{name}``.
-A flush that Redis fails keeps its counts for the next try (those of minutes older than the
-retention are dropped: their keys would be gone already). A prefork child starts with an empty
-buffer and no thread (its parent flushes its own); a worker process flushes at its shutdown.
+A write that Redis fails keeps its counts for the next try (those of minutes older than the
+retention are dropped: their keys would be gone already). A forked child (a prefork pool
+process) starts with an empty buffer and no thread (its parent writes its own); a worker
+process writes what is left at its shutdown (``wiring``).
 """
 
 from __future__ import annotations
@@ -22,15 +24,7 @@ import time
 from collections import Counter
 from typing import Any
 
-__all__ = [
-    "FLUSH_INTERVAL",
-    "LOST",
-    "RETENTION_S",
-    "count",
-    "counts_key",
-    "flush",
-    "pending",
-]
+__all__ = ["FLUSH_INTERVAL", "LOST", "RETENTION_S", "RecentCounter", "count", "counts_key"]
 
 log = logging.getLogger("celery_singleton_lock.counts")
 
@@ -42,16 +36,6 @@ MAX_BACKOFF = 60.0
 RETENTION_S = 2 * 3600
 #: the field of a lock lost while its run held it
 LOST = "lost"
-
-#: (client id, prefix, epoch minute, field) -> count not yet written
-_pending: Counter[tuple[int, str, int, str]] = Counter()
-#: client id -> the client (kept while it has counts pending)
-_clients: dict[int, Any] = {}
-_mutex = threading.Lock()
-_wake = threading.Condition(_mutex)
-_thread: threading.Thread | None = None
-#: the last write failed: the process's exit does not wait on a Redis that is down
-_failing = False
 
 
 def counts_key(prefix: str, minute: int) -> str:
@@ -65,125 +49,104 @@ def count(task: Any, field: str) -> None:
     raises: a count is not worth failing a task for."""
     try:
         bound = task.locking.bound(task.app)
-        if not bound.config.counts:
-            return
-        client = bound.config.client
-        key = (id(client), bound.space.prefix, int(time.time() // 60), field)
+        if bound.config.counts:
+            bound.config.counter.add(bound.space.prefix, field)
     except Exception:  # a task without a lock config (a stub, an app being torn down)
         log.debug("%s not counted for %r", field, task, exc_info=True)
-        return
-    with _mutex:
-        idle = not _pending  # the thread waits only while nothing is pending
-        _pending[key] += 1
-        _clients[key[0]] = client
-        if _thread is None:
-            _start()
-        elif idle:
-            _wake.notify()
 
 
-def pending() -> dict[tuple[str, int, str], int]:
-    """What this process has counted and not written yet: (prefix, minute, field) -> count."""
-    with _mutex:
-        merged: Counter[tuple[str, int, str]] = Counter()
-        for (_, prefix, minute, field), n in _pending.items():
-            merged[prefix, minute, field] += n
-        return dict(merged)
+class RecentCounter:
+    """The counts of one app config (its lock client) not written yet, and the thread that
+    writes them."""
 
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._reset()
 
-def _start() -> None:
-    """Start the flushing thread (with :data:`_mutex` held)."""
-    global _thread
-    _thread = threading.Thread(target=_run, name="celery-singleton-lock-counts", daemon=True)
-    _thread.start()
-    atexit.register(_at_exit)
+    def _reset(self) -> None:
+        #: (prefix, epoch minute, field) -> count not written yet
+        self._pending: Counter[tuple[str, int, str]] = Counter()
+        self._mutex = threading.Lock()
+        self._wake = threading.Condition(self._mutex)
+        self._thread: threading.Thread | None = None
+        #: the last write failed: the process's exit does not wait on a Redis that is down
+        self._failing = False
+        self._pid = os.getpid()
 
+    def add(self, prefix: str, field: str, n: int = 1) -> None:
+        """Count ``n`` of ``field`` under ``prefix`` in the current minute."""
+        if self._pid != os.getpid():
+            # A forked child: its parent's buffer and thread are not its own (its mutex may
+            # have been held at the fork; only this thread runs in the child now).
+            self._reset()
+        key = (prefix, int(time.time() // 60), field)
+        with self._mutex:
+            idle = not self._pending  # the thread waits only while nothing is pending
+            self._pending[key] += n
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="celery-singleton-lock-counts", daemon=True
+                )
+                self._thread.start()
+                atexit.register(self._at_exit)
+            elif idle:
+                self._wake.notify()
 
-def _run() -> None:
-    me = threading.current_thread()
-    backoff = FLUSH_INTERVAL
-    while True:
-        with _mutex:
-            while not _pending and _thread is me:
-                _wake.wait()
-            if _thread is not me:  # replaced (a fork's child runs no copy of this loop)
-                return
-        time.sleep(backoff)
-        backoff = FLUSH_INTERVAL if flush() else min(backoff * 2, MAX_BACKOFF)
+    def pending(self) -> dict[tuple[str, int, str], int]:
+        """What this process has counted and not written yet: (prefix, minute, field) -> n."""
+        with self._mutex:
+            return dict(self._pending)
 
-
-def flush() -> bool:
-    """Write what this process counted; whether every client's write went through (what one
-    failed stays pending, logged on ``celery_singleton_lock.counts``)."""
-    with _mutex:
-        taken = dict(_pending)
-        clients = dict(_clients)
-        _pending.clear()
-        _clients.clear()
-    by_client: dict[int, list[tuple[str, int, str, int]]] = {}
-    for (client_id, prefix, minute, field), n in taken.items():
-        by_client.setdefault(client_id, []).append((prefix, minute, field, n))
-    global _failing
-    ok = True
-    for client_id, rows in by_client.items():
+    def flush(self) -> bool:
+        """Write what was counted; whether Redis took it (else it stays pending, logged on
+        ``celery_singleton_lock.counts``)."""
+        with self._mutex:
+            taken, self._pending = self._pending, Counter()
+        if not taken:
+            return True
         try:
-            _write(clients[client_id], rows)
+            pipe = self.client.pipeline(transaction=False)
+            for (prefix, minute, field), n in taken.items():
+                key = counts_key(prefix, minute)
+                pipe.hincrby(key, field, n)
+                pipe.expireat(key, (minute + 1) * 60 + RETENTION_S)
+            pipe.execute()
         except Exception as exc:
-            ok = False
             log.warning(
                 "could not write %d lock counts to Redis (%s: %s); kept for the next try",
-                sum(row[3] for row in rows),
+                sum(taken.values()),
                 type(exc).__name__,
                 exc,
             )
-            _keep(clients[client_id], rows)
-    _failing = not ok
-    return ok
+            self._keep(taken)
+            self._failing = True
+            return False
+        self._failing = False
+        return True
 
+    def _keep(self, taken: Counter[tuple[str, int, str]]) -> None:
+        """Put back the counts of a failed write, but those whose minute's key would have
+        expired by now (what keeps the buffer bounded while Redis is down)."""
+        oldest = int(time.time() // 60) - RETENTION_S // 60
+        with self._mutex:
+            for (prefix, minute, field), n in taken.items():
+                if minute >= oldest:
+                    self._pending[prefix, minute, field] += n
 
-def _at_exit() -> None:
-    """At the interpreter's exit (a publisher's): write what is left, unless Redis failed the
-    last write (the exit would wait on it)."""
-    if _pending and not _failing:
-        flush()
+    def _run(self) -> None:
+        me = threading.current_thread()
+        backoff = FLUSH_INTERVAL
+        while True:
+            with self._mutex:
+                while not self._pending and self._thread is me:
+                    self._wake.wait()
+                if self._thread is not me:  # replaced: a fork's child runs no copy of it
+                    return
+            time.sleep(backoff)
+            backoff = FLUSH_INTERVAL if self.flush() else min(backoff * 2, MAX_BACKOFF)
 
-
-def _write(client: Any, rows: list[tuple[str, int, str, int]]) -> None:
-    pipe = client.pipeline(transaction=False)
-    for prefix, minute, field, n in rows:
-        key = counts_key(prefix, minute)
-        pipe.hincrby(key, field, n)
-        pipe.expireat(key, (minute + 1) * 60 + RETENTION_S)
-    pipe.execute()
-
-
-def _keep(client: Any, rows: list[tuple[str, int, str, int]]) -> None:
-    """Put back the counts of a failed write, but those whose minute's key would have expired
-    by now (what keeps the buffer bounded while Redis is down)."""
-    oldest = int(time.time() // 60) - RETENTION_S // 60
-    with _mutex:
-        for prefix, minute, field, n in rows:
-            if minute >= oldest:
-                _pending[id(client), prefix, minute, field] += n
-                _clients[id(client)] = client
-
-
-def on_shutdown(**_: Any) -> None:
-    """``worker_process_shutdown`` / ``worker_shutdown``: write what is left now."""
-    if _pending:
-        flush()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child counts from zero with a lock and no thread of its own (its parent
-    writes what it had counted)."""
-    global _mutex, _wake, _thread, _failing
-    _pending.clear()
-    _clients.clear()
-    _mutex = threading.Lock()
-    _wake = threading.Condition(_mutex)
-    _thread = None
-    _failing = False
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    def _at_exit(self) -> None:
+        """At the interpreter's exit (a publisher's): write what is left, unless Redis failed
+        the last write (the exit would wait on it)."""
+        if self._pid == os.getpid() and self._pending and not self._failing:
+            self.flush()

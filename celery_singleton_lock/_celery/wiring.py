@@ -20,7 +20,6 @@ from typing import Any
 from celery import signals
 from celery.app import app_or_default
 
-from . import counts
 from .canvas import note_chord_member
 from .config import LockConfig, reload_settings
 from .worker import on_task_rejected, on_task_revoked, on_task_unknown
@@ -86,6 +85,15 @@ def _serve_metrics(app: Any, offset: int) -> None:
         )
 
 
+def _write_counts(sender: Any = None, **_: Any) -> None:
+    """``worker_process_shutdown`` / ``worker_shutdown``: the app's recent counts written now
+    (its counter's thread would be killed with the process)."""
+    app = getattr(sender, "app", None) or app_or_default()
+    counter = LockConfig.of(app).counter_if_made
+    if counter is not None and counter.pending():
+        counter.flush()
+
+
 def connect() -> None:
     """Connect the receivers a locked task needs (idempotent)."""
     if _connected.is_set():
@@ -99,8 +107,8 @@ def connect() -> None:
             (signals.worker_init, on_start),
             (signals.beat_init, on_start),
             (signals.worker_process_init, _on_worker_process_init),
-            (signals.worker_process_shutdown, counts.on_shutdown),
-            (signals.worker_shutdown, counts.on_shutdown),
+            (signals.worker_process_shutdown, _write_counts),
+            (signals.worker_shutdown, _write_counts),
         ):
             signal.connect(
                 receiver, weak=False, dispatch_uid=f"celery_singleton_lock.{signal.name}"
