@@ -154,6 +154,17 @@ def _until_go(task: Any, job: str, seconds: float) -> None:
         time.sleep(0.02)  # polls the test's word
 
 
+def _held_until_go(task: Any, job: str, hold: float) -> str:
+    """A run recorded from its start to its end, that lasts until the test says go (or
+    ``hold`` seconds): its task id."""
+    start = _enter(task, job)
+    try:
+        _until_go(task, job, hold)
+        return str(task.request.id)
+    finally:
+        _leave(task, job, start)
+
+
 FuncT = TypeVar("FuncT", bound=Callable[..., Any])
 TaskT = TypeVar("TaskT", bound=LockedTask)
 
@@ -572,24 +583,14 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         lock_key=_job_key, shared=False,
     )  # fmt: skip
     def web_work(self: Any, job: str, hold: float = 120.0) -> str:
-        start = _enter(self, job)
-        try:
-            _until_go(self, job, hold)
-            return str(self.request.id)
-        finally:
-            _leave(self, job, start)
+        return _held_until_go(self, job, hold)
 
     @_app_task(
         app, base=LockedTask, bind=True, name="fault.web_slots", lock_limit=3, lock_ttl=30,
         lock_key=_job_key, shared=False,
     )  # fmt: skip
     def web_slots(self: Any, job: str, hold: float = 120.0) -> str:
-        start = _enter(self, job)
-        try:
-            _until_go(self, job, hold)
-            return str(self.request.id)
-        finally:
-            _leave(self, job, start)
+        return _held_until_go(self, job, hold)
 
     @_app_task(
         app, base=LockedTask, bind=True, name="fault.web_queued", lock_at="queue",
