@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -286,3 +288,50 @@ def test_the_wheel_alone_runs_a_worker_on_a_redis_broker(
     assert publish is not None and publish.returncode == 0, report
     assert publish.stdout.startswith("ok "), report
     assert exit_code == 0, report  # the warm shutdown went through
+
+
+@pytest.mark.slow  # a pip install of the web extra into the fixture's venv, and a server start
+@pytest.mark.timeout(600)
+def test_the_web_extra_is_what_the_locks_page_needs(
+    tmp_path: Path, redis_server: RedisServer, installed_wheel: InstalledWheel
+) -> None:
+    """Without the ``web`` extra, ``celery locks web`` (with its options) names the extra to
+    install; with it (``pip install 'celery-singleton-lock[web]'``), the command serves the
+    page on loopback, read-only."""
+    url = f"redis://127.0.0.1:{redis_server.port}"
+    (tmp_path / "wheelapp.py").write_text(WHEEL_APP.format(url=url), encoding="utf-8")
+    celery = str(installed_wheel.bin / "celery")
+    command = [celery, "-A", "wheelapp", "locks", "web", "--port", "0"]
+    without = subprocess.run(
+        command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60
+    )
+    assert without.returncode != 0
+    assert "pip install 'celery-singleton-lock[web]'" in without.stderr, without.stderr
+
+    pip = (installed_wheel.python, "-m", "pip", "install", "--disable-pip-version-check", "-q")
+    _run(*pip, f"{installed_wheel.wheel}[web]", cwd=tmp_path)
+    log_path = tmp_path / "web.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        served = wait_until(
+            lambda: re.search(r"served on (http://127\.0\.0\.1:\d+/)", log_path.read_text()),
+            60,
+            "the page's address in the log",
+            0.1,
+        )
+        with urllib.request.urlopen(served.group(1), timeout=10) as answer:
+            page = answer.read().decode()
+        assert 'id="locks"' in page, page[:2000]
+        assert "read-only" in log_path.read_text()
+        assert 'class="release"' not in page  # no token: nobody may release
+    finally:
+        _stop(server)

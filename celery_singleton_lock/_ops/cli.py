@@ -116,7 +116,12 @@ class _Locks(click.Group):
             except ImportError as exc:
                 message = str(exc)
 
-                @click.command(name="web", help="Serve a web page of the locks.")
+                # whatever options it was given: the missing extra is what to say
+                @click.command(
+                    name="web",
+                    help="Serve a web page of the locks.",
+                    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+                )
                 def web() -> None:
                     raise click.ClickException(message)
 
