@@ -27,6 +27,8 @@ import redis
 from celery_fixtures import forget_results
 from lock_helpers import wait_until
 
+from celery_singleton_lock._celery.config import LockConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -191,6 +193,9 @@ def close_app(app: Any) -> None:
     """Close the test-process app while its redis-server still runs (see
     :func:`celery_fixtures.forget_results`)."""
     forget_results(app)
+    counter = LockConfig.of(app).counter_if_made
+    if counter is not None:  # its counts written, its thread stopped: not retried after
+        counter.close()
     app.close()
 
 

@@ -9,6 +9,7 @@ the pool children count and write), read back by :func:`recent_counts`.
 * with ``singleton_lock_counts=False`` nothing is written (checked after the worker's warm
   shutdown, which writes what is left: the same shutdown writes them with the setting on);
 * a write that Redis fails keeps the counts, written once the server is back;
+* a settings reload keeps the counter with the client, or writes its counts at once;
 * the counts' keys are never a lock nor a limiter to ``locks list``.
 """
 
@@ -30,8 +31,9 @@ from lock_helpers import wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import LockBackendError
+from celery_singleton_lock import LockBackendError, reload_settings
 from celery_singleton_lock._celery import counts as writer
+from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock._ops.counts import RecentCounts, recent_counts
 from celery_singleton_lock._ops.locks import find_limiters, find_locks
@@ -222,3 +224,27 @@ def test_a_failed_write_keeps_the_counts(tmp_path: Path) -> None:
         logging.getLogger("celery_singleton_lock.counts").removeHandler(records)
         close_app(app)
         own.stop()
+
+
+def test_a_reload_keeps_the_counts_with_the_client_or_writes_them(server: RedisServer) -> None:
+    """``reload_settings`` with the same client: the same counter goes on counting; with
+    another client (another Redis URL): what the old one counted is written at once, before
+    its thread's next write, and its thread stops."""
+    app = faultapp.make_app(redis_base(server.port))
+    locks = server.client(db=LOCK_DB)
+    try:
+        task = app.tasks["fault.limited"]
+        first = LockConfig.of(app)
+        first.client.ping()
+        writer.count(task, "refusals:cooldown")
+        reload_settings(app)
+        assert LockConfig.of(app).counter is first.counter  # the same client: counts go on
+        writer.count(task, "refusals:cooldown")
+        assert sum(first.counter.pending().values()) == 2
+        app.conf.singleton_lock_redis_url = f"{redis_base(server.port)}/{DATA_DB}"
+        reload_settings(app)
+        assert LockConfig.of(app).counter_if_made is None  # another client: a counter of its own
+        assert first.counter.pending() == {}
+        assert recent_counts(locks).refusals["cooldown"] == 2
+    finally:
+        close_app(app)

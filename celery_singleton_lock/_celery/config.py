@@ -85,9 +85,16 @@ class LockConfig:
         self._inputs = tuple(given(conf, name) for name in _CLIENT_INPUTS)
         self._mutex = threading.Lock()
         self._spaces: dict[str, LockSpace] = {}
-        self._counter: RecentCounter | None = None
-        # A reload keeps the client (and its connections) unless what it is made from changed.
+        # A reload keeps the client (and its connections) unless what it is made from changed,
+        # and the recent counts not written yet with it.
         self._client: Any = previous.client_if_made_from(self._inputs) if previous else None
+        self._counter: RecentCounter | None = None
+        counted = previous.counter_if_made if previous is not None else None
+        if counted is not None:
+            if self._client is not None:
+                self._counter = counted
+            else:  # a new client: the old one's counts are written now, its thread stopped
+                counted.close()
 
     def client_if_made_from(self, inputs: tuple[Any, ...]) -> Any:
         """This config's client when it was made from ``inputs`` too (else ``None``)."""

@@ -71,6 +71,7 @@ class RecentCounter:
         self._thread: threading.Thread | None = None
         #: the last write failed: the process's exit does not wait on a Redis that is down
         self._failing = False
+        self._at_exit_registered = False
         self._pid = os.getpid()
 
     def add(self, prefix: str, field: str, n: int = 1) -> None:
@@ -88,7 +89,9 @@ class RecentCounter:
                     target=self._run, name="celery-singleton-lock-counts", daemon=True
                 )
                 self._thread.start()
-                atexit.register(self._at_exit)
+                if not self._at_exit_registered:
+                    atexit.register(self._at_exit)
+                    self._at_exit_registered = True
             elif idle:
                 self._wake.notify()
 
@@ -96,6 +99,14 @@ class RecentCounter:
         """What this process has counted and not written yet: (prefix, minute, field) -> n."""
         with self._mutex:
             return dict(self._pending)
+
+    def close(self) -> None:
+        """Stop the writer thread and write what is pending, once (a Redis that fails it
+        keeps it: a later count starts the thread again)."""
+        with self._mutex:
+            self._thread = None
+            self._wake.notify_all()
+        self.flush()
 
     def flush(self) -> bool:
         """Write what was counted; whether Redis took it (else it stays pending, logged on
