@@ -231,6 +231,7 @@ def test_a_reload_keeps_the_counts_with_the_client_or_writes_them(server: RedisS
     another client (another Redis URL): what the old one counted is written at once, before
     its thread's next write, and its thread stops."""
     app = faultapp.make_app(redis_base(server.port))
+    app.conf.singleton_lock_prefix = prefix = new_job("reload")  # counts of this test's own
     locks = server.client(db=LOCK_DB)
     try:
         task = app.tasks["fault.limited"]
@@ -245,6 +246,6 @@ def test_a_reload_keeps_the_counts_with_the_client_or_writes_them(server: RedisS
         reload_settings(app)
         assert LockConfig.of(app).counter_if_made is None  # another client: a counter of its own
         assert first.counter.pending() == {}
-        assert recent_counts(locks).refusals["cooldown"] == 2
+        assert recent_counts(locks, prefix).refusals["cooldown"] == 2
     finally:
         close_app(app)
