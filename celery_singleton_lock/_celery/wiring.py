@@ -90,8 +90,8 @@ def _write_counts(sender: Any = None, **_: Any) -> None:
     (its counter's thread would be killed with the process)."""
     app = getattr(sender, "app", None) or app_or_default()
     counter = LockConfig.of(app).counter_if_made
-    if counter is not None and counter.pending():
-        counter.flush()
+    if counter is not None:
+        counter.flush()  # nothing pending: no round trip
 
 
 def connect() -> None:

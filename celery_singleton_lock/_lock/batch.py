@@ -15,16 +15,13 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from . import scripts
+from .checks import is_cluster
 from .commands import LockState, backend_errors, lock_state
 from .keys import LockKeys
 
 #: inspect calls per pipeline: big enough that 10,000 locks take 20 round trips, small enough
 #: that one reply (a few kB a lock at most) stays well under what a connection buffers
 BATCH = 500
-
-
-def _is_cluster(client: Any) -> bool:
-    return hasattr(client, "keyslot") and hasattr(client, "get_nodes")
 
 
 def _pipelined(client: Any, keys: Sequence[LockKeys]) -> list[Any]:
@@ -61,7 +58,7 @@ def inspect_many(client: Any, keys: Sequence[LockKeys], prefix: str) -> list[Loc
     subject = f"the locks under prefix {prefix!r}"
     replies: list[Any] = [None] * len(keys)
     with backend_errors("inspect", "", subject):
-        if _is_cluster(client):
+        if is_cluster(client):
             groups = _by_node(client, keys)
         else:
             groups = [(client, list(range(len(keys))))]
@@ -73,7 +70,7 @@ def inspect_many(client: Any, keys: Sequence[LockKeys], prefix: str) -> list[Loc
                     replies[index] = reply
         for index, reply in enumerate(replies):
             if isinstance(reply, Exception):
-                if not _is_cluster(client):
+                if not is_cluster(client):
                     raise reply
                 # a slot that moved: the cluster client follows the redirect
                 replies[index] = scripts.INSPECT(client, keys[index].pair, ())

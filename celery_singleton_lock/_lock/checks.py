@@ -179,3 +179,9 @@ def check_client(client: object, parameter: str = "client") -> RedisClient:
 #: client classes that passed (every lock checks its client; an instance with an evalsha of
 #: its own is checked every time)
 _checked_types: set[type] = set()
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` is redis-py's cluster client: a script's keys are then in one slot,
+    and a pipeline of scripts goes node by node."""
+    return hasattr(client, "keyslot") and hasattr(client, "get_nodes")

@@ -24,6 +24,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import observe, scripts
+from .checks import is_cluster
 from .deadline import bounded
 from .hold import Hold
 from .scripts import META_RETENTION_MS
@@ -331,7 +332,7 @@ class Lane:
         pipeline: the calls are grouped by slot, one pipeline per node through that node's
         client; a call the node refuses (a slot that moved) goes again through the cluster
         client, which follows the redirect."""
-        if not (hasattr(client, "keyslot") and hasattr(client, "get_nodes")):
+        if not is_cluster(client):
             groups = [holds[i : i + BATCH] for i in range(0, len(holds), BATCH)]
             results: dict[int, int | Exception] = {}
             for group, reply in zip(groups, self._pipelined(client, groups), strict=True):

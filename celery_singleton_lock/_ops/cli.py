@@ -19,7 +19,7 @@ import click
 from .._celery.install import connect_command_hooks
 from .._lock import LockSpace, Rate, RateKeys, RateLimiter, RateState
 from . import locks as ops
-from .target import target
+from .target import prefix_option, target, url_option
 
 __all__ = ["locks", "main"]
 
@@ -91,12 +91,6 @@ def _locate(client: Any, key: str, prefixes: list[str]) -> str:
     return next((p for p in prefixes if ops.show(client, key, p)), prefixes[0])
 
 
-_url = click.option("--url", default=None, help="Redis URL (default: the Celery app's settings)")
-_prefix = click.option(
-    "--prefix",
-    default=None,
-    help="key prefix (default: every prefix of the app's locked tasks; with --url: lock)",
-)
 _json = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 _match = click.option("--match", default="*", show_default=True, help="glob on the lock name")
 _key = click.argument("key")
@@ -145,7 +139,7 @@ def _command(*options: Any, name: str | None = None) -> Callable[[Callable[..., 
             with target(click.get_current_context(), url, prefix) as (client, prefixes):
                 body(client, prefixes, as_json, **own)
 
-        for option in reversed((*options, _url, _prefix, _json)):
+        for option in reversed((*options, url_option, prefix_option, _json)):
             command = option(command)
         return locks.command(name=name)(command)
 

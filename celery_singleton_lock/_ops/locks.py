@@ -13,7 +13,7 @@ from typing import Any
 from .._celery.hold import HoldState
 from .._lock import LockSpace, LockState, RateState
 
-__all__ = ["LockView", "find_limiters", "find_locks", "purge", "show", "views_of"]
+__all__ = ["LockView", "find_limiters", "find_locks", "job_limit", "purge", "show", "views_of"]
 
 #: keys each SCAN call of :func:`find_locks` looks at: a lock is two keys (its hash and its
 #: meta hash), so 10,000 locks take about four calls
@@ -49,6 +49,18 @@ def _info(state: LockState) -> dict[str, Any]:
     except ValueError:
         return {}
     return info if isinstance(info, dict) else {}
+
+
+def _limit_of(info: dict[str, Any]) -> int:
+    """The job's ``lock_limit`` as its hold's info says (1 when it says none)."""
+    limit = info.get("limit")
+    return limit if type(limit) is int and limit > 1 else 1
+
+
+def job_limit(state: LockState) -> int:
+    """The ``lock_limit`` of the job whose permit ``state`` is, as its holder's info says (1
+    for a job of one slot, or a lock that is not a task's)."""
+    return _limit_of(_info(state))
 
 
 def _view(state: LockState, info: dict[str, Any], now: float) -> LockView:
@@ -88,8 +100,8 @@ def views_of(states: Iterable[LockState], now: float) -> list[LockView]:
         if state.held:
             info = _info(state)
             views[state.keys.lock] = _view(state, info, now)
-            if isinstance(info.get("limit"), int) and info["limit"] > 1:
-                limits[state.keys.name] = info["limit"]
+            if _limit_of(info) > 1:
+                limits[state.keys.name] = _limit_of(info)
     in_use = Counter(view.name for view in views.values())
     return [
         replace(v, slots=f"{in_use[v.name]}/{limits[v.name]}") if v.name in limits else v

@@ -4,7 +4,6 @@ after one read; a lock's details; a release, a reset and a purge."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -122,16 +121,21 @@ class Source:
         """One held lock by its key, with the job's other held permits (a ``lock_limit``
         above 1: its slots then say how many are held); ``None`` when it is not held."""
         prefix = self.prefix_of(key)
-        view = None if prefix is None else ops.show(self.client, key, prefix)
-        if prefix is None or view is None:
+        if prefix is None:
             return None
         space = LockSpace(self.client, prefix)
-        limit = _limit(space.inspect(view.key).info)
-        if limit < 2:
-            return self._labelled(view), []
-        found = [ops.show(self.client, k.lock, prefix) for k in space.named(view.name, limit).keys]
-        held = [self._labelled(v) for v in found if v is not None]
-        view = replace(self._labelled(view), slots=f"{len(held)}/{limit}")
+        state = space.inspect(key)
+        if not state.held:
+            return None
+        limit = ops.job_limit(state)
+        permits = space.named(state.keys.name, limit).keys if limit > 1 else [state.keys]
+        held = [
+            self._labelled(v)
+            for v in ops.views_of(space.inspect_many(permits), space.server_time())
+        ]
+        view = next((v for v in held if v.key == state.keys.lock), None)
+        if view is None:  # released between the two reads
+            return None
         return view, [v for v in held if v.key != view.key]
 
     def result_state(self, view: LockView) -> str | None:
@@ -166,13 +170,3 @@ class Source:
                 space = LockSpace(self.client, prefix)
                 freed += space.force_release(view.key, holder=view.holder or None)
         return freed
-
-
-def _limit(info: str) -> int:
-    """The job's ``lock_limit`` as its hold's info says (1 when it says none)."""
-    try:
-        found = json.loads(info or "{}")
-    except ValueError:
-        return 1
-    limit = found.get("limit") if isinstance(found, dict) else None
-    return limit if type(limit) is int and limit > 1 else 1

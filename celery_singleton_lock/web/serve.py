@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import click
 
-from .._ops.target import target
+from .._ops.target import prefix_option, target, url_option
 from .access import TokenAccess
 from .app import LocksWeb, make_app
 
@@ -93,12 +93,8 @@ def _log_to_stderr() -> None:
     "--link-pattern", default=None, help="a holder's link, e.g. http://flower:5555/task/{task_id}"
 )
 @click.option("--page-size", default=100, show_default=True, type=click.IntRange(1))
-@click.option("--url", default=None, help="Redis URL (default: the Celery app's settings)")
-@click.option(
-    "--prefix",
-    default=None,
-    help="key prefix (default: every prefix of the app's locked tasks; with --url: lock)",
-)
+@url_option
+@prefix_option
 def web(
     host: str,
     port: int,
