@@ -561,12 +561,7 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     )  # fmt: skip
     def debounced(self: Any, job: str, value: int = 0, hold: float = 0.0) -> str:
         """``hold``: the body runs until the test sets ``go:<job>`` (that long at most)."""
-        start = _enter(self, job)
-        try:
-            _until_go(self, job, hold)
-            return str(self.request.id)
-        finally:
-            _leave(self, job, start)
+        return _held_until_go(self, job, hold)
 
     @_app_task(
         app, base=LockedTask, bind=True, name="fault.debounced_queue", lock_at="queue",
