@@ -273,6 +273,32 @@ def test_rate_options_that_make_no_sense_together(
     _refused(client, define, named)
 
 
+@pytest.mark.parametrize("lock_at", ["publish", "queue"])
+def test_debounce_with_wait_is_refused_with_what_to_use_instead(
+    app: Any, client: Any, lock_at: str
+) -> None:
+    """lock_debounce with lock_on_locked="wait": a replaced call's run would block on the lock
+    its replacement holds and run after it; refused when the class is made, naming the mode to
+    use instead."""
+
+    def define() -> None:
+        @app_task(
+            app, base=LockedTask, name=f"bad.debounce.wait.{lock_at}", shared=False,
+            lock_at=lock_at, lock_debounce=1.0, lock_on_locked="wait",
+        )  # fmt: skip
+        def task() -> None:
+            return None
+
+        assert f"bad.debounce.wait.{lock_at}" in app.tasks
+
+    with pytest.raises(ValueError, match="lock_debounce with lock_on_locked='wait'") as raised:
+        define()
+    message = str(raised.value)
+    assert "use lock_at='queue' with the default lock_on_locked='skip'" in message
+    assert f"bad.debounce.wait.{lock_at}" in message
+    assert client.dbsize() == 0
+
+
 def test_a_rate_callables_bad_answer_fails_the_run_before_redis(app: Any, client: Any) -> None:
     @app_task(app, base=LockedTask, name="bad.rate.answer", shared=False, lock_rate=lambda n: n)
     def rated(n: Any) -> None:

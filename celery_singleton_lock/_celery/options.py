@@ -11,9 +11,10 @@ import difflib
 import inspect
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import Field, dataclass, field, fields, replace
-from typing import Any, NoReturn
+from typing import Any
 
 from .._lock import Rate, check_duration
+from .combinations import check_combination
 
 __all__ = [
     "OPTION_NAMES",
@@ -334,61 +335,8 @@ def validate_options(
     ):
         # lock_rate alone limits starts, not runs at once: every call runs in its turn
         options = replace(options, lock_limit=None)
-    _check_combination(task, options, raw)
+    check_combination(task, options, raw)
     return options
-
-
-def _check_combination(task: str, options: LockOptions, raw: Mapping[str, Any]) -> None:
-    """Options that are each valid but make no sense together: a ``ValueError`` that says
-    which and what to do."""
-
-    def refuse(message: str) -> NoReturn:
-        raise ValueError(f"task {task!r}: {message}")
-
-    if options.lock_release_on_start and options.lock_at != "publish":
-        refuse(
-            "lock_release_on_start=True only makes sense with lock_at='publish' (for one "
-            "queued and one running, use lock_at='queue')"
-        )
-    if options.lock_at == "queue" and options.lock_on_locked == "raise":
-        refuse(
-            "lock_at='queue' never drops its queued copy, so lock_on_locked='raise' cannot "
-            "apply; use 'retry' or 'wait' (the default 'skip' retries in this mode)"
-        )
-    if options.lock_cooldown is not None and options.lock_release_on_start:
-        refuse(
-            "lock_cooldown needs a lock held to the end of the run; lock_release_on_start=True "
-            "releases it when the run starts"
-        )
-    if options.lock_cooldown is None and "lock_cooldown_on_failure" in raw:
-        refuse("lock_cooldown_on_failure is set but lock_cooldown is not")
-    for name in ("lock_rate_key", "lock_rate_max_delay"):
-        if options.lock_rate is None and name in raw:
-            refuse(f"{name} is set but lock_rate is not")
-    if options.lock_limit is None and (
-        options.lock_rate is None or options.lock_at != "run" or options.lock_cooldown is not None
-    ):
-        refuse(
-            "lock_limit=None (no limit on runs at once) holds no lock: it needs lock_rate, and "
-            "lock_at='publish', 'queue' and lock_cooldown need a lock; set lock_limit=1 (one at "
-            "a time) or more, or use a plain Task"
-        )
-    if options.lock_rate is not None and options.lock_release_on_start:
-        refuse(
-            "lock_rate counts starts, and lock_release_on_start=True releases the job's lock as "
-            "the run starts; use lock_at='publish' without it, or lock_at='run'"
-        )
-    if options.lock_debounce is not None:
-        if options.lock_at not in ("publish", "queue"):
-            refuse(
-                "lock_debounce delays and replaces queued calls, so it needs "
-                "lock_at='publish' or lock_at='queue'"
-            )
-        if options.lock_limit != 1:
-            refuse(
-                "lock_debounce keeps one call waiting per key, so it needs lock_limit=1, got "
-                f"lock_limit={options.lock_limit}"
-            )
 
 
 def options_table() -> str:
