@@ -7,6 +7,10 @@
 -- ARGV[4]  the holder expected: "" for any, else only while this owner holds it
 -- ARGV[5..] hold states (see acquire.lua): when given, only while the hold is in one of them
 --          and no run token is recorded
+-- KEYS[3]  optional: a note about the released hold (keys.py's note: in the lock's hash tag),
+--          written in the same step as the release and kept for as long as the hold had lease
+--          left (lock_debounce's "replaced": the replaced message may arrive until then). Its
+--          value is then ARGV[5], and the hold states start at ARGV[6].
 --
 -- Returns 1 when the lock was released, 0 when it was free, held by another than ARGV[4], or
 -- in another state. The fence is kept (the next holder gets a larger one); the hold's fields
@@ -22,18 +26,24 @@ end
 if ARGV[4] ~= '' and redis.call('hexists', lock, ARGV[4]) == 0 then
     return 0
 end
-if #ARGV >= 5 then
+local note = KEYS[3]
+local first = note and 6 or 5
+if #ARGV >= first then
     local held = redis.call('hmget', meta, 'state', 'run')
     if held[2] and held[2] ~= '' then
         return 0
     end
     local wanted = false
-    for i = 5, #ARGV do
+    for i = first, #ARGV do
         wanted = wanted or held[1] == ARGV[i]
     end
     if not wanted then
         return 0
     end
+end
+if note then
+    local left = redis.call('pttl', lock)
+    redis.call('set', note, ARGV[5], 'px', left > 0 and left or tonumber(ARGV[3]))
 end
 redis.call('del', lock)
 redis.call('hdel', meta, 'req', 'info', 'run', 'state')

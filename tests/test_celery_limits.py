@@ -376,6 +376,35 @@ def test_debounce_with_queue_runs_the_last_call_after_the_running_one(
     assert no_overlap(records(data, "intervals", job))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fault.debounced", "fault.queue_debounced"])
+def test_a_replaced_call_that_arrives_after_its_replacement_ran_is_still_skipped(
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path, name: str
+) -> None:
+    """lock_debounce, lock_at="publish" and "queue", on a prefork worker: call A is sent 4 s
+    later, call B replaces it with a countdown of its own (0), runs at once and lets the lock
+    go. When A's message arrives, 4 s after it was sent, the lock is free again: A must still
+    end SKIPPED as replaced by B, and only B runs."""
+    data = fault_server.client(db=DATA_DB)
+    task = fault_app.tasks[name]
+    job = new_job("replaced-late")
+    queue = ("-Q", new_job("replaced-late-q"))
+    with WorkerProcess(redis_base(fault_server.port), tmp_path, args=queue):
+        replaced = task.apply_async((job,), countdown=4, queue=queue[1])
+        due = time.time() + 4
+        last = task.apply_async((job,), countdown=0, queue=queue[1])
+        assert last.id != replaced.id, "the second call did not replace the first"
+        assert last.get(timeout=20) == last.id
+        [ended] = records(data, "intervals", job)
+        assert ended["end"] < due - 0.5, "the replacement did not end before A arrived"
+        assert not task.is_locked(job), "the replacement did not let the lock go"
+        assert wait_until(lambda: replaced.state in ("SKIPPED", "SUCCESS"), 20), replaced.state
+        assert replaced.state == "SKIPPED", "the replaced call ran after its replacement"
+        assert replaced.info["reason"] == "replaced"
+        assert replaced.info["replaced_by"] == last.id
+    assert [s["id"] for s in records(data, "starts", job)] == [last.id]
+
+
 # -- options checked when the class is made -------------------------------------------------
 
 

@@ -84,10 +84,12 @@ def release_if_in(
     holder: str,
     states: Collection[HoldState],
     also: Callable[[], bool] | None = None,
+    note: tuple[str, str] | None = None,
 ) -> bool:
     """Force-release ``job`` from ``holder`` only while its hold is in one of ``states`` (no
     run inside it) and ``also()`` agrees; Redis checks the holder, the state and the run token
-    again in the release's own step, so a run that enters meanwhile keeps its lock."""
+    again in the release's own step, so a run that enters meanwhile keeps its lock. ``note``:
+    ``(kind, value)`` kept about the hold in that same step (:meth:`NamedLock.note`)."""
     if not holder:
         return False
     held = next((s for s in job.inspect() if s.holder == holder), None)
@@ -95,7 +97,7 @@ def release_if_in(
         return False
     if also is not None and not also():
         return False
-    return job.force_release(holder=holder, states=states)
+    return job.force_release(holder=holder, states=states, note=note)
 
 
 #: message header that carries the lock's name from the publisher to the worker

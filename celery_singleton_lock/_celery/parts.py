@@ -7,7 +7,11 @@ class (``None`` when the option is not set) and asked by the class's mode.
 * :class:`Debounce` (``lock_debounce``): each call is sent that many seconds later, and a call
   that finds its job's message still waiting (state ``queued``) *replaces* it: that hold is
   force-released (checked again in Redis) and the new call takes it. The replaced message still
-  arrives; its run finds its hold gone and ends ``SKIPPED`` (reason ``"replaced"``).
+  arrives; its run ends ``SKIPPED`` (reason ``"replaced"``). What says so is a note the
+  replace writes in the release's own step, beside the lock, for as long as the replaced
+  hold had lease left (the replaced message may arrive until then): it is read as a debounced
+  run starts, so a replaced message that arrives after its replacement ran and let the lock go
+  (free again) is still skipped.
 """
 
 from __future__ import annotations
@@ -123,7 +127,7 @@ class Debounce:
     def replace(self, task: Any, job: NamedLock, holder: str, by: str) -> bool:
         """Free ``job`` from ``holder`` if its hold is a message still waiting (not a run, a
         retry or a cooldown), so the call ``by`` can take it."""
-        if not release_if_in(job, holder, (HoldState.QUEUED,)):
+        if not release_if_in(job, holder, (HoldState.QUEUED,), note=(REPLACED, by)):
             return False
         task.locking.mode.replaced(task, job, holder, by)
         log_debounce.info(
@@ -134,6 +138,14 @@ class Debounce:
         )
         report_duplicate(task, "replaced")
         return True
+
+    @staticmethod
+    def skip_if_replaced(task: Any, request: Any, job: NamedLock) -> None:
+        """End the run of ``request`` as replaced if a later call replaced its message's hold
+        on ``job`` (its message lock): one read, made by a debounced run only."""
+        by = job.note(REPLACED, request.id)
+        if by is not None:
+            skip_replaced(task, request, job.keys[0].lock, by)
 
 
 def skip_replaced(task: Any, request: Any, key: str, by: str) -> NoReturn:

@@ -305,10 +305,16 @@ def release(
 
 
 def force_release(
-    client: Any, keys: LockKeys, holder: str = "", *, states: Collection[str] = ()
+    client: Any,
+    keys: LockKeys,
+    holder: str = "",
+    *,
+    states: Collection[str] = (),
+    note: tuple[str, str] | None = None,
 ) -> bool:
     """Delete the lock whoever holds it (only when ``holder`` does, and with ``states`` only
-    while its hold is in one of them and no run token is recorded); wakes waiters."""
+    while its hold is in one of them and no run token is recorded); wakes waiters. ``note``:
+    ``(key, value)`` written in the same step, kept for as long as the hold had lease left."""
     if isinstance(states, str):
         raise TypeError(
             f"states must be a collection of labels, such as ('parked',), not {states!r}"
@@ -316,9 +322,17 @@ def force_release(
     for state in states:
         if not isinstance(state, str) or not state:
             raise ValueError(f"states must be non-empty labels, got {state!r}")
-    args = (publish_command(client, keys.prefix), keys.channel, META_RETENTION_MS, holder, *states)
+    args: tuple[Any, ...] = (
+        publish_command(client, keys.prefix),
+        keys.channel,
+        META_RETENTION_MS,
+        holder,
+    )
+    names: tuple[str, ...] = keys.pair
+    if note is not None:
+        names, args = (*names, note[0]), (*args, note[1])
     with backend_errors("force-release", keys.name):
-        done = int(scripts.FORCE_RELEASE(client, keys.pair, args))
+        done = int(scripts.FORCE_RELEASE(client, names, (*args, *states)))
     if done:
         _log_release.info("force-released %s%s", keys.lock, f" held by {holder}" if holder else "")
     return bool(done)

@@ -95,6 +95,11 @@ class LockKeys:
         """A hash of records kept beside the lock (``<lock key>:<kind>``, in its hash tag)."""
         return f"{self.lock}:{kind}"
 
+    def note(self, kind: str, owner: str) -> str:
+        """A note about one owner's hold, kept beside the lock after the hold is gone
+        (``<lock key>:<kind>:<owner>``, in its hash tag; see lua/force_release.lua)."""
+        return f"{self.lock}:{kind}:{owner}"
+
     @property
     def pair(self) -> tuple[str, str]:
         return (self.lock, self.meta)

@@ -256,17 +256,39 @@ class NamedLock:
             ]
         return any(parked)
 
-    def force_release(self, *, holder: str | None = None, states: Collection[str] = ()) -> bool:
+    def force_release(
+        self,
+        *,
+        holder: str | None = None,
+        states: Collection[str] = (),
+        note: tuple[str, str] | None = None,
+    ) -> bool:
         """:meth:`LockSpace.force_release` of each permit (of the one ``holder`` holds, when
-        given); whether any was released."""
+        given); whether any was released. ``note``: ``(kind, value)``, with ``holder``: a
+        note about that hold written in the same step (read by :meth:`note`), kept for as long
+        as the hold had lease left."""
         client = self._space.client
+        written = None
+        if note is not None:
+            if not holder:
+                raise ValueError("a note is about one holder's hold: give the holder")
+            written = (self.keys[0].note(note[0], holder), note[1])
         with bounded(self._space.backend_timeout):
             permits = self._owned(holder) if holder else range(self.permits)
             done = [
-                commands.force_release(client, self.keys[i], holder or "", states=states)
+                commands.force_release(
+                    client, self.keys[i], holder or "", states=states, note=written
+                )
                 for i in permits
             ]
         return any(done)
+
+    def note(self, kind: str, owner: str) -> str | None:
+        """The note of ``kind`` a release left about ``owner``'s hold (see
+        :meth:`force_release`), or ``None``: one ``GET``."""
+        with bounded(self._space.backend_timeout), backend_errors("read a note beside", self.name):
+            value = self._space.client.get(self.keys[0].note(kind, owner))
+        return None if value is None else text(value)
 
     def inspect(self) -> list[LockState]:
         """:meth:`LockSpace.inspect` of each permit, permit 1 first."""

@@ -259,6 +259,13 @@ class PublishMode(RunMode):
     # -- the run ----------------------------------------------------------------------------
 
     def take(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
+        if self.debounce is not None:
+            self.debounce.skip_if_replaced(task, request, bound.space.named(message))
+        return self.take_run(task, request, bound, message)
+
+    def take_run(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
+        """The run takes the job's lock (or, with ``lock_release_on_start``, lets its publish's
+        hold go), once its message is known to be the job's."""
         if not self.release_on_start:
             return super().take(task, request, bound, message)
         job = bound.space.named(self.run_lock(message), self.limit)

@@ -68,7 +68,7 @@ class QueueMode(PublishMode):
         else:
             again = False
         self.still_queued(task, request, bound, message, wait, again)
-        return super().take(task, request, bound, message)
+        return self.take_run(task, request, bound, message)
 
     def still_queued(
         self, task: Any, request: Any, bound: Bound, message: str, wait: Wait | None, again: bool
@@ -78,6 +78,9 @@ class QueueMode(PublishMode):
         not that copy: a later call replaced it (``lock_debounce``), or it duplicates a copy
         published by name; it is skipped either way."""
         queued = bound.space.named(message)
+        if wait is None and self.debounce is not None:
+            # (a wake or fallback of a replaced copy learns it from its wait record instead)
+            self.debounce.skip_if_replaced(task, request, queued)
         lease = task.locking.queue_ttl(task.app)
         info = holder_info(task.name, request.id)
         if wait is not None and self.debounce is not None and not again:
