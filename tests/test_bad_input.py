@@ -322,3 +322,32 @@ def test_a_rate_callables_bad_answer_fails_the_run_before_redis(app: Any, client
     _refused(client, lambda: keyed.apply((7,), throw=True), "lock_rate_key(...)")
     # with a lock too: the limiter is made before the lock is taken, so no lock is left held
     _refused(client, lambda: locked_keyed.apply((7,), throw=True), "lock_rate_key(...)")
+
+
+@pytest.mark.parametrize("lock_at", ["publish", "queue"])
+def test_a_rate_callables_bad_answer_fails_the_publish_before_redis(
+    app: Any, client: Any, lock_at: str
+) -> None:
+    """lock_rate (or lock_rate_key) as a callable with a publish-time lock: its answer is
+    checked before the publish takes the job's lock, so a bad one fails the call with an error
+    naming it and leaves no key at all (no lock, no meta record); an eager call too."""
+
+    @app_task(
+        app, base=LockedTask, name=f"bad.rate.publish.{lock_at}", shared=False, lock_at=lock_at,
+        lock_rate=lambda n: n,
+    )  # fmt: skip
+    def rated(n: Any) -> None:
+        return None
+
+    @app_task(
+        app, base=LockedTask, name=f"bad.rate.publish_key.{lock_at}", shared=False,
+        lock_at=lock_at, lock_rate="5/s", lock_rate_key=lambda n: n,
+    )  # fmt: skip
+    def keyed(n: Any) -> None:
+        return None
+
+    _refused(client, lambda: rated.delay("ten a second"), "lock_rate(...)")
+    _refused(client, lambda: rated.apply(("ten a second",), throw=True), "lock_rate(...)")
+    _refused(client, lambda: keyed.delay(7), "lock_rate_key(...)")
+    _refused(client, lambda: keyed.apply((7,), throw=True), "lock_rate_key(...)")
+    assert not list(client.scan_iter(match="*")), "a key was left under the prefix"

@@ -77,12 +77,14 @@ class Turn(NamedTuple):
 class TaskRate:
     """A task class's ``lock_rate``: which limiter a call asks, and what a refusal does."""
 
-    __slots__ = ("_shared", "key", "max_delay", "rate")
+    __slots__ = ("_shared", "asks", "key", "max_delay", "rate")
 
     def __init__(self, options: LockOptions) -> None:
         self.rate = options.lock_rate
         self.key = options.lock_rate_key
         self.max_delay = options.lock_rate_max_delay
+        #: ``lock_rate`` or ``lock_rate_key`` is a callable: each call's answer is checked
+        self.asks = callable(self.rate) or callable(self.key)
         #: the one limiter of a fixed name and rule, with the lock space it was made for
         self._shared: tuple[Any, RateLimiter] | None = None
 
@@ -103,6 +105,21 @@ class TaskRate:
             if shared is None or shared[0] is not bound.space:
                 shared = self._shared = (bound.space, bound.space.rate_limiter(key, rate))
             return shared[1]
+        name, rule = self.answer(task, job, args, kwargs)
+        return bound.space.rate_limiter(name, rule)
+
+    def answer(
+        self,
+        task: Any,
+        job: str,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+    ) -> tuple[str, Rate]:
+        """The limiter's name and rule for one call of the job ``job``: ``lock_rate`` and
+        ``lock_rate_key`` asked when they are callables, and their answers checked (a clear
+        ``TypeError`` or ``ValueError`` naming them); nothing is read or written in Redis. A
+        publish asks it before it takes the job's lock."""
+        key, rate = self.key, self.rate
         args, kwargs = args or (), kwargs or {}
         if not isinstance(rate, Rate):
             assert rate is not None, "a TaskRate is made for a task with lock_rate"
@@ -118,7 +135,7 @@ class TaskRate:
                     f"task {task.name!r}: lock_rate_key(...) must return a non-empty str (the "
                     f"limiter's name), got {name!r}"
                 )
-        return bound.space.rate_limiter(name, rate)
+        return name, rate
 
     def admit(
         self, task: Any, request: Any, limiter: RateLimiter, conflict: Any, let_go: LetGo

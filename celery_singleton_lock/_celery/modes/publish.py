@@ -109,6 +109,10 @@ class PublishMode(RunMode):
         app = task.app
         task_id = task_id or str(uuid.uuid4())
         name = self.message_lock(locking.lock_name(task.name, args, kwargs))
+        if self.rate is not None and self.rate.asks:
+            # a lock_rate or lock_rate_key callable's bad answer fails the call here, before
+            # anything is written (the run would only find it after the lock was taken)
+            self.rate.answer(task, name, args, kwargs)
         if self.debounce is not None:
             self.debounce.delay(task, task_id, options)
         lease = queue_lease(
@@ -231,6 +235,8 @@ class PublishMode(RunMode):
         app = task.app
         try:
             name = self.message_lock(locking.lock_name(task.name, args, kwargs))
+            if self.rate is not None and self.rate.asks:
+                self.rate.answer(task, name, args, kwargs)  # as a publish: before the lock
             lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
             bound = locking.bound(app)
             job = bound.space.named(name, self.message_permits)

@@ -60,6 +60,9 @@ class QueueMode(PublishMode):
     # -- the run ----------------------------------------------------------------------------
 
     def take(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
+        if self.rate is not None and self.rate.asks:
+            # a callable's bad answer fails the run before its queued lock is taken
+            self.rate.answer(task, message, request.args, request.kwargs)
         wait = request_wait(request)
         if wait is not None:
             # a wake or a fallback: only the first of them runs the copy
