@@ -125,11 +125,20 @@ def _locked_error(refusal: AcquireReply, key: str, reason: str) -> Exception:
 
 class Retry(Conflict):
     """``"retry"``: come back later (counted against ``max_retries``); skip when they run
-    out."""
+    out. An eager call cannot come back later (Celery's eager retry runs again at once, in the
+    same stack: without ``max_retries`` for ever), so it is skipped at once."""
 
     def refused(
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
+        if request.is_eager:
+            log.info(
+                "%s[%s] is an eager call, which cannot come back later: skipped at once "
+                "(lock_on_locked='retry')",
+                task.name,
+                request.id,
+            )
+            super().refused(task, request, key, refusal, reason)
         report_duplicate(task, "retried")
         try:
             raise task.retry(countdown=self.retry_countdown(request, refusal))

@@ -23,13 +23,13 @@ from ..config import Bound
 from ..hold import HoldState, holder_info, report_duplicate, store_skipped
 from ..parts import skip_replaced
 from ..run import TaskRun
+from .base import RunMode
 from .publish import PublishMode
 from .wake import (
     Wait,
     claim_wait,
     end_claim,
     request_wait,
-    retry_in_queue,
     wait_for_run,
     wake_waiting,
 )
@@ -174,9 +174,13 @@ class QueueMode(PublishMode):
         lock: ReentrantLock | Semaphore,
         refusal: AcquireReply,
     ) -> TaskRun:
-        """The job runs: wait beside its lock for the run to end (never dropped)."""
+        """The job runs: wait beside its lock for the run to end (never dropped). An eager
+        call cannot wait in a queue: it ends as a duplicate does eagerly in the other modes
+        (``lock_on_locked``; a retry is skipped at once)."""
         if request.is_eager:
-            retry_in_queue(task, request, refusal, self.conflict.retry_countdown(request, refusal))
+            # its queued lock goes first: nothing of the call is left to wait
+            self.release_queued(task, bound, message, request.id)
+            return RunMode.refused(self, task, request, bound, message, job, lock, refusal)
         reply = wait_for_run(task, request, job, lock, refusal)  # raises its retry, or:
         held = lock.held if isinstance(lock, Semaphore) else lock  # a slot came free
         assert reply.acquired and held is not None

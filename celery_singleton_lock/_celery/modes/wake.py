@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import logging
 import uuid
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple
 
 from celery import Task
 from celery.canvas import Signature
@@ -213,19 +213,6 @@ def wait_for_run(
         countdown,
     )
     raise ending
-
-
-def retry_in_queue(task: Any, request: Any, refusal: AcquireReply, countdown: float) -> NoReturn:
-    """An eager run (``task.apply()``) that finds the job running: retry it in ``countdown``
-    seconds, without a wait record (nothing runs beside it to wake it)."""
-    log.info(
-        "%s[%s] waits in the queue: task %s runs this job; trying again in %.1f s",
-        task.name,
-        request.id,
-        refusal.holder,
-        countdown,
-    )
-    raise task.retry(countdown=countdown, max_retries=request.retries + 1)
 
 
 def wake_waiting(
