@@ -273,6 +273,50 @@ def test_rate_options_that_make_no_sense_together(
     _refused(client, define, named)
 
 
+@pytest.mark.parametrize(
+    ("options", "named", "instead"),
+    [
+        ({"lock_key": str, "lock_unique_on": ["n"]}, "lock_key and lock_unique_on", "not both"),
+        ({"lock_on_duplicate": "raise"}, "lock_on_duplicate", "use lock_at='publish'"),
+        (
+            {"lock_at": "publish", "lock_release_on_start": True, "lock_on_locked": "raise"},
+            "lock_on_locked='raise' never applies",
+            "drop one of them",
+        ),
+        ({"lock_wait_timeout": 5}, "lock_wait_timeout", "set lock_on_locked='wait'"),
+        (
+            {"lock_on_locked": "wait", "lock_retry_countdown": 5},
+            "lock_retry_countdown",
+            "set lock_on_locked='retry'",
+        ),
+        (
+            {"lock_at": "publish", "lock_release_on_start": True, "lock_ttl": 60},
+            "lock_ttl",
+            "drop lock_ttl",
+        ),
+        ({"lock_rate": "5/s", "lock_ttl": 60}, "lock_ttl", "set lock_limit=1"),
+        ({"lock_rate": "5/s", "lock_queue_ttl": 60}, "lock_queue_ttl", "set lock_limit=1"),
+    ],
+)
+def test_an_option_the_others_leave_nothing_to_act_on_is_refused(
+    app: Any, client: Any, options: dict[str, Any], named: str, instead: str
+) -> None:
+    """An option that can never take effect beside the others is refused when the class is
+    made, naming it and what to do instead, rather than ignored in silence."""
+
+    def define() -> None:
+        @app_task(app, base=LockedTask, name="bad.unused", shared=False, **options)
+        def task(n: int) -> None:
+            return None
+
+        assert "bad.unused" in app.tasks
+
+    with pytest.raises(ValueError) as raised:
+        define()
+    assert named in str(raised.value) and instead in str(raised.value), str(raised.value)
+    assert client.dbsize() == 0
+
+
 @pytest.mark.parametrize("lock_at", ["publish", "queue"])
 def test_debounce_with_wait_is_refused_with_what_to_use_instead(
     app: Any, client: Any, lock_at: str

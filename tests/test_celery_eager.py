@@ -37,11 +37,15 @@ def app(redis_server: RedisServer) -> Iterator[Celery]:
 def _task(app: Celery, lock_at: str, lock_on_locked: str, **options: Any) -> Any:
     """``lock_at``: a mode, or ``rate.<mode>`` (a task name of its own)."""
     runs: list[int] = []
+    if lock_on_locked == "wait":
+        options["lock_wait_timeout"] = 0.2
+    if lock_on_locked == "retry":
+        options["lock_retry_countdown"] = 0.1
 
     @app_task(
         app, base=LockedTask, name=f"eager.{lock_at}.{lock_on_locked}", shared=False,
-        lock_at=lock_at.rpartition(".")[2], lock_on_locked=lock_on_locked, lock_wait_timeout=0.2,
-        lock_retry_countdown=0.1, lock_unique_on=["n"], **options,
+        lock_at=lock_at.rpartition(".")[2], lock_on_locked=lock_on_locked,
+        lock_unique_on=["n"], **options,
     )  # fmt: skip
     def job(n: int) -> int:
         runs.append(n)

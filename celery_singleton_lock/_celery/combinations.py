@@ -3,7 +3,7 @@ with a message that says what to use instead (docs/combinations.md lists every p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -73,3 +73,56 @@ def check_combination(task: str, options: LockOptions, raw: Mapping[str, Any]) -
                 "made while the job runs waits as the queued copy, without a pool process, and "
                 "runs after it)"
             )
+    _check_unused(refuse, options, raw)
+
+
+def _check_unused(
+    refuse: Callable[[str], NoReturn], options: LockOptions, raw: Mapping[str, Any]
+) -> None:
+    """An option set (by the task or a class it derives from below ``LockedTask``) that the
+    others leave nothing to act on: refused, rather than ignored in silence."""
+    if "lock_key" in raw and "lock_unique_on" in raw and options.lock_key is not None:
+        refuse(
+            "lock_key and lock_unique_on both choose the job's key, and lock_key would win: "
+            "set lock_unique_on=[...] (named parameters) or lock_key=callable, not both"
+        )
+    if "lock_on_duplicate" in raw and options.lock_at == "run":
+        refuse(
+            "lock_on_duplicate says what a duplicate publish does, and lock_at='run' takes no "
+            "lock at publish; use lock_at='publish' (or 'queue') for it, or lock_on_locked for "
+            "a duplicate met at run time"
+        )
+    if options.lock_release_on_start and options.lock_on_locked != "skip":
+        refuse(
+            f"lock_on_locked={options.lock_on_locked!r} never applies with "
+            "lock_release_on_start=True: the run holds no lock (it lets its publish's go as it "
+            "starts), so it never meets a duplicate; drop one of them (lock_at='queue' runs a "
+            "call made during a run after it)"
+        )
+    if "lock_wait_timeout" in raw and options.lock_on_locked != "wait":
+        refuse(
+            "lock_wait_timeout is set but lock_on_locked is not 'wait' (the only choice that "
+            "waits for the lock); set lock_on_locked='wait' or drop lock_wait_timeout"
+        )
+    if (
+        "lock_retry_countdown" in raw
+        and options.lock_on_locked != "retry"
+        and options.lock_at != "queue"
+    ):
+        refuse(
+            "lock_retry_countdown is set but lock_on_locked is not 'retry' (nor lock_at "
+            "'queue', whose waiting copy's fallback it times); set lock_on_locked='retry' or "
+            "drop lock_retry_countdown"
+        )
+    if "lock_ttl" in raw and options.lock_release_on_start:
+        refuse(
+            "lock_ttl is the lease of the run's lock, and with lock_release_on_start=True the "
+            "run holds none (lock_queue_ttl leases the publish's); drop lock_ttl"
+        )
+    if options.lock_limit is None:
+        for name in ("lock_ttl", "lock_queue_ttl"):
+            if name in raw:
+                refuse(
+                    f"{name} is the lease of a lock, and lock_rate alone (lock_limit=None) holds "
+                    f"none; drop {name}, or set lock_limit=1 (one at a time) to hold one"
+                )
