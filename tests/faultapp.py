@@ -287,6 +287,15 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     def digest_all(self: Any, job: str, hold: float = 30.0) -> str:
         return _held_until_go(self, job, hold)
 
+    # A duplicate refused by the job's lock takes no lock_rate turn (tests/test_celery_rate.py).
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_locked", lock_rate="2/10s",
+        lock_limit=1, lock_on_locked="skip", lock_rate_key=lambda job, hold=30.0: f"turns:{job}",
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def rated_locked(self: Any, job: str, hold: float = 30.0) -> str:
+        return _held_until_go(self, job, hold)
+
     @_app_task(
         app,
         base=LockedTask,
