@@ -271,6 +271,31 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         finally:
             _leave(self, job, start)
 
+    # A publisher that does not import these (install()'s stand-in, tests/test_celery_by_name.py)
+    # sends them by name: the lock it may take must be the one the worker names.
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.digest", lock_at="publish",
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def digest(self: Any, job: str, day: str = "monday", hold: float = 30.0) -> str:
+        return _held_until_go(self, job, hold)
+
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.digest_all", lock_at="publish",
+        shared=False,
+    )  # fmt: skip
+    def digest_all(self: Any, job: str, hold: float = 30.0) -> str:
+        return _held_until_go(self, job, hold)
+
+    # A duplicate refused by the job's lock takes no lock_rate turn (tests/test_celery_rate.py).
+    @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_locked", lock_rate="2/10s",
+        lock_limit=1, lock_on_locked="skip", lock_rate_key=lambda job, hold=30.0: f"turns:{job}",
+        lock_unique_on=["job"], shared=False,
+    )  # fmt: skip
+    def rated_locked(self: Any, job: str, hold: float = 30.0) -> str:
+        return _held_until_go(self, job, hold)
+
     @_app_task(
         app,
         base=LockedTask,

@@ -60,6 +60,23 @@ def loose(user_id: Any, day: Any) -> None:
     return None
 
 
+def _first_only(user_id: Any, *rest: Any, **extra: Any) -> str:
+    """A lock_key that takes whatever it is given and keys on the first argument."""
+    return str(user_id)
+
+
+@app_task(app, base=LockedTask, name="keys.report_by_key", lock_at="publish", lock_key=_first_only)
+def report_by_key(user_id: Any, day: Any) -> None:
+    return None
+
+
+@app_task(
+    app, base=LockedTask, name="keys.report_by_user", lock_at="publish", lock_unique_on=["user_id"]
+)
+def report_by_user(user_id: Any, day: Any) -> None:
+    return None
+
+
 LONG_NAME = "keys." + "n" * 1000
 
 
@@ -269,3 +286,31 @@ def test_arguments_that_do_not_fit_the_task_name_it_and_what_is_missing(env: Cel
     assert report.lock_key_for(7, "2024-05-01") == report.lock_key_for(user_id=7, day="2024-05-01")
     # A task with typing=False (Celery checks no arguments either) keeps a key of its own.
     assert loose.lock_key_for(7).startswith("lock:{keys.loose:")
+
+
+@pytest.mark.parametrize("task", [report, report_by_key, report_by_user], ids=lambda t: t.name)
+def test_too_many_arguments_raise_naming_the_task_before_anything_is_written(
+    env: CeleryEnv, task: Any
+) -> None:
+    """An argument the task has no parameter for is never dropped from the key (one key for
+    ``f(7, day)`` and ``f(7, day, "extra")``, a call no run can take): every lookup and a
+    publish raise ``TypeError`` naming the task and its parameters, whether the key is made of
+    every argument, of ``lock_unique_on``'s or by a ``lock_key`` that takes anything, and
+    nothing reaches Redis or the broker."""
+    before = env.broker.llen("celery")
+    message = rf"task '{task.name}' takes \(user_id, day\): too many positional arguments"
+    for call in (
+        task.lock_key_for,
+        task.is_locked,
+        task.release_lock,
+        task.lock_holder,
+        task.delay,
+    ):
+        with pytest.raises(TypeError, match=message):
+            call(7, "2024-05-01", "extra")
+    with pytest.raises(TypeError, match=rf"'{task.name}'.*unexpected keyword argument 'days'"):
+        task.delay(7, "2024-05-01", days=1)
+    assert env.broker.llen("celery") == before
+    assert not env.locks.keys(f"*{task.name}*")
+    # The arguments that fit: one key, by position or keyword.
+    assert task.lock_key_for(7, "2024-05-01") == task.lock_key_for(user_id=7, day="2024-05-01")

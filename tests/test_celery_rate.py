@@ -341,3 +341,34 @@ def test_a_limiter_that_fails_lets_the_run_s_lock_go(
     _done([call], 10)
     assert call.state == "FAILURE" and "LockBackendError" in repr(call.result)
     assert not task.is_locked(job)  # the slot the run took was let go
+
+
+@pytest.mark.slow
+def test_a_duplicate_refused_by_the_lock_takes_no_turn(
+    fault_server: RedisServer, fault_app: Celery, tmp_path: Path
+) -> None:
+    """``lock_rate="2/10s"`` beside the job's lock, duplicates skipped: the duplicate of a
+    running job is refused by the lock before it asks the limiter, so it uses no turn, and a
+    call after the run ends takes the window's second turn at once (a turn taken first would
+    leave it none: it would wait the 10 s window)."""
+    task = fault_app.tasks["fault.rated_locked"]
+    job = new_job("rate-locked")
+    limiter = task.locking.space(fault_app).rate_limiter(f"turns:{job}", "2/10s")
+    data = fault_server.client(db=DATA_DB)
+    queue = ("-Q", "rate-locked")
+    with WorkerProcess(redis_base(fault_server.port), tmp_path, concurrency=2, args=queue):
+        first = task.apply_async((job,), queue=queue[1])
+        wait_until(lambda: data.llen(f"starts:{job}") == 1, 20, "the first run to start")
+        dup = task.apply_async((job,), queue=queue[1])
+        wait_until(lambda: dup.state == "SKIPPED", 20, "the duplicate to be skipped")
+        assert dup.result["reason"] == "locked" and dup.result["holder"] == first.id
+        state = limiter.inspect()
+        assert (state.used, state.waiting) == (1, 0)
+        data.set(f"go:{job}", 1)
+        assert first.get(timeout=20) == first.id
+        ended = json.loads(data.lindex(f"intervals:{job}", 0))["end"]
+        after = task.apply_async((job, 0.0), queue=queue[1])
+        assert after.get(timeout=20) == after.id
+        started = json.loads(data.lindex(f"starts:{job}", 1))["t"]
+        assert started - ended < 1.0
+        assert limiter.inspect().used == 2

@@ -134,6 +134,24 @@ def test_graceful_on_the_task_or_the_call_returns_a_rejected_result(env: CeleryE
     held_first.get(timeout=10)
 
 
+def test_a_call_accepts_every_once_key_celery_once_accepts(
+    env: CeleryEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    """celery-once's ``apply_async(once=...)`` takes the task's keys too (its docs list
+    ``keys``) and applies ``graceful`` and ``timeout`` only: so does the drop-in, and says that
+    the others do nothing there; a misspelt key still raises."""
+    key = _key()
+    first = held.apply_async((key,), once={"keys": ["key"], "unlock_before_run": True})
+    gates.wait_started(key)
+    assert "ignores ['keys', 'unlock_before_run']" in caplog.text
+    duplicate = held.apply_async((key,), once={"graceful": True, "keys": ["n"], "timeout": 5})
+    assert duplicate.state == "REJECTED"
+    with pytest.raises(TypeError, match=r"unknown key\(s\) \['key'\]"):
+        held.apply_async((key,), once={"key": ["key"]})
+    gates.open(key)
+    first.get(timeout=10)
+
+
 def test_keys_pick_the_key(env: CeleryEnv) -> None:
     key = _key()
     first = keyed.delay(key, "a")

@@ -12,6 +12,7 @@ a killed worker's lock ends within one running lease.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import time
@@ -243,6 +244,36 @@ class RefEncoder(json.JSONEncoder):
         if isinstance(o, uuid.UUID):
             return str(o)
         return super().default(o)
+
+
+def test_a_name_the_app_does_not_register_gets_celery_singleton_s_name(env: CeleryEnv) -> None:
+    """celery-singleton hashes whatever task name it is given, and code written for it names
+    locks that way (its own suite does: ``generate_lock("simple_task", ...)`` beside a task
+    registered under its module's name). Such a name is celery-singleton's md5 of the name and
+    the arguments, with the calling task's ``unique_on``; a registered name is its lock's."""
+    key = _key()
+    digest = hashlib.md5(f'simple_task["{key}", 1]{{}}'.encode(), usedforsecurity=False)
+    lock = held.generate_lock("simple_task", task_args=[key, 1])
+    assert lock == digest.hexdigest()
+    assert util.generate_lock("simple_task", [key, 1], app=env.app) == lock
+    # Registered, but not a locked task: celery-singleton's name too.
+    assert (
+        util.generate_lock(publisher.name, [key], app=env.app)
+        == hashlib.md5(f'{publisher.name}["{key}"]{{}}'.encode(), usedforsecurity=False).hexdigest()
+    )
+    # The calling task's unique_on applies, as celery-singleton's method applies it.
+    by_key = hashlib.md5(f'other[]{{"key": "{key}"}}'.encode(), usedforsecurity=False)
+    assert on_first.generate_lock("other", [key, "a"]) == by_key.hexdigest()
+    assert on_first.generate_lock("other", [key], {"note": "b"}) == by_key.hexdigest()
+    # The name works with every method that takes one, in Redis.
+    assert held.aquire_lock(lock, "test_task_id")
+    assert held.get_existing_task_id(lock) == "test_task_id"
+    assert not held.aquire_lock(lock, "another_task_id")
+    held.unlock(lock)
+    assert held.get_existing_task_id(lock) is None
+    # A registered locked task's name is its own lock's, whichever task asks.
+    assert quiet.generate_lock(held.name, [key]) == held.generate_lock(held.name, [key])
+    assert util.generate_lock(held.name, [key], app=env.app) == held.generate_lock(held.name, [key])
 
 
 @pytest.fixture

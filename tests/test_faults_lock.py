@@ -461,6 +461,59 @@ def test_a_pending_cancel_is_settled_before_the_owners_next_acquire(
         proxy.close()
 
 
+def test_a_release_settles_the_owners_pending_cancel_before_it_drops_a_hold(
+    redis_server: RedisServer,
+) -> None:
+    """The owner holds the lock once; its second take (a re-entry, as a retry takes its parked
+    hold) loses its reply, and the cancel of it stalls, while that take reaches Redis late: two
+    holds in Redis, one the owner knows of. ``release(holds=1)`` must not drop a hold on top of
+    the late one: it raises (its pending cancel cannot be sent, nothing ran), or it returns
+    with the lock free. It never returns with a hold of that owner left in Redis, which nothing
+    would release before the cancel runs. Once the path is clear, the owner's releases leave
+    the lock free."""
+    proxy = FreezableProxy(redis_server.port)
+    direct = LockSpace(redis_server.client())
+    name = "release-after-a-late-take"
+    try:
+        client = redis.Redis(port=proxy.port, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+        warm = ReentrantLock(client, "warm-up", ttl=5)
+        assert warm.acquire()  # connected and scripts loaded before the fault
+        warm.release()
+        job = LockSpace(client).named(name)
+
+        def holds() -> dict[str, int]:
+            (state,) = direct.named(name).inspect()
+            return state.owners
+
+        assert job.take("owner", 5).acquired
+        acquires, cancels = scripts.ACQUIRE.sha.encode(), scripts.CANCEL.sha.encode()
+        proxy.hold_sending(acquires, cancels)
+        with pytest.raises(LockBackendError):
+            job.take("owner", 5)
+        wait_until(lambda: proxy.stalled[cancels], 5, "the cancel to be tried (and stalled)")
+        proxy.hold_sending(cancels)  # the take goes through, the cancels stay stalled
+        wait_until(lambda: holds() == {"owner": 2}, 5, "the late take")
+        try:
+            reply = job.release("owner", holds=1)
+        except LockBackendError:
+            raised = True
+            assert holds() == {"owner": 2}  # nothing ran on top of the late hold
+        else:
+            raised = False
+            assert reply.freed and holds() == {}, f"release() returned {reply}: {holds()} left"
+        proxy.thaw()
+        runtime = LockRuntime.of(client)
+        wait_until(lambda: not runtime.cancels.by_owner, 10, "the cancel to be settled")
+        if raised:
+            assert holds() == {"owner": 1}  # the hold the owner knows of
+            assert job.release("owner", holds=1).freed
+        assert holds() == {}
+        assert direct.named(name).take("other", 5).acquired
+    finally:
+        proxy.thaw()
+        proxy.close()
+
+
 def test_a_release_whose_reply_is_lost_still_frees_the_lock(debug_server: RedisServer) -> None:
     """The release reaches a server that stalls past the client's socket timeout: the caller
     gets ``LockBackendError``, and the lock is not left held: once the server answers, another

@@ -8,7 +8,9 @@ run-time lock has to wrap the body: a signal receiver cannot stop a run). A
 through ``apply_async``; it cannot stop a duplicate from being sent (Celery swallows receiver
 errors), so such a duplicate is left to the worker's run-time check: skipped while the job it
 duplicates still holds the lock (queued or running), run again if it reaches a worker after
-that job ended.
+that job ended. A process that does not register the task (it sends it by name) takes the lock
+only where it names it as the worker does, without the task's parameters; other calls are left
+to the worker's check.
 """
 
 from __future__ import annotations
@@ -147,13 +149,62 @@ def _task_for(name: str, reply_to: Any = None) -> Any:
             stand_ins = _stand_ins.setdefault(app, {})
             stand_in = stand_ins.get(name)
             if stand_in is None:
-                # The task is not registered in this process (a publisher that only knows its
-                # name): a LockedTask with the configured options computes its key.
-                cls = type(name.rsplit(".", 1)[-1], (LockedTask,), {**options, "name": name})
-                stand_in = stand_ins[name] = cls()
-                stand_in.bind(app)
+                stand_in = stand_ins[name] = _new_stand_in(app, name, options)
             return stand_in
     return None
+
+
+def _new_stand_in(app: Any, name: str, options: Mapping[str, Any]) -> Any:
+    """A :class:`LockedTask` with the configured options for a task this process does not
+    register (a publisher that only knows its name). Its parameters are unknown here: it
+    binds no signature (``lock_key`` and keyword arguments are taken as sent), and
+    :func:`_stand_in_knows_key` tells whether the name it makes is the worker's."""
+    attrs = {**options, "name": name, "_singleton_lock_stand_in": True}
+    cls: type[LockedTask] = type(name.rsplit(".", 1)[-1], (LockedTask,), attrs)
+    # Task.run's (*args, **kwargs) is not the task's signature: binding to it would name every
+    # call's lock after "args" and "kwargs" (lock_unique_on's names always None).
+    cls.locking.signature = None
+    stand_in = cls()
+    stand_in.bind(app)
+    return stand_in
+
+
+def _stand_in_knows_key(task: Any, kwargs: Any) -> bool:
+    """Whether a stand-in names the lock of a call with ``kwargs`` as the worker does, which
+    binds the arguments to the task's parameters (positional ones to their names, defaults
+    filled in): with ``lock_key`` (called with the arguments as sent, on both sides), or
+    ``lock_unique_on`` whose arguments are all given by keyword. Any other call's name depends
+    on the parameters, which this process does not know."""
+    options = task.locking.options
+    if options.lock_key is not None:
+        return True
+    unique_on = options.lock_unique_on
+    return (
+        unique_on is not None
+        and isinstance(kwargs, Mapping)
+        and all(n in kwargs for n in unique_on)
+    )
+
+
+#: the stand-ins that said once that they leave a call's lock to the worker
+_told: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _left_to_the_worker(task: Any, task_id: Any) -> None:
+    if task in _told:
+        log.debug("%s[%s] sent by name: its lock is left to the worker", task.name, task_id)
+        return
+    _told.add(task)
+    log.warning(
+        "%s[%s] is sent by name from a process that does not import the task: its lock is "
+        "named after the arguments bound to the task's parameters, which are not known here, "
+        "so no lock is taken at publish and the worker checks the call as it starts (a "
+        "duplicate of a job that is queued or running is skipped there). For the lock at "
+        "publish, import the task's module in this process, pass lock_unique_on's arguments "
+        "by keyword, or give the task a lock_key",
+        task.name,
+        task_id,
+    )
 
 
 def _before_publish(
@@ -171,6 +222,12 @@ def _before_publish(
     except (TypeError, IndexError, KeyError):
         return
     task_id = headers.get("id")
+    if getattr(task, "_singleton_lock_stand_in", False) and not _stand_in_knows_key(task, kw):
+        # A lock under another name than the worker's would be wrong both ways: a call of
+        # another job refused by it, a duplicate not found by it. Without a lock in its
+        # headers, the message is checked by the worker, under the name the worker makes.
+        _left_to_the_worker(task, task_id)
+        return
     if isinstance(task_id, str):
         task.locking.mode.take_for_message(task, task_id, args, kw, headers)
 

@@ -176,6 +176,10 @@ def task_lock_name(
     args = tuple(args or ())
     kwargs = dict(kwargs or {})
     if key_func is not None:
+        if strict and signature is not None:
+            # The call must fit the task as it must without lock_key: a key function that
+            # takes what it does not use (*args) would make a key of a call no run can take.
+            bind_arguments(signature, args, kwargs, strict_for=task_name)
         part = key_func(*args, **kwargs)
         if not isinstance(part, str):
             raise TypeError(

@@ -11,6 +11,7 @@ reads it (``backend``, ``settings.url``, ``settings.default_timeout``).
 from __future__ import annotations
 
 import contextvars
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -22,9 +23,12 @@ from ._shared import adopt_defaults, dotted, lock_name, peer_option_errors, seco
 
 __all__ = ["AlreadyQueued", "QueueOnce", "Redis"]
 
-#: the keys celery-once reads from a task's ``once`` dict, and from ``apply_async(once=...)``
+#: the keys celery-once reads from a task's ``once`` dict; ``apply_async(once=...)`` accepts
+#: them too (celery-once documents ``keys`` there), of which a call applies ``CALL_KEYS``
 ONCE_KEYS = frozenset({"graceful", "keys", "timeout", "unlock_before_run"})
 CALL_KEYS = frozenset({"graceful", "timeout"})
+
+log = logging.getLogger("celery_singleton_lock.compat.once")
 
 #: ``apply_async(once={"timeout": ...})`` of the call in progress
 _call_timeout: contextvars.ContextVar[float | None] = contextvars.ContextVar(
@@ -181,7 +185,16 @@ class QueueOnce(LockedTask):
         return lock_name(self, args, kwargs)
 
     def apply_async(self, *args: Any, **options: Any) -> Any:
-        call = _checked("apply_async(once=...)", options.pop("once", None) or {}, CALL_KEYS)
+        call = _checked("apply_async(once=...)", options.pop("once", None) or {}, ONCE_KEYS)
+        ignored = sorted(set(call) - CALL_KEYS)
+        if ignored:
+            # celery-once accepts them in a call and applies them to none: the same here, said.
+            log.warning(
+                "%s: apply_async(once=...) ignores %s, as celery-once does: set them in the "
+                "task's once={...}",
+                self.name,
+                ignored,
+            )
         timeout = call.get("timeout")
         token = _call_timeout.set(
             None if timeout is None else seconds("apply_async(once={'timeout': ...})", timeout)

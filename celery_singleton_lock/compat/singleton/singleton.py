@@ -17,7 +17,7 @@ from .._shared import adopt_defaults, peer_option_errors, seconds
 from .backends import RedisBackend, get_backend
 from .config import Config
 from .exceptions import DuplicateTaskError
-from .util import generate_lock
+from .util import generate_lock, peer_name, unique_arguments
 
 __all__ = ["Singleton", "clear_locks"]
 
@@ -124,8 +124,16 @@ class Singleton(LockedTask):
         task_args: Sequence[Any] | None = None,
         task_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """The lock name of a call (a name, not a Redis key: see ``util.generate_lock``)."""
-        return generate_lock(task_name, task_args, task_kwargs, app=self._get_app())
+        """The lock name of a call of ``task_name`` (a name, not a Redis key: see
+        ``util.generate_lock``): its own lock's name when the app registers it as a locked task;
+        for any other name, the name celery-singleton makes of it with this task's ``unique_on``
+        and ``singleton_json_encoder_class``."""
+        app = self._get_app()
+        task = app.tasks.get(task_name)
+        if isinstance(task, LockedTask):
+            return generate_lock(task_name, task_args, task_kwargs, app=app)
+        args, kwargs = unique_arguments(self, task_args, task_kwargs)
+        return peer_name(task_name, args, kwargs, self.singleton_config.json_encoder_class)
 
     def get_existing_task_id(self, lock: str) -> str | None:
         """The id of the task holding ``lock`` (a name from :meth:`generate_lock`)."""
