@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from celery_singleton_lock._celery.lifecycle import lifecycle_table
 from celery_singleton_lock._celery.options import options_table
 from celery_singleton_lock._celery.settings import settings_table
 
@@ -58,6 +59,7 @@ def server_results() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "options-table": options_table,
+    "lifecycle-table": lifecycle_table,
     "settings-table": settings_table,
     "bench-results": bench_results,
     "server-results": server_results,

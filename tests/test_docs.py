@@ -106,6 +106,7 @@ def _load_hooks() -> ModuleType:
     [
         ("configuration.md", "options-table"),
         ("configuration.md", "settings-table"),
+        ("lifecycle.md", "lifecycle-table"),
         ("benchmarks.md", "bench-results"),
         ("production.md", "server-results"),
     ],

@@ -16,12 +16,12 @@ import socket
 from collections.abc import Callable, Collection
 from contextlib import suppress
 from dataclasses import dataclass
-from enum import StrEnum
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Protocol
 
 from .._lock import NamedLock
 from .counts import count
+from .lifecycle import HoldState
 
 __all__ = [
     "HEADER",
@@ -42,21 +42,6 @@ __all__ = [
 
 #: the state a skipped duplicate records (not a ready state: ``.get()`` on it waits)
 SKIPPED = "SKIPPED"
-
-
-class HoldState(StrEnum):
-    """The state of a task's hold (its value is the label Redis keeps; ``locks list`` shows
-    it)."""
-
-    #: a message waits in a queue (its publish took the hold); no run of it has started
-    QUEUED = "queued"
-    #: a run holds it
-    RUNNING = "running"
-    #: a run started and its message waits again (a retry's countdown, a redelivery after its
-    #: worker was lost): never replaced by a debounce, never purged as queued
-    REQUEUED = "requeued"
-    #: the job ended, and its key stays taken for ``lock_cooldown``
-    COOLDOWN = "cooldown"
 
 
 HOST = socket.gethostname()

@@ -31,6 +31,7 @@ from .hold import (
     report_refusal,
     store_skipped,
 )
+from .lifecycle import AT_COOLDOWN, REPLACEABLE
 
 __all__ = ["REPLACED", "Cooldown", "Debounce"]
 
@@ -58,7 +59,7 @@ class Cooldown:
     def start(self, task_name: str, lock: ReentrantLock, seconds: float) -> bool:
         """Park the run's hold for ``seconds``; ``False`` when the hold was lost before."""
         try:
-            kept = lock.park(seconds, holder_info(task_name, lock.owner), HoldState.COOLDOWN)
+            kept = lock.park(seconds, holder_info(task_name, lock.owner), AT_COOLDOWN)
         except LockBackendError as exc:
             # Unrenewed either way: it ends with the cooldown if the park ran, else with the
             # rest of the run's lease; neither keeps it longer.
@@ -127,7 +128,7 @@ class Debounce:
     def replace(self, task: Any, job: NamedLock, holder: str, by: str) -> bool:
         """Free ``job`` from ``holder`` if its hold is a message still waiting (not a run, a
         retry or a cooldown), so the call ``by`` can take it."""
-        if not release_if_in(job, holder, (HoldState.QUEUED,), note=(REPLACED, by)):
+        if not release_if_in(job, holder, REPLACEABLE, note=(REPLACED, by)):
             return False
         task.locking.mode.replaced(task, job, holder, by)
         log_debounce.info(

@@ -22,7 +22,8 @@ from celery.exceptions import Ignore, Reject, Retry
 from .._errors import LockBackendError, TaskLockedError
 from .._lock import ReentrantLock
 from .counts import LOST, count
-from .hold import HoldState, holder_info
+from .hold import holder_info
+from .lifecycle import AT_RETRY
 
 if TYPE_CHECKING:
     from .rate import Turn
@@ -122,7 +123,7 @@ class TaskRun:
         task = self.task
         lease = max(delay, 0.0) + task.locking.queue_ttl(task.app)
         try:
-            kept = lock.park(lease, holder_info(task.name, lock.owner), HoldState.REQUEUED)
+            kept = lock.park(lease, holder_info(task.name, lock.owner), AT_RETRY)
             if not kept:  # Redis said it was not held (not: Redis did not answer)
                 count(task, LOST)
         except LockBackendError as exc:

@@ -17,7 +17,8 @@ from celery.worker.request import Request
 from kombu.utils.imports import symbol_by_name
 
 from .config import LockConfig
-from .hold import HoldState, MessageLock
+from .hold import MessageLock
+from .lifecycle import DROPPABLE
 from .modes.wake import WAIT_HEADER, request_wait, wait_of
 
 __all__ = [
@@ -97,7 +98,7 @@ def _release_dropped(consumer: Any, message: Any, why: str) -> None:
         return
     try:
         job = LockConfig.of(app).space(lock.prefix).named(lock.name, lock.permits)
-        freed = job.force_release(holder=task_id, states=(HoldState.QUEUED, HoldState.REQUEUED))
+        freed = job.force_release(holder=task_id, states=DROPPABLE)
     except Exception as exc:
         log.error(
             "could not release the lock of dropped task %s (%s): %s; it frees itself when its "

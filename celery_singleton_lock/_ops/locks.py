@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from .._celery.hold import HoldState
+from .._celery.lifecycle import PURGEABLE
 from .._lock import LockSpace, LockState, RateState
 
 __all__ = ["LockView", "find_limiters", "find_locks", "job_limit", "purge", "show", "views_of"]
@@ -128,5 +128,5 @@ def purge(client: Any, prefix: str = "lock", pattern: str = "*", queued_only: bo
     only those held for a message no run has entered (checked in Redis with the release: not
     a run's, a retry's, a cooldown's, a beat leader's nor a plain lock's). Returns how many."""
     space = LockSpace(client, prefix)
-    states = (HoldState.QUEUED,) if queued_only else ()
+    states = PURGEABLE if queued_only else ()
     return sum(space.force_release(keys.lock, states=states) for keys in list(space.find(pattern)))

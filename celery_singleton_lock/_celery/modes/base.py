@@ -29,7 +29,8 @@ from ..._lock import (
 )
 from ..config import Bound
 from ..conflict import Conflict, conflict_for
-from ..hold import HoldState, MessageLock, holder_info, release_if_in
+from ..hold import MessageLock, holder_info, release_if_in
+from ..lifecycle import AT_COOLDOWN, AT_REDELIVERY, AT_RUN, REVOCABLE
 from ..options import LockOptions
 from ..parts import Cooldown, refusal_reason
 from ..rate import TaskRate, Turn
@@ -221,7 +222,7 @@ class RunMode:
                 owner=task_id,
                 info=info,
                 run_token=new_run_token(),
-                state=HoldState.RUNNING,
+                state=AT_RUN,
             )
         return bound.space.lock(
             name,
@@ -229,7 +230,7 @@ class RunMode:
             owner=task_id,
             info=info,
             run_token=new_run_token(),
-            state=HoldState.RUNNING,
+            state=AT_RUN,
         )
 
     def publish(
@@ -308,14 +309,14 @@ class RunMode:
         info = holder_info(task.name, task_id)
         if requeued:
             lease = task.locking.queue_ttl(app)
-            if job.park(task_id, lease, info=info, state=HoldState.REQUEUED):
+            if job.park(task_id, lease, info=info, state=AT_REDELIVERY):
                 log_release.info(
                     "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
                 )
             return
         self.release_queued(task, bound, message, task_id)
         seconds = None if self.cooldown is None or not ran else self.cooldown.after(True)
-        if seconds is not None and job.park(task_id, seconds, info=info, state=HoldState.COOLDOWN):
+        if seconds is not None and job.park(task_id, seconds, info=info, state=AT_COOLDOWN):
             log_release.info("%s cools down for %.1f s after %s[%s]", key, seconds, task.name, why)
             return
         # Resent from the background when Redis fails, for as long as the run's lease could
@@ -350,7 +351,7 @@ def free_revoked_holder(task: Any, job: NamedLock, holder: str) -> bool:
         freed = release_if_in(
             job,
             holder,
-            (HoldState.QUEUED, HoldState.REQUEUED),
+            REVOCABLE,
             lambda: task.backend.get_state(holder) == states.REVOKED,
         )
     except Exception as exc:

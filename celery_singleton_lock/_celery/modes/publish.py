@@ -28,7 +28,8 @@ from ..canvas import (
     sent_by_worker,
 )
 from ..config import Bound
-from ..hold import HoldState, MessageLock, holder_info, report_duplicate
+from ..hold import MessageLock, holder_info, report_duplicate
+from ..lifecycle import AT_COMEBACK, AT_PUBLISH
 from ..options import LockOptions
 from ..parts import Debounce, refusal_reason, skip_replaced
 from ..run import TaskRun, seconds_until
@@ -89,7 +90,7 @@ class PublishMode(RunMode):
             held.release_all()
             return
         lease = countdown + task.locking.queue_ttl(task.app)
-        held.park(lease, holder_info(task.name, request.id), HoldState.REQUEUED)
+        held.park(lease, holder_info(task.name, request.id), AT_COMEBACK)
 
     # -- publish ----------------------------------------------------------------------------
 
@@ -125,7 +126,7 @@ class PublishMode(RunMode):
         info = holder_info(task.name, task_id, self.message_permits)
         # A retry re-enters the hold its run parked: "" keeps its state (requeued: never
         # replaced by a debounced call, never purged as queued).
-        state = "" if retry else HoldState.QUEUED
+        state = "" if retry else AT_PUBLISH
         bound = locking.bound(app)
         job = bound.space.named(name, self.message_permits)
         try:
@@ -244,7 +245,7 @@ class PublishMode(RunMode):
                 task_id,
                 lease,
                 info=holder_info(task.name, task_id, self.message_permits),
-                state=HoldState.QUEUED,
+                state=AT_PUBLISH,
             )
         except (LockBackendError, MisconfiguredError, TypeError, ValueError) as exc:
             log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)

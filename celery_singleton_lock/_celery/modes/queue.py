@@ -20,7 +20,8 @@ from celery.exceptions import Ignore
 from ..._errors import LockBackendError
 from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
 from ..config import Bound
-from ..hold import HoldState, holder_info, report_duplicate, store_skipped
+from ..hold import holder_info, report_duplicate, store_skipped
+from ..lifecycle import AT_COMEBACK, AT_PUBLISH
 from ..parts import skip_replaced
 from ..run import TaskRun
 from .base import RunMode
@@ -89,11 +90,11 @@ class QueueMode(PublishMode):
         if wait is not None and self.debounce is not None and not again:
             # A copy that waited: its queued lock is its own still, or a later call replaced
             # it meanwhile (and may have run already, leaving that lock free): kept, not taken.
-            if queued.park(request.id, lease, info=info, state=HoldState.QUEUED):
+            if queued.park(request.id, lease, info=info, state=AT_PUBLISH):
                 return
             reply = AcquireReply(False, holder=queued.holder() or "")
         else:
-            reply = queued.take(request.id, lease, info=info, state=HoldState.QUEUED)
+            reply = queued.take(request.id, lease, info=info, state=AT_PUBLISH)
         if reply.acquired:
             return
         key = queued.keys[0].lock
@@ -162,7 +163,7 @@ class QueueMode(PublishMode):
             return
         lease = countdown + task.locking.queue_ttl(task.app)
         info = holder_info(task.name, request.id)
-        queued.park(request.id, lease, info=info, state=HoldState.REQUEUED)
+        queued.park(request.id, lease, info=info, state=AT_COMEBACK)
 
     def refused(
         self,
