@@ -33,7 +33,7 @@ def slots(n: int) -> int:
     return n
 
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-for-tests"
 
 
 def info(task: str, task_id: str, limit: int = 1) -> str:

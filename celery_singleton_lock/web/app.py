@@ -13,6 +13,7 @@ from .._lock import check_prefix
 from . import csrf, views
 from .access import Access, TokenAccess
 from .data import Source
+from .guard import Hosts, RefusalLog, printable
 from .messages import Request, Response, request_from_environ
 
 __all__ = ["LocksWeb", "make_app"]
@@ -37,6 +38,27 @@ class LocksWeb:
         self.link_pattern = link_pattern
         self.refresh = refresh
         self.page_size = page_size
+        #: the names the standalone server answers to (set by :func:`.serve.make_server`);
+        #: ``None`` behind Flask or Django, whose own host checks apply
+        self.hosts: Hosts | None = None
+        #: refusals, logged at most once every few seconds
+        self.refusals = RefusalLog(log)
+
+    def allows_origin(self, request: Request, origin: str) -> bool:
+        """Whether ``origin`` (``scheme://host[:port]``) is one the page is served at: an
+        allowed name of the standalone server, else the scheme and host the framework that
+        mounts the page accepted."""
+        if self.hosts is not None:
+            return self.hosts.allows_origin(origin)
+        scheme = "https" if request.secure else "http"
+        return bool(request.host) and origin.lower() == f"{scheme}://{request.host}".lower()
+
+    def where(self, request: Request) -> str:
+        """Where a request came from, for a log line (every value escaped)."""
+        return (
+            f"from {printable(request.remote or '?')} (Host {printable(request.host or '-')}, "
+            f"Origin {printable(request.origin or '-')})"
+        )
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
@@ -65,6 +87,18 @@ class LocksWeb:
         return response
 
     def _route(self, request: Request, token: str) -> Response:
+        # Before anything else, for every method: a name the server does not answer to is a
+        # rebinding site's (or a misdirected request), however it is sent.
+        if self.hosts is not None and not self.hosts.allows_host(request.host):
+            self.refusals.refused(
+                f"refused a {printable(request.method)} for a Host the page does not answer "
+                f"to {self.where(request)}"
+            )
+            return views.error_page(
+                HTTPStatus.MISDIRECTED_REQUEST,
+                "this server does not answer to that name: open it at http://127.0.0.1:PORT/, "
+                "or start it with --allowed-host NAME for the name a proxy sends",
+            )
         if not self.access.can_view(request.environ):
             return views.error_page(HTTPStatus.FORBIDDEN, "you may not see the locks")
         pages = {"": views.listing, "lock": views.lock_page}

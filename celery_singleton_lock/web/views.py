@@ -12,7 +12,9 @@ from urllib.parse import urlencode
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from . import csrf, rows
+from .access import TokenAccess
 from .data import LIMITER, STATES, matches, sort_views
+from .guard import printable
 from .messages import Request, Response
 
 if TYPE_CHECKING:
@@ -133,24 +135,30 @@ def lock_page(web: LocksWeb, request: Request, token: str) -> Response:
 
 
 def _refusal(web: LocksWeb, request: Request, posted: bool) -> Response | None:
-    """403 when this request may not change (or, ``posted``, its form fails a check)."""
+    """403 when this request may not change (or, ``posted``, its form fails a check); 429
+    while wrong tokens have closed the gate (the token is then not compared at all)."""
     access, environ = web.access, request.environ
+    status = HTTPStatus.FORBIDDEN
     why = None if access.can_change(environ) else "you may not release or purge locks"
     if why is None and posted:
         why = csrf.check(
-            request.cookies.get(csrf.COOKIE), request.form, request.host, request.origin,
-            request.referer,
+            request.cookies.get(csrf.COOKIE), request.form,
+            lambda origin: web.allows_origin(request, origin), request.origin, request.referer,
         )  # fmt: skip
-        if why is None and access.needs_token and not access.check_token(environ, request.form):
+        wait = access.throttle.wait_left() if isinstance(access, TokenAccess) else 0.0
+        if why is None and wait > 0:
+            status = HTTPStatus.TOO_MANY_REQUESTS
+            why = f"too many wrong tokens: try again in {wait:.0f} s"
+        elif why is None and access.needs_token and not access.check_token(environ, request.form):
             why = "the token is missing or wrong"
     if why is None:
         return None
     if posted:
-        log.warning(
-            "refused a %s by %s from %s: %s",
-            request.path, access.actor(environ), request.remote or "?", why,
-        )  # fmt: skip
-    return error_page(HTTPStatus.FORBIDDEN, why)
+        web.refusals.refused(
+            f"refused a {printable(request.path)} by {access.actor(environ)} "
+            f"{web.where(request)}: {why}"
+        )
+    return error_page(status, why)
 
 
 def release_confirm(web: LocksWeb, request: Request, token: str) -> Response:
@@ -191,9 +199,9 @@ def release_post(web: LocksWeb, request: Request) -> Response:
         raise BadRequest("key is missing from the form")
     outcome = web.source.release(key, holder or None)
     log.warning(
-        "%s by %s from %s: %s%s",
-        outcome, web.access.actor(request.environ), request.remote or "?", key,
-        f" (held by {holder})" if holder else "",
+        "%s by %s %s: %s%s",
+        outcome, web.access.actor(request.environ), web.where(request), printable(key),
+        f" (held by {printable(holder)})" if holder else "",
     )  # fmt: skip
     return _done(f"{outcome}:{key}")
 
@@ -228,7 +236,8 @@ def purge_post(web: LocksWeb, request: Request) -> Response:
     views = [] if state == LIMITER else web.source.read(with_limiters=False).locks
     freed = web.source.purge([v for v in views if matches(v, q, state)])
     log.warning(
-        "purged %d lock(s) by %s from %s (filter q=%r state=%r)",
-        freed, web.access.actor(request.environ), request.remote or "?", q, state,
+        "purged %d lock(s) by %s %s (filter q=%s state=%s)",
+        freed, web.access.actor(request.environ), web.where(request), printable(repr(q)),
+        printable(repr(state)),
     )  # fmt: skip
     return _done(f"purged:{freed}")
