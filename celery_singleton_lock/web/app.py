@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from .._errors import LockError
 from .._lock import check_prefix
-from . import csrf, views
+from .._lock.deadline import deadline
+from . import bounds, csrf, views
 from .access import Access, TokenAccess
 from .data import Source
 from .guard import Hosts, RefusalLog, printable
@@ -43,6 +47,7 @@ class LocksWeb:
         self.hosts: Hosts | None = None
         #: refusals, logged at most once every few seconds
         self.refusals = RefusalLog(log)
+        self._at_once = threading.BoundedSemaphore(bounds.MAX_AT_ONCE)
 
     def allows_origin(self, request: Request, origin: str) -> bool:
         """Whether ``origin`` (``scheme://host[:port]``) is one the page is served at: an
@@ -73,18 +78,35 @@ class LocksWeb:
         fresh = not token
         if fresh:
             token = csrf.new_token()
-        try:
-            response = self._route(request, token)
-        except views.BadRequest as exc:
-            response = views.error_page(HTTPStatus.BAD_REQUEST, str(exc))
-        except LockError as exc:  # Redis is down: say so, no traceback
-            log.warning("the locks page could not read Redis: %s", exc)
-            response = views.error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
+        if not self._at_once.acquire(blocking=False):
+            # Beyond the bound, at once: a slow Redis must not pile up threads (open tabs
+            # reload every few seconds).
+            response = views.error_page(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"the page is serving {bounds.MAX_AT_ONCE} requests already: try again shortly",
+            )
+            response.headers.append(("Retry-After", "2"))
+        else:
+            try:
+                response = self._answer(request, token)
+            finally:
+                self._at_once.release()
         response.headers.append(("Cache-Control", "no-store"))
         response.headers.append(("X-Frame-Options", "DENY"))
         if fresh:
             response.headers.append(csrf.set_cookie_header(token, request.mount, request.secure))
         return response
+
+    def _answer(self, request: Request, token: str) -> Response:
+        """The routed answer, within the request's deadline; an error is a page too."""
+        try:
+            with deadline(bounds.REQUEST_SECONDS):
+                return self._route(request, token)
+        except views.BadRequest as exc:
+            return views.error_page(HTTPStatus.BAD_REQUEST, str(exc))
+        except (LockError, RedisError) as exc:  # Redis down, slow or hung: say so, no traceback
+            log.warning("the locks page could not read Redis: %s", printable(exc, 500))
+            return views.error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
 
     def _route(self, request: Request, token: str) -> Response:
         # Before anything else, for every method: a name the server does not answer to is a
@@ -164,14 +186,11 @@ def make_app(
     elif not isinstance(access, Access):
         raise TypeError(f"access must be an Access (see TokenAccess), got {access!r}")
     if url is not None:
-        import redis
-
-        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-        source = Source(client, prefixes or ["lock"])
+        source = Source(bounds.url_client(url), prefixes or ["lock"])
     else:
         from .._celery.config import LockConfig
         from .._ops.target import app_prefixes
 
-        client = LockConfig.of(celery_app).client
+        client = bounds.own_client(LockConfig.of(celery_app).client)
         source = Source(client, prefixes or app_prefixes(celery_app), celery_app)
     return LocksWeb(source, access, link_pattern=link_pattern, refresh=refresh, page_size=page_size)

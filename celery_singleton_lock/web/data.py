@@ -131,7 +131,7 @@ class Source:
         permits = space.named(state.keys.name, limit).keys if limit > 1 else [state.keys]
         held = [
             self._labelled(v)
-            for v in ops.views_of(space.inspect_many(permits), space.server_time())
+            for v in ops.views_of(space.inspect_many(permits), ops.server_clock(self.client))
         ]
         view = next((v for v in held if v.key == state.keys.lock), None)
         if view is None:  # released between the two reads
