@@ -12,9 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .._celery.hold import HoldState
-from .._lock import LockSpace, LockState, RateState
-from .._lock.checks import is_cluster
-from .._lock.commands import backend_errors
+from .._lock import LockSpace, LockState, RateState, backend_errors, is_cluster
 
 __all__ = [
     "LockView",

@@ -12,8 +12,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._errors import LockError
-from .._lock import check_prefix
-from .._lock.deadline import deadline
+from .._lock import check_prefix, operation_deadline
 from . import bounds, csrf, views
 from .access import Access, TokenAccess
 from .data import Source
@@ -100,7 +99,7 @@ class LocksWeb:
     def _answer(self, request: Request, token: str) -> Response:
         """The routed answer, within the request's deadline; an error is a page too."""
         try:
-            with deadline(bounds.REQUEST_SECONDS):
+            with operation_deadline(bounds.REQUEST_SECONDS):
                 return self._route(request, token)
         except views.BadRequest as exc:
             return views.error_page(HTTPStatus.BAD_REQUEST, str(exc))
@@ -155,17 +154,21 @@ def make_app(
     link_pattern: str | None = None,
     refresh: int = 5,
     page_size: int = 100,
+    max_locks: int = 2000,
 ) -> LocksWeb:
     """The locks page of ``celery_app`` (its Redis client and every prefix its locked tasks
     use, as ``celery locks list``) or of the Redis at ``url`` (prefix ``lock`` unless
     ``prefixes`` says otherwise). ``access``: who may look and change (default: everyone
     looks, nobody changes). ``link_pattern``: where a holder's task id links to, with
-    ``{task_id}``. ``refresh``: seconds between reloads of the list (0: none). ``page_size``:
-    locks per page."""
+    ``{task_id}``. ``refresh``: seconds between reloads of the list (0: none; longer when a
+    read took long). ``page_size``: locks per page. ``max_locks``: the most locks one read
+    looks at (beyond, the page says so, and a filter by text finds the others): what a view
+    costs Redis at most."""
     if (celery_app is None) == (url is None):
         raise ValueError("give exactly one of celery_app or url (redis://host:port/db)")
     refresh = _whole("refresh", refresh, 0)
     page_size = _whole("page_size", page_size, 1)
+    max_locks = _whole("max_locks", max_locks, 1)
     if link_pattern is not None:
         try:
             ok = isinstance(link_pattern, str) and "{task_id}" in link_pattern
@@ -186,11 +189,11 @@ def make_app(
     elif not isinstance(access, Access):
         raise TypeError(f"access must be an Access (see TokenAccess), got {access!r}")
     if url is not None:
-        source = Source(bounds.url_client(url), prefixes or ["lock"])
+        source = Source(bounds.url_client(url), prefixes or ["lock"], max_locks=max_locks)
     else:
         from .._celery.config import LockConfig
         from .._ops.target import app_prefixes
 
         client = bounds.own_client(LockConfig.of(celery_app).client)
-        source = Source(client, prefixes or app_prefixes(celery_app), celery_app)
+        source = Source(client, prefixes or app_prefixes(celery_app), celery_app, max_locks)
     return LocksWeb(source, access, link_pattern=link_pattern, refresh=refresh, page_size=page_size)

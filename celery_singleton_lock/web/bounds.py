@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import LockBackendError
-from .._lock.deadline import time_left
+from .._lock import time_left
 
 __all__ = ["MAX_AT_ONCE", "REQUEST_SECONDS", "SOCKET_SECONDS", "check_time", "own_client"]
 

@@ -111,6 +111,13 @@ def _log_to_stderr() -> None:
 )
 @click.option("--page-size", default=100, show_default=True, type=click.IntRange(1))
 @click.option(
+    "--max-locks",
+    default=2000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="the most locks one read of the list looks at (beyond, a filter finds the others)",
+)
+@click.option(
     "--allowed-host",
     "allowed_hosts",
     multiple=True,
@@ -125,6 +132,7 @@ def web(
     refresh: int,
     link_pattern: str | None,
     page_size: int,
+    max_locks: int,
     allowed_hosts: tuple[str, ...],
     url: str | None,
     prefix: str | None,
@@ -142,7 +150,7 @@ def web(
     with target(ctx, url, prefix) as (_client, prefixes):
         app = getattr(ctx.obj, "app", None)
         options: dict[str, Any] = {"link_pattern": link_pattern, "refresh": refresh}
-        options.update(page_size=page_size, access=access, prefixes=prefixes)
+        options.update(page_size=page_size, access=access, prefixes=prefixes, max_locks=max_locks)
         try:
             made = make_app(None if url else app, url=url, **options)
         except (TypeError, ValueError) as exc:

@@ -56,7 +56,10 @@ def _filters(query: dict[str, str]) -> tuple[str, str]:
 
 def _paging(query: dict[str, str]) -> tuple[int, bool]:
     page_text, sort = query.get("page", "1") or "1", query.get("sort", "age") or "age"
-    if not (page_text.isascii() and page_text.isdecimal()) or int(page_text) < 1:
+    # (int() of thousands of digits is refused by Python itself: a 500 before this check)
+    if not (page_text.isascii() and page_text.isdecimal()) or len(page_text) > 9:
+        raise BadRequest(f"page must be a whole number >= 1, got {page_text[:20]!r}")
+    if int(page_text) < 1:
         raise BadRequest(f"page must be a whole number >= 1, got {page_text!r}")
     if sort not in ("age", "-age"):
         raise BadRequest(
@@ -69,10 +72,13 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
     """``GET ./``: the locks (filtered, sorted, one page), limiters, beat leaders, counts."""
     q, state = _filters(request.query)
     page, newest_first = _paging(request.query)
-    found = web.source.read(with_limiters=not state or state == LIMITER)
+    shared = web.source.shared.get()
+    found = web.source.read(q) if state != LIMITER else shared
     views = [] if state == LIMITER else [v for v in found.locks if matches(v, q, state)]
     views = sort_views(views, newest_first)
     pages = max(1, -(-len(views) // web.page_size))
+    if page > pages:
+        raise BadRequest(f"page must be a whole number from 1 to {pages}, got {page}")
     shown = views[(page - 1) * web.page_size : page * web.page_size]
     can_change = web.access.can_change(request.environ)
     keep = {k: v for k, v in (("q", q), ("state", state)) if v}
@@ -84,18 +90,22 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
 
     limiters = [
         rows.limiter(prefix, r)
-        for prefix, r in found.limiters
+        for prefix, r in shared.limiters
         if not q or q.lower() in rows.limiter_key(prefix, r).lower()
     ]
+    # A read that took long reloads less often: open tabs must not keep Redis busy.
+    refresh = max(web.refresh, min(60, round(web.source.shared.took * 20))) if web.refresh else 0
     return _render(
         200,
         "list.html",
-        refresh=web.refresh,
+        refresh=refresh,
         locks=[rows.lock(v) for v in shown],
         limiters=[] if state and state != LIMITER else limiters,
-        leaders=[rows.leader(v) for v in found.leaders],
-        counts=web.source.counts(),
+        leaders=[rows.leader(v) for v in shared.leaders],
+        counts=shared.counts,
         total=len(views),
+        complete=found.complete,
+        max_locks=web.source.max_locks,
         page=page,
         pages=pages,
         prev_href=at(page - 1) if page > 1 else None,
@@ -212,14 +222,16 @@ def purge_confirm(web: LocksWeb, request: Request, token: str) -> Response:
     if refused is not None:
         return refused
     q, state = _filters(request.query)
-    matching = [] if state == LIMITER else web.source.read(with_limiters=False).locks
-    count = sum(matches(v, q, state) for v in matching)
+    found = web.source.read(q, fresh=True)
+    count = 0 if state == LIMITER else sum(matches(v, q, state) for v in found.locks)
     hidden = {"q": q, "state": state, "csrf": token}
     return _render(
         200,
         "confirm.html",
         action="purge",
         count=count,
+        complete=found.complete,
+        max_locks=web.source.max_locks,
         q=q,
         state=state,
         hidden=hidden,
@@ -233,8 +245,8 @@ def purge_post(web: LocksWeb, request: Request) -> Response:
     if refused is not None:
         return refused
     q, state = _filters(request.form)
-    views = [] if state == LIMITER else web.source.read(with_limiters=False).locks
-    freed = web.source.purge([v for v in views if matches(v, q, state)])
+    views = [] if state == LIMITER else web.source.read(q, fresh=True).locks
+    freed = web.source.purge([v for v in views if matches(v, q, state)], state)
     log.warning(
         "purged %d lock(s) by %s %s (filter q=%s state=%s)",
         freed, web.access.actor(request.environ), web.where(request), printable(repr(q)),
