@@ -142,15 +142,16 @@ class Browser:
         path.write_bytes(base64.b64decode(shot["data"]))
 
 
-def make_driver() -> WebDriver:
+def make_driver(extra_args: tuple[str, ...] = ()) -> WebDriver:
     """A headless Chromium driven by the system's chromedriver (selenium's own manager, which
-    would download a browser, is never asked: both paths are given)."""
+    would download a browser, is never asked: both paths are given); ``extra_args``: more
+    command-line switches (``--host-resolver-rules=...``)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for arg in _ARGS:
+    for arg in (*_ARGS, *extra_args):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
@@ -159,12 +160,12 @@ def make_driver() -> WebDriver:
 
 
 @contextlib.contextmanager
-def open_browser() -> Iterator[Browser]:
+def open_browser(extra_args: tuple[str, ...] = ()) -> Iterator[Browser]:
     """A :class:`Browser`, quit at the end; fails (with how to install it) when there is none."""
     problem = missing_browser()
     if problem:
         raise RuntimeError(problem)
-    driver = make_driver()
+    driver = make_driver(extra_args)
     try:
         yield Browser(driver)
     finally:

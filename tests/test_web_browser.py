@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_fixtures import WIDTH, Browser, attribute, element_text
+from browser_fixtures import WIDTH, Browser, attribute, element_text, open_browser
 from celery_procs import new_job, redis_base
 from lock_helpers import wait_until
 from selenium.webdriver.common.by import By
@@ -331,3 +331,48 @@ def test_screenshot_helper_writes_a_png(world: World, browser: Browser, tmp_path
     shot = tmp_path / "list.png"
     browser.screenshot(shot)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- DNS rebinding ---------------------------------------------------------------------------
+
+#: a script of a page at the rebinding name: read the list and the confirm form, then post a
+#: release with what it read (and the token, when it is given one)
+_REBIND_SCRIPT = """
+const [key, token, done] = arguments;
+(async () => {
+  const list = await fetch('./');
+  const body = await list.text();
+  const confirm = await fetch('release?key=' + encodeURIComponent(key));
+  const found = (await confirm.text()).match(/name="csrf" value="([^"]+)"/);
+  const form = new URLSearchParams({key: key, holder: '', csrf: found ? found[1] : 'x',
+                                    token: token});
+  const post = await fetch('release', {method: 'POST', body: form, redirect: 'manual'});
+  done({list: list.status, listed: body.includes(key), confirm: confirm.status,
+        post: post.status, type: post.type});
+})().catch((e) => done({error: String(e)}));
+"""
+
+
+@pytest.mark.parametrize("token", ["", TOKEN])
+def test_a_rebinding_site_can_neither_read_nor_release(world: World, token: str) -> None:
+    """Chromium resolves evil.example to 127.0.0.1 (as a rebinding site's DNS would, after its
+    page loaded): a script at http://evil.example:PORT/ is same-origin with the page by the
+    browser's rules. The page answers no request for that name (421), so the script reads no
+    lock and frees none, with or without the token. (The answers' CSP is bypassed here: what
+    is checked is the server's refusal, not the browser's.)"""
+    job = new_job("rebind")
+    world.start_run(job)
+    key = world.key("fault.web_work", job)
+    port = world.web.port
+    rules = "--host-resolver-rules=MAP evil.example 127.0.0.1"
+    with open_browser((rules,)) as browser:
+        driver = browser.driver
+        driver.execute_cdp_cmd("Page.setBypassCSP", {"enabled": True})
+        browser.get(f"http://evil.example:{port}/")
+        assert driver.current_url.startswith("http://evil.example:")
+        driver.set_script_timeout(30)
+        seen = driver.execute_async_script(_REBIND_SCRIPT, key, token)
+    assert "error" not in seen, seen
+    assert (seen["list"], seen["listed"], seen["confirm"], seen["post"]) == (421, False, 421, 421)
+    assert world.space.inspect(key).holder is not None
+    world.data.set(f"go:{job}", 1)

@@ -180,6 +180,10 @@ def _serve(args: list[str], tmp_path: Path, **env: str) -> Iterator[tuple[str, P
         proc.wait(10)
 
 
+#: a web token as the command accepts it (16 characters or more)
+TOKEN = "tok-tok-tok-tok-tok"
+
+
 def test_the_celery_locks_web_command(
     redis_server: RedisServer, locks: Any, tmp_path: Path
 ) -> None:
@@ -187,7 +191,7 @@ def test_the_celery_locks_web_command(
     hold(locks, "proj.job:3", "task-3")
     args = ["-m", "celery", "-A", "tests.faultapp", "locks", "web", "--refresh", "0"]
     env = {"CSL_FAULT_REDIS": f"redis://127.0.0.1:{redis_server.port}"}
-    env["CELERY_SINGLETON_LOCK_WEB_TOKEN"] = "tok"
+    env["CELERY_SINGLETON_LOCK_WEB_TOKEN"] = TOKEN
     for base, log in _serve(args, tmp_path, **env):
         assert base.startswith("http://127.0.0.1:")
         client = Client(base)
@@ -195,7 +199,7 @@ def test_the_celery_locks_web_command(
         (row,) = table_rows(page.body, "locks")
         assert row["data-key"] == "lock:{proj.job:3}" and "@release" in row
         assert client.confirm(row["@release"], token="nope").status == 403
-        assert client.confirm(row["@release"], token="tok").status == 303
+        assert client.confirm(row["@release"], token=TOKEN).status == 303
         assert held_by(locks, "lock:{proj.job:3}") is None
         assert "released by holder of the web token from 127.0.0.1" in log.read_text()
 
@@ -211,3 +215,26 @@ def test_python_m_web_with_a_url_is_read_only_without_a_token(
         assert [r["data-key"] for r in table_rows(page.body, "locks")] == ["lock:{proj.job:4}"]
         assert 'class="release"' not in page.body
         assert "read-only" in log.read_text()
+
+
+def test_the_mounts_refuse_a_name_their_framework_does_not_serve(
+    django_site: str, celery_app: Celery, locks: Any
+) -> None:
+    """A rebinding site's name: Django's ALLOWED_HOSTS and Flask's TRUSTED_HOSTS apply to the
+    page whatever the project's middleware (400, nothing read)."""
+    hold(locks, "proj.job:5", "task-5")
+    evil = {"Host": "evil.example"}
+    staff = Client(django_site)
+    assert staff.post("accounts/login/", {"username": "staff", "password": "pw"}).status == 302
+    assert staff.get("locks/").status == 200
+    refused = staff.request("GET", "locks/", headers=evil)
+    assert refused.status == 400 and "proj.job:5" not in refused.body
+    site = flask_site(celery_app)
+    site.config["TRUSTED_HOSTS"] = ["127.0.0.1"]
+    with served(site) as base:
+        alice = Client(base)
+        assert alice.get("login/alice").status == 200
+        assert alice.get("locks/").status == 200
+        refused = alice.request("GET", "locks/", headers=evil)
+        assert refused.status == 400 and "proj.job:5" not in refused.body
+    assert held_by(locks, "lock:{proj.job:5}") == "task-5"

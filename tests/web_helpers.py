@@ -14,15 +14,22 @@ from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 from wsgiref.simple_server import make_server
 
+from celery_singleton_lock.web import LocksWeb
 from celery_singleton_lock.web.serve import _QuietHandler, _ThreadingServer
+from celery_singleton_lock.web.serve import make_server as make_page_server
 
 
 @contextmanager
-def served(app: Any) -> Iterator[str]:
-    """``app`` served on a free loopback port in a thread; yields its base URL (ends "/")."""
-    server = make_server(
-        "127.0.0.1", 0, app, server_class=_ThreadingServer, handler_class=_QuietHandler
-    )
+def served(app: Any, allowed_hosts: tuple[str, ...] = ()) -> Iterator[str]:
+    """``app`` served on a free loopback port in a thread; yields its base URL (ends "/").
+    The page itself (a :class:`LocksWeb`) is served as ``locks web`` serves it (answering its
+    own names only); another WSGI app (Flask, Django) by wsgiref's plain server."""
+    if isinstance(app, LocksWeb):
+        server = make_page_server(app, "127.0.0.1", 0, allowed_hosts)
+    else:
+        server = make_server(
+            "127.0.0.1", 0, app, server_class=_ThreadingServer, handler_class=_QuietHandler
+        )
     thread = threading.Thread(target=server.serve_forever, name="web-test-server", daemon=True)
     thread.start()
     try:

@@ -15,13 +15,14 @@ Modules, bottom up: ``keys``, ``owner`` (tokens), ``checks`` (arguments, the cli
 
 from __future__ import annotations
 
-from .checks import MAX_LEASE_SECONDS, RedisClient, check_duration
-from .commands import AcquireReply, LockState, ReleaseReply, text
-from .deadline import DeadlineRetry
-from .keys import LockKeys, RateKeys, check_prefix
+from .checks import MAX_LEASE_SECONDS, RedisClient, check_duration, is_cluster
+from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, text
+from .deadline import DeadlineRetry, time_left
+from .deadline import deadline as operation_deadline  # (the module has the same name)
+from .keys import LockKeys, RateKeys, check_prefix, escape_name, glob_escape
 from .observe import LockObserver, get_observer, set_observer
 from .owner import new_run_token
-from .rate import RateLimiter
+from .rate import RateLimiter, inspect_rate
 from .reentrant import ReentrantLock
 from .rule import Rate, RateReply, RateState
 from .semaphore import Semaphore
@@ -58,10 +59,17 @@ __all__ = [
     "ReleaseReply",
     "Semaphore",
     "WaitReply",
+    "backend_errors",
     "check_duration",
     "check_prefix",
+    "escape_name",
     "get_observer",
+    "glob_escape",
+    "inspect_rate",
+    "is_cluster",
     "new_run_token",
+    "operation_deadline",
     "set_observer",
     "text",
+    "time_left",
 ]

@@ -12,7 +12,8 @@ from redis.exceptions import RedisError
 
 from .._celery.counts import LOST, RETENTION_S, counts_key
 from .._errors import LockBackendError
-from .._lock import LockSpace, check_prefix, text
+from .._lock import check_prefix, text
+from .locks import raw_clock
 
 __all__ = ["DUPLICATE_ACTIONS", "REFUSAL_REASONS", "RecentCounts", "recent_counts"]
 
@@ -56,9 +57,9 @@ def recent_counts(client: Any, prefix: str = "lock", minutes: int = 60) -> Recen
     local one on a Cluster): one pipeline of ``HGETALL``, one key per minute."""
     check_prefix(prefix)
     minutes = _check_minutes(minutes)
-    now = int(LockSpace(client, prefix).server_time() // 60)
-    keys = [counts_key(prefix, minute) for minute in range(now - minutes + 1, now + 1)]
     try:
+        now = int(raw_clock(client) // 60)
+        keys = [counts_key(prefix, minute) for minute in range(now - minutes + 1, now + 1)]
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.hgetall(key)

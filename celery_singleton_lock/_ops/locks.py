@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .._celery.lifecycle import PURGEABLE
-from .._lock import LockSpace, LockState, RateState
+from .._lock import LockSpace, LockState, RateState, backend_errors, is_cluster
 
-__all__ = ["LockView", "find_limiters", "find_locks", "job_limit", "purge", "show", "views_of"]
+__all__ = [
+    "LockView",
+    "find_limiters",
+    "find_locks",
+    "job_limit",
+    "purge",
+    "server_clock",
+    "show",
+    "views_of",
+]
 
 #: keys each SCAN call of :func:`find_locks` looks at: a lock is two keys (its hash and its
 #: meta hash), so 10,000 locks take about four calls
@@ -81,11 +91,28 @@ def _view(state: LockState, info: dict[str, Any], now: float) -> LockView:
     )
 
 
+def server_clock(client: Any) -> float:
+    """The server's clock in Unix seconds (the local clock for a Redis Cluster client, whose
+    nodes answer one by one). Unlike :meth:`LockSpace.server_time`, a Redis that fails or
+    hangs is an error (:class:`LockBackendError`): an operator's read gives up at once
+    instead of going on to wait again on each of its next commands."""
+    with backend_errors("read", "", "the server's clock (TIME)"):
+        return raw_clock(client)
+
+
+def raw_clock(client: Any) -> float:
+    """:func:`server_clock`, a redis-py error raised as it is."""
+    if is_cluster(client):
+        return time.time()
+    unix, micros = client.time()
+    return float(unix) + float(micros) / 1e6
+
+
 def find_locks(client: Any, prefix: str = "lock", pattern: str = "*") -> list[LockView]:
     """Every held lock under ``prefix`` whose name matches the glob ``pattern``, by key: found
     by SCAN, then read in pipelined batches (a few round trips for thousands of locks)."""
     space = LockSpace(client, prefix)
-    now = space.server_time()
+    now = server_clock(client)
     # A key SCAN returned twice (a rehash) is read once.
     found = list({keys.lock: keys for keys in space.find(pattern, count=SCAN_COUNT)}.values())
     return views_of(space.inspect_many(found), now)
@@ -120,7 +147,7 @@ def show(client: Any, key_or_name: str, prefix: str = "lock") -> LockView | None
     """One lock, by its Redis key or its name; ``None`` when it is not held."""
     space = LockSpace(client, prefix)
     state = space.inspect(key_or_name)
-    return _view(state, _info(state), space.server_time()) if state.held else None
+    return _view(state, _info(state), server_clock(client)) if state.held else None
 
 
 def purge(client: Any, prefix: str = "lock", pattern: str = "*", queued_only: bool = False) -> int:

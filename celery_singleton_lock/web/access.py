@@ -11,10 +11,16 @@ import hmac
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Access", "CallableAccess", "TokenAccess"]
+from .guard import Throttle
+
+__all__ = ["MIN_TOKEN", "Access", "CallableAccess", "TokenAccess"]
 
 #: a request's WSGI environ
 Environ = dict[str, Any]
+#: the fewest characters a web token may have
+MIN_TOKEN = 16
+#: set in a request's environ once its form carried the right token
+TOKEN_MATCHED = "celery_singleton_lock.token_matched"
 
 
 @runtime_checkable
@@ -40,16 +46,24 @@ class Access(Protocol):
 
 class TokenAccess:
     """The standalone server's access: everyone who reaches it may look (it listens on
-    loopback by default); a change needs ``token`` typed into the confirm form. Without a
-    token the page is read-only: no release link, every POST refused."""
+    loopback by default); a change needs ``token`` (16 characters or more) typed into the
+    confirm form. Without a token the page is read-only: no release link, every POST refused.
+    Wrong tokens slow down: after a few, each further try waits longer (:class:`Throttle`)."""
 
-    __slots__ = ("_token",)
+    __slots__ = ("_token", "throttle")
 
     def __init__(self, token: str | None) -> None:
         if token is not None and not isinstance(token, str):
             raise TypeError(f"token must be a str or None, got {type(token).__name__}")
         # An empty token (an empty environment variable) must not open the page to changes.
         self._token = token or None
+        if self._token is not None and len(self._token) < MIN_TOKEN:
+            raise ValueError(
+                f"the web token (CELERY_SINGLETON_LOCK_WEB_TOKEN) must have at least "
+                f"{MIN_TOKEN} characters, got {len(self._token)}: make one with "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`"
+            )
+        self.throttle = Throttle()
 
     @property
     def needs_token(self) -> bool:
@@ -65,10 +79,16 @@ class TokenAccess:
         if self._token is None:
             return False
         given = form.get("token", "")
-        return hmac.compare_digest(given.encode("utf-8"), self._token.encode("utf-8"))
+        if hmac.compare_digest(given.encode("utf-8"), self._token.encode("utf-8")):
+            self.throttle.passed()
+            environ[TOKEN_MATCHED] = True
+            return True
+        self.throttle.failed()
+        return False
 
     def actor(self, environ: Environ) -> str:
-        return "holder of the web token" if self._token else "anonymous"
+        """Who acts: "anonymous" until this request's form carried the right token."""
+        return "holder of the web token" if environ.get(TOKEN_MATCHED) else "anonymous"
 
 
 class CallableAccess:

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from .._errors import LockError
-from .._lock import check_prefix
-from . import csrf, views
+from .._lock import check_prefix, operation_deadline
+from . import bounds, csrf, views
 from .access import Access, TokenAccess
 from .data import Source
+from .guard import Hosts, RefusalLog, printable
 from .messages import Request, Response, request_from_environ
 
 __all__ = ["LocksWeb", "make_app"]
@@ -37,6 +41,28 @@ class LocksWeb:
         self.link_pattern = link_pattern
         self.refresh = refresh
         self.page_size = page_size
+        #: the names the standalone server answers to (set by :func:`.serve.make_server`);
+        #: ``None`` behind Flask or Django, whose own host checks apply
+        self.hosts: Hosts | None = None
+        #: refusals, logged at most once every few seconds
+        self.refusals = RefusalLog(log)
+        self._at_once = threading.BoundedSemaphore(bounds.MAX_AT_ONCE)
+
+    def allows_origin(self, request: Request, origin: str) -> bool:
+        """Whether ``origin`` (``scheme://host[:port]``) is one the page is served at: an
+        allowed name of the standalone server, else the scheme and host the framework that
+        mounts the page accepted."""
+        if self.hosts is not None:
+            return self.hosts.allows_origin(origin)
+        scheme = "https" if request.secure else "http"
+        return bool(request.host) and origin.lower() == f"{scheme}://{request.host}".lower()
+
+    def where(self, request: Request) -> str:
+        """Where a request came from, for a log line (every value escaped)."""
+        return (
+            f"from {printable(request.remote or '?')} (Host {printable(request.host or '-')}, "
+            f"Origin {printable(request.origin or '-')})"
+        )
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
@@ -51,20 +77,49 @@ class LocksWeb:
         fresh = not token
         if fresh:
             token = csrf.new_token()
-        try:
-            response = self._route(request, token)
-        except views.BadRequest as exc:
-            response = views.error_page(HTTPStatus.BAD_REQUEST, str(exc))
-        except LockError as exc:  # Redis is down: say so, no traceback
-            log.warning("the locks page could not read Redis: %s", exc)
-            response = views.error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
+        if not self._at_once.acquire(blocking=False):
+            # Beyond the bound, at once: a slow Redis must not pile up threads (open tabs
+            # reload every few seconds).
+            response = views.error_page(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"the page is serving {bounds.MAX_AT_ONCE} requests already: try again shortly",
+            )
+            response.headers.append(("Retry-After", "2"))
+        else:
+            try:
+                response = self._answer(request, token)
+            finally:
+                self._at_once.release()
         response.headers.append(("Cache-Control", "no-store"))
         response.headers.append(("X-Frame-Options", "DENY"))
         if fresh:
             response.headers.append(csrf.set_cookie_header(token, request.mount, request.secure))
         return response
 
+    def _answer(self, request: Request, token: str) -> Response:
+        """The routed answer, within the request's deadline; an error is a page too."""
+        try:
+            with operation_deadline(bounds.REQUEST_SECONDS):
+                return self._route(request, token)
+        except views.BadRequest as exc:
+            return views.error_page(HTTPStatus.BAD_REQUEST, str(exc))
+        except (LockError, RedisError) as exc:  # Redis down, slow or hung: say so, no traceback
+            log.warning("the locks page could not read Redis: %s", printable(exc, 500))
+            return views.error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
+
     def _route(self, request: Request, token: str) -> Response:
+        # Before anything else, for every method: a name the server does not answer to is a
+        # rebinding site's (or a misdirected request), however it is sent.
+        if self.hosts is not None and not self.hosts.allows_host(request.host):
+            self.refusals.refused(
+                f"refused a {printable(request.method)} for a Host the page does not answer "
+                f"to {self.where(request)}"
+            )
+            return views.error_page(
+                HTTPStatus.MISDIRECTED_REQUEST,
+                "this server does not answer to that name: open it at http://127.0.0.1:PORT/, "
+                "or start it with --allowed-host NAME for the name a proxy sends",
+            )
         if not self.access.can_view(request.environ):
             return views.error_page(HTTPStatus.FORBIDDEN, "you may not see the locks")
         pages = {"": views.listing, "lock": views.lock_page}
@@ -99,17 +154,21 @@ def make_app(
     link_pattern: str | None = None,
     refresh: int = 5,
     page_size: int = 100,
+    max_locks: int = 2000,
 ) -> LocksWeb:
     """The locks page of ``celery_app`` (its Redis client and every prefix its locked tasks
     use, as ``celery locks list``) or of the Redis at ``url`` (prefix ``lock`` unless
     ``prefixes`` says otherwise). ``access``: who may look and change (default: everyone
     looks, nobody changes). ``link_pattern``: where a holder's task id links to, with
-    ``{task_id}``. ``refresh``: seconds between reloads of the list (0: none). ``page_size``:
-    locks per page."""
+    ``{task_id}``. ``refresh``: seconds between reloads of the list (0: none; longer when a
+    read took long). ``page_size``: locks per page. ``max_locks``: the most locks one read
+    looks at (beyond, the page says so, and a filter by text finds the others): what a view
+    costs Redis at most."""
     if (celery_app is None) == (url is None):
         raise ValueError("give exactly one of celery_app or url (redis://host:port/db)")
     refresh = _whole("refresh", refresh, 0)
     page_size = _whole("page_size", page_size, 1)
+    max_locks = _whole("max_locks", max_locks, 1)
     if link_pattern is not None:
         try:
             ok = isinstance(link_pattern, str) and "{task_id}" in link_pattern
@@ -130,14 +189,11 @@ def make_app(
     elif not isinstance(access, Access):
         raise TypeError(f"access must be an Access (see TokenAccess), got {access!r}")
     if url is not None:
-        import redis
-
-        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-        source = Source(client, prefixes or ["lock"])
+        source = Source(bounds.url_client(url), prefixes or ["lock"], max_locks=max_locks)
     else:
         from .._celery.config import LockConfig
         from .._ops.target import app_prefixes
 
-        client = LockConfig.of(celery_app).client
-        source = Source(client, prefixes or app_prefixes(celery_app), celery_app)
+        client = bounds.own_client(LockConfig.of(celery_app).client)
+        source = Source(client, prefixes or app_prefixes(celery_app), celery_app, max_locks)
     return LocksWeb(source, access, link_pattern=link_pattern, refresh=refresh, page_size=page_size)

@@ -1,6 +1,12 @@
 """What the page reads and changes in Redis: the locks, limiters and beat leaders under the
 prefixes it covers (as ``celery locks list`` reads them), filtered, sorted and paged in Python
-after one read; a lock's details; a release, a reset and a purge."""
+after one read; a lock's details; a release, a reset and a purge.
+
+A view costs what its page needs, not what every lock costs: the list is one read shared by
+every viewer (:class:`.scan.Shared`, at most about once a second), of at most ``max_locks``
+locks (beyond, the page says so: a filter by text then reads the keys that contain it); the
+rate limiters are found by a SCAN that goes on from read to read (:class:`.scan.LimiterScan`).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,12 @@ from typing import Any
 
 from .._celery.hold import HoldState
 from .._celery.task import LockedTask
-from .._lock import LockSpace, RateKeys, RateLimiter, RateState
+from .._lock import LockKeys, LockSpace, RateKeys, RateLimiter, RateState, inspect_rate
 from .._ops import locks as ops
 from .._ops.counts import RecentCounts, recent_counts
 from .._ops.locks import LockView
+from .bounds import check_time
+from .scan import LimiterScan, Shared, lock_keys, text_pattern
 
 __all__ = ["LIMITER", "STATES", "Listing", "Source"]
 
@@ -27,14 +35,30 @@ BEAT = "beat:"
 DEBOUNCED = "debounced"
 
 
+#: the hold states (lua/force_release.lua) a purge filtered by a page state frees only in;
+#: a run's hold ("running") records its run, which that check refuses: it is freed from the
+#: holder the page read, as a plain lock ("held") is
+_HOLD_STATES = {
+    HoldState.QUEUED: (HoldState.QUEUED,),
+    DEBOUNCED: (HoldState.QUEUED,),
+    HoldState.REQUEUED: (HoldState.REQUEUED,),
+    HoldState.COOLDOWN: (HoldState.COOLDOWN,),
+}
+#: locks inspected per round trip (a pipeline), the deadline checked between them
+BATCH = 500
+
+
 @dataclass(frozen=True)
 class Listing:
-    """One read of everything under the prefixes."""
+    """One read of the locks under the prefixes (and, for the list, the rest it shows)."""
 
     locks: list[LockView]
     leaders: list[LockView]
     #: (prefix, limiter) pairs
     limiters: list[tuple[str, RateState]]
+    #: whether ``locks`` is every lock held (not cut at ``max_locks``)
+    complete: bool = True
+    counts: RecentCounts | None = None
 
 
 def matches(view: LockView, q: str, state: str) -> bool:
@@ -57,11 +81,17 @@ def sort_views(views: list[LockView], newest_first: bool) -> list[LockView]:
 class Source:
     """The Redis client and prefixes the page covers, and the Celery app (or ``None``)."""
 
-    def __init__(self, client: Any, prefixes: Sequence[str], celery_app: Any = None) -> None:
+    def __init__(
+        self, client: Any, prefixes: Sequence[str], celery_app: Any = None, max_locks: int = 2000
+    ) -> None:
         self.client = client
         self.prefixes = list(prefixes)
         self.celery_app = celery_app
+        self.max_locks = max_locks
         self._debounced: dict[str, bool] = {}
+        self._limiter_scans = {prefix: LimiterScan(prefix) for prefix in self.prefixes}
+        #: the list's read, shared by every viewer
+        self.shared: Shared[Listing] = Shared(self._read_list)
 
     def _is_debounced(self, task: str | None) -> bool:
         """Whether ``task`` (a name) is a task of the app with ``lock_debounce`` set."""
@@ -80,22 +110,54 @@ class Source:
             return replace(view, state=DEBOUNCED)
         return view
 
-    def read(self, with_limiters: bool = True) -> Listing:
-        """Every held lock, beat leader and (``with_limiters``) limiter: one read each."""
+    def _read_locks(self, name_pattern: str = "*") -> Listing:
+        """The held locks whose names match ``name_pattern`` (a SCAN glob), at most
+        ``max_locks`` of them, and the beat leaders among them."""
+        found: list[LockKeys] = []
+        complete = True
+        for prefix in self.prefixes:
+            keys, whole = lock_keys(self.client, prefix, self.max_locks - len(found), name_pattern)
+            found += keys
+            complete = complete and whole
+        now = ops.server_clock(self.client)
+        states = []
+        for start in range(0, len(found), BATCH):
+            check_time("read the locks")
+            chunk = found[start : start + BATCH]
+            states += LockSpace(self.client, chunk[0].prefix).inspect_many(chunk)
         locks: list[LockView] = []
         leaders: list[LockView] = []
-        for prefix in self.prefixes:
-            for view in ops.find_locks(self.client, prefix):
-                if view.name.startswith(BEAT):
-                    leaders.append(view)
-                else:
-                    locks.append(self._labelled(view))
-        limiters = [
-            (prefix, state)
-            for prefix in (self.prefixes if with_limiters else [])
-            for state in ops.find_limiters(self.client, prefix)
-        ]
-        return Listing(locks, leaders, limiters)
+        for view in ops.views_of(states, now):
+            if view.name.startswith(BEAT):
+                leaders.append(view)
+            else:
+                locks.append(self._labelled(view))
+        return Listing(locks, leaders, [], complete)
+
+    def _limiters(self) -> list[tuple[str, RateState]]:
+        """The rate limiters in use (a start in the window, a turn reserved or a pause)."""
+        found = []
+        for prefix, scan in self._limiter_scans.items():
+            for name in sorted(scan.names(self.client)):
+                check_time("read the rate limiters")
+                state = inspect_rate(self.client, RateKeys.for_name(prefix, name))
+                if state.used or state.waiting or state.paused:
+                    found.append((prefix, state))
+        return found
+
+    def _read_list(self) -> Listing:
+        listing = self._read_locks()
+        limiters, counts = self._limiters(), self.counts()
+        return replace(listing, limiters=limiters, counts=counts)
+
+    def read(self, q: str = "", fresh: bool = False) -> Listing:
+        """The locks a view of the text filter ``q`` is picked from: the shared read (or,
+        ``fresh``, a read of its own, as a change needs), or when that read was cut at
+        ``max_locks``, a read of the locks whose names contain ``q``."""
+        listing = self._read_locks() if fresh else self.shared.get()
+        if q and not listing.complete:
+            return self._read_locks(text_pattern(q))
+        return listing
 
     def counts(self, minutes: int = 60) -> RecentCounts:
         """The last ``minutes``' counts, summed over the prefixes."""
@@ -131,7 +193,7 @@ class Source:
         permits = space.named(state.keys.name, limit).keys if limit > 1 else [state.keys]
         held = [
             self._labelled(v)
-            for v in ops.views_of(space.inspect_many(permits), space.server_time())
+            for v in ops.views_of(space.inspect_many(permits), ops.server_clock(self.client))
         ]
         view = next((v for v in held if v.key == state.keys.lock), None)
         if view is None:  # released between the two reads
@@ -150,6 +212,7 @@ class Source:
     def release(self, key: str, holder: str | None) -> str:
         """Free one lock (only from ``holder`` when given) or reset one limiter: ``released``,
         ``reset``, ``not-held`` or ``not-in-use``."""
+        self.shared.forget()
         limiter = self.limiter_of(key)
         if limiter is not None:
             done = RateLimiter(self.client, limiter.name, "1/s", prefix=limiter.prefix).reset()
@@ -160,13 +223,18 @@ class Source:
         done = LockSpace(self.client, prefix).force_release(key, holder=holder or None)
         return "released" if done else "not-held"
 
-    def purge(self, views: Sequence[LockView]) -> int:
+    def purge(self, views: Sequence[LockView], state: str = "") -> int:
         """Free each of ``views`` from the holder it was read with (a lock taken again since
-        by another holder stays): how many were freed."""
+        by another holder stays); with the filter's ``state``, only while the hold is still
+        in it, checked in Redis in the same step (as ``celery locks purge --queued``): a run
+        that started since the read keeps its lock. How many were freed."""
+        states = _HOLD_STATES.get(state, ())
+        self.shared.forget()
         freed = 0
         for view in views:
             prefix = self.prefix_of(view.key)
             if prefix is not None:
+                check_time("purged the locks")
                 space = LockSpace(self.client, prefix)
-                freed += space.force_release(view.key, holder=view.holder or None)
+                freed += space.force_release(view.key, holder=view.holder or None, states=states)
         return freed

@@ -78,6 +78,9 @@ def make_urlpatterns(
 
     @csrf_exempt  # type: ignore[untyped-decorator]  # django: unannotated
     def page(request: Any, sub: str = "") -> HttpResponse:
+        # Django's ALLOWED_HOSTS check, here whatever the middleware: a rebinding site's name
+        # is refused (DisallowedHost: 400) before the page reads or changes anything.
+        request.get_host()
         if not can_view(request):
             user = getattr(request, "user", None)
             if user is None or not user.is_authenticated:

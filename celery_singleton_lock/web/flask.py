@@ -8,7 +8,9 @@
 
 ``can_view``, ``can_change`` (default: ``can_view``) and ``actor`` take no argument: they run
 in Flask's request context (``flask.session``, flask-login's ``current_user``). The page's
-own CSRF check applies to its POSTs.
+own CSRF check applies to its POSTs. Set the app's ``TRUSTED_HOSTS`` to the names the site is
+served at: a request sent to another name (a DNS-rebinding site's) is then refused (400)
+before the page reads anything.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def blueprint(
 
     def page(path: str = "") -> flask.Response:
         request = flask.request
+        # Flask's TRUSTED_HOSTS check, when the app sets it: a rebinding site's name is
+        # refused (400) before the page reads or changes anything.
+        request.host  # noqa: B018 - read for its check
         full = request.path
         mount = full[: len(full) - len(path)] if path and full.endswith(path) else full
         form = {k: v for k, v in request.form.items()} if request.method == "POST" else {}

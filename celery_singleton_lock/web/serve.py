@@ -11,16 +11,19 @@ import ipaddress
 import logging
 import os
 import socketserver
+from collections.abc import Sequence
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref import simple_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import click
 
 from .._ops.target import prefix_option, target, url_option
 from .access import TokenAccess
 from .app import LocksWeb, make_app
+from .guard import Hosts, check_allowed_host
 
-__all__ = ["TOKEN_ENV", "serve", "web"]
+__all__ = ["TOKEN_ENV", "make_server", "serve", "web"]
 
 log = logging.getLogger("celery_singleton_lock.web")
 
@@ -50,11 +53,25 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def serve(app: LocksWeb, host: str = "127.0.0.1", port: int = 8600) -> None:
-    """Serve ``app`` on ``host:port`` until interrupted (port 0: a free one, logged)."""
-    server = make_server(
+def make_server(
+    app: LocksWeb, host: str = "127.0.0.1", port: int = 8600, allowed_hosts: Sequence[str] = ()
+) -> WSGIServer:
+    """A server of ``app`` bound to ``host:port`` (port 0: a free one) that answers only
+    requests sent to its own names: the loopback names and ``host`` with its port, and
+    ``allowed_hosts`` (a proxy's names, see :meth:`.guard.Hosts.of_server`)."""
+    server = simple_server.make_server(
         host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler
     )
+    app.hosts = Hosts.of_server(host, server.server_port, allowed_hosts)
+    return server
+
+
+def serve(
+    app: LocksWeb, host: str = "127.0.0.1", port: int = 8600, allowed_hosts: Sequence[str] = ()
+) -> None:
+    """Serve ``app`` on ``host:port`` until interrupted (port 0: a free one, logged); see
+    :func:`make_server` for the names it answers to."""
+    server = make_server(app, host, port, allowed_hosts)
     shown = f"[{host}]" if ":" in host else host
     log.info("the locks page is served on http://%s:%d/", shown, server.server_port)
     if not _loopback(host):
@@ -93,6 +110,20 @@ def _log_to_stderr() -> None:
     "--link-pattern", default=None, help="a holder's link, e.g. http://flower:5555/task/{task_id}"
 )
 @click.option("--page-size", default=100, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--max-locks",
+    default=2000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="the most locks one read of the list looks at (beyond, a filter finds the others)",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="a name a proxy in front sends as Host (repeatable): NAME, NAME:PORT or https://NAME; "
+    "the page answers only its loopback names and --host otherwise",
+)
 @url_option
 @prefix_option
 def web(
@@ -101,6 +132,8 @@ def web(
     refresh: int,
     link_pattern: str | None,
     page_size: int,
+    max_locks: int,
+    allowed_hosts: tuple[str, ...],
     url: str | None,
     prefix: str | None,
 ) -> None:
@@ -108,13 +141,18 @@ def web(
     then a release or purge asks for that token)."""
     _log_to_stderr()
     ctx = click.get_current_context()
-    access = TokenAccess(os.environ.get(TOKEN_ENV))
+    try:  # before anything is read: a short token or a wrong name is refused at start
+        access = TokenAccess(os.environ.get(TOKEN_ENV))
+        for name in allowed_hosts:
+            check_allowed_host(name)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     with target(ctx, url, prefix) as (_client, prefixes):
         app = getattr(ctx.obj, "app", None)
         options: dict[str, Any] = {"link_pattern": link_pattern, "refresh": refresh}
-        options.update(page_size=page_size, access=access, prefixes=prefixes)
+        options.update(page_size=page_size, access=access, prefixes=prefixes, max_locks=max_locks)
         try:
             made = make_app(None if url else app, url=url, **options)
         except (TypeError, ValueError) as exc:
             raise click.UsageError(str(exc)) from exc
-    serve(made, host, port)
+    serve(made, host, port, allowed_hosts)

@@ -12,7 +12,9 @@ from urllib.parse import urlencode
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from . import csrf, rows
+from .access import TokenAccess
 from .data import LIMITER, STATES, matches, sort_views
+from .guard import printable
 from .messages import Request, Response
 
 if TYPE_CHECKING:
@@ -54,7 +56,10 @@ def _filters(query: dict[str, str]) -> tuple[str, str]:
 
 def _paging(query: dict[str, str]) -> tuple[int, bool]:
     page_text, sort = query.get("page", "1") or "1", query.get("sort", "age") or "age"
-    if not (page_text.isascii() and page_text.isdecimal()) or int(page_text) < 1:
+    # (int() of thousands of digits is refused by Python itself: a 500 before this check)
+    if not (page_text.isascii() and page_text.isdecimal()) or len(page_text) > 9:
+        raise BadRequest(f"page must be a whole number >= 1, got {page_text[:20]!r}")
+    if int(page_text) < 1:
         raise BadRequest(f"page must be a whole number >= 1, got {page_text!r}")
     if sort not in ("age", "-age"):
         raise BadRequest(
@@ -67,10 +72,13 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
     """``GET ./``: the locks (filtered, sorted, one page), limiters, beat leaders, counts."""
     q, state = _filters(request.query)
     page, newest_first = _paging(request.query)
-    found = web.source.read(with_limiters=not state or state == LIMITER)
+    shared = web.source.shared.get()
+    found = web.source.read(q) if state != LIMITER else shared
     views = [] if state == LIMITER else [v for v in found.locks if matches(v, q, state)]
     views = sort_views(views, newest_first)
     pages = max(1, -(-len(views) // web.page_size))
+    if page > pages:
+        raise BadRequest(f"page must be a whole number from 1 to {pages}, got {page}")
     shown = views[(page - 1) * web.page_size : page * web.page_size]
     can_change = web.access.can_change(request.environ)
     keep = {k: v for k, v in (("q", q), ("state", state)) if v}
@@ -82,18 +90,22 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
 
     limiters = [
         rows.limiter(prefix, r)
-        for prefix, r in found.limiters
+        for prefix, r in shared.limiters
         if not q or q.lower() in rows.limiter_key(prefix, r).lower()
     ]
+    # A read that took long reloads less often: open tabs must not keep Redis busy.
+    refresh = max(web.refresh, min(60, round(web.source.shared.took * 20))) if web.refresh else 0
     return _render(
         200,
         "list.html",
-        refresh=web.refresh,
+        refresh=refresh,
         locks=[rows.lock(v) for v in shown],
         limiters=[] if state and state != LIMITER else limiters,
-        leaders=[rows.leader(v) for v in found.leaders],
-        counts=web.source.counts(),
+        leaders=[rows.leader(v) for v in shared.leaders],
+        counts=shared.counts,
         total=len(views),
+        complete=found.complete,
+        max_locks=web.source.max_locks,
         page=page,
         pages=pages,
         prev_href=at(page - 1) if page > 1 else None,
@@ -133,24 +145,30 @@ def lock_page(web: LocksWeb, request: Request, token: str) -> Response:
 
 
 def _refusal(web: LocksWeb, request: Request, posted: bool) -> Response | None:
-    """403 when this request may not change (or, ``posted``, its form fails a check)."""
+    """403 when this request may not change (or, ``posted``, its form fails a check); 429
+    while wrong tokens have closed the gate (the token is then not compared at all)."""
     access, environ = web.access, request.environ
+    status = HTTPStatus.FORBIDDEN
     why = None if access.can_change(environ) else "you may not release or purge locks"
     if why is None and posted:
         why = csrf.check(
-            request.cookies.get(csrf.COOKIE), request.form, request.host, request.origin,
-            request.referer,
+            request.cookies.get(csrf.COOKIE), request.form,
+            lambda origin: web.allows_origin(request, origin), request.origin, request.referer,
         )  # fmt: skip
-        if why is None and access.needs_token and not access.check_token(environ, request.form):
+        wait = access.throttle.wait_left() if isinstance(access, TokenAccess) else 0.0
+        if why is None and wait > 0:
+            status = HTTPStatus.TOO_MANY_REQUESTS
+            why = f"too many wrong tokens: try again in {wait:.0f} s"
+        elif why is None and access.needs_token and not access.check_token(environ, request.form):
             why = "the token is missing or wrong"
     if why is None:
         return None
     if posted:
-        log.warning(
-            "refused a %s by %s from %s: %s",
-            request.path, access.actor(environ), request.remote or "?", why,
-        )  # fmt: skip
-    return error_page(HTTPStatus.FORBIDDEN, why)
+        web.refusals.refused(
+            f"refused a {printable(request.path)} by {access.actor(environ)} "
+            f"{web.where(request)}: {why}"
+        )
+    return error_page(status, why)
 
 
 def release_confirm(web: LocksWeb, request: Request, token: str) -> Response:
@@ -191,9 +209,9 @@ def release_post(web: LocksWeb, request: Request) -> Response:
         raise BadRequest("key is missing from the form")
     outcome = web.source.release(key, holder or None)
     log.warning(
-        "%s by %s from %s: %s%s",
-        outcome, web.access.actor(request.environ), request.remote or "?", key,
-        f" (held by {holder})" if holder else "",
+        "%s by %s %s: %s%s",
+        outcome, web.access.actor(request.environ), web.where(request), printable(key),
+        f" (held by {printable(holder)})" if holder else "",
     )  # fmt: skip
     return _done(f"{outcome}:{key}")
 
@@ -204,14 +222,16 @@ def purge_confirm(web: LocksWeb, request: Request, token: str) -> Response:
     if refused is not None:
         return refused
     q, state = _filters(request.query)
-    matching = [] if state == LIMITER else web.source.read(with_limiters=False).locks
-    count = sum(matches(v, q, state) for v in matching)
+    found = web.source.read(q, fresh=True)
+    count = 0 if state == LIMITER else sum(matches(v, q, state) for v in found.locks)
     hidden = {"q": q, "state": state, "csrf": token}
     return _render(
         200,
         "confirm.html",
         action="purge",
         count=count,
+        complete=found.complete,
+        max_locks=web.source.max_locks,
         q=q,
         state=state,
         hidden=hidden,
@@ -225,10 +245,11 @@ def purge_post(web: LocksWeb, request: Request) -> Response:
     if refused is not None:
         return refused
     q, state = _filters(request.form)
-    views = [] if state == LIMITER else web.source.read(with_limiters=False).locks
-    freed = web.source.purge([v for v in views if matches(v, q, state)])
+    views = [] if state == LIMITER else web.source.read(q, fresh=True).locks
+    freed = web.source.purge([v for v in views if matches(v, q, state)], state)
     log.warning(
-        "purged %d lock(s) by %s from %s (filter q=%r state=%r)",
-        freed, web.access.actor(request.environ), request.remote or "?", q, state,
+        "purged %d lock(s) by %s %s (filter q=%s state=%s)",
+        freed, web.access.actor(request.environ), web.where(request), printable(repr(q)),
+        printable(repr(state)),
     )  # fmt: skip
     return _done(f"purged:{freed}")
