@@ -496,6 +496,7 @@ def test_the_api_reference_documents_the_public_names_only() -> None:
                 "celery_singleton_lock.beat.LeaderScheduler",
                 "celery_singleton_lock.web.flask.blueprint",
                 "celery_singleton_lock.web.django.make_urlpatterns",
+                "celery_singleton_lock.web.django.add_to_admin",
             }, path
     assert documented == set(celery_singleton_lock.__all__)
     for module in ("metrics", "testing", "web"):
