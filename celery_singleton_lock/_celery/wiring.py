@@ -76,12 +76,15 @@ def _serve_metrics(app: Any, offset: int) -> None:
 
         metrics.serve(port, config.metrics_address)
     except (ImportError, OSError) as exc:
+        from .._errors import install_hint
+
         log.error(
             "cannot serve the lock metrics on %s:%d: %s (singleton_lock_metrics_port is set; "
-            "pip install 'celery-singleton-lock[prometheus]', or pick a free port)",
+            "%s; or pick a free port)",
             config.metrics_address,
             port,
             exc,
+            install_hint("prometheus"),
         )
 
 
