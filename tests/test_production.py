@@ -38,7 +38,7 @@ from lock_helpers import server_version, wait_until, wake_subscribers
 from redis.cluster import RedisCluster
 from web_helpers import served
 
-from celery_singleton_lock import LockSpace, ReentrantLock, Semaphore
+from celery_singleton_lock import LockBackendError, LockSpace, ReentrantLock, Semaphore
 from celery_singleton_lock._celery.hold import holder_info
 from celery_singleton_lock._lock.runtime import publish_command
 from celery_singleton_lock._ops.locks import find_locks, purge
@@ -150,6 +150,24 @@ def test_the_documented_acl_user_runs_every_lock_operation(
     assert space.named("acl-purged").take("task-2", 30).acquired
     assert purge(locks_user) == 1
     assert _refusals(server) == []
+
+
+@pytest.mark.parametrize("taken", ["+evalsha", "+hset"], ids=["a-command", "a-script-s-command"])
+def test_a_refused_command_s_error_points_to_the_acl_rule(server: RedisServer, taken: str) -> None:
+    """A user whose rule lacks a command (one the client sends, or one a script runs): the
+    error says the user lacks a permission and where the rule is, not that Redis is down."""
+    admin = server.client()
+    rule = [part for part in acl_rule(str(admin.info("server")["redis_version"])) if part != taken]
+    assert admin.execute_command(*rule) in (b"OK", "OK", True)
+    client = redis.Redis(port=server.port, username="locks", password="CHANGE-ME", socket_timeout=5)
+    try:
+        with pytest.raises(LockBackendError) as raised:
+            ReentrantLock(client, "acl-refused", ttl=5).acquire()
+    finally:
+        client.close()
+    assert "The Redis user of the locks lacks a permission" in str(raised.value)
+    assert "docs/production.md" in str(raised.value)
+    assert "reachable" not in str(raised.value)
 
 
 @pytest.mark.cluster
