@@ -795,3 +795,25 @@ def test_a_missing_extra_s_error_says_how_to_install_it_while_not_on_pypi(extra:
     for path in sorted((ROOT / "celery_singleton_lock").rglob("*.py")):
         found = re.search(r"pip install (--\S+ )*'?celery-singleton-lock", path.read_text())
         assert found is None, f"{path.name} says {found.group(0)!r}: not on PyPI yet"
+
+
+def test_the_demo_says_where_its_redis_is_when_redis_url_is_unset(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/demo_celery.py with ``$REDIS_URL`` unset and a Redis answering at its local
+    URL: it names that URL as its own choice, not as ``$REDIS_URL``."""
+    spec = importlib.util.spec_from_file_location(
+        "examples_support", ROOT / "examples" / "_support.py"
+    )
+    assert spec is not None and spec.loader is not None
+    support = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(support)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    local = f"redis://127.0.0.1:{redis_server.port}/15"
+    with support.redis_url(False, local) as url:
+        assert url == local
+    said = capsys.readouterr().out
+    assert "$REDIS_URL (" not in said
+    assert f"Using the Redis at {local} ($REDIS_URL is not set" in said
+    demo = (ROOT / "examples" / "demo_celery.py").read_text(encoding="utf-8")
+    assert 'os.environ["REDIS_URL"] =' not in demo  # the demo does not pretend it was set
