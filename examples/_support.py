@@ -34,7 +34,10 @@ def reachable(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def redis_url(embedded: bool) -> Iterator[str]:
+def redis_url(embedded: bool, local: str | None = None) -> Iterator[str]:
+    """Where the example runs: ``$REDIS_URL`` when it answers, else ``local`` (a server on
+    this machine) when it answers, else a throw-away server of its own; the first line says
+    which, and why."""
     url = os.environ.get("REDIS_URL")
     if url and not embedded:
         if reachable(url):
@@ -42,6 +45,10 @@ def redis_url(embedded: bool) -> Iterator[str]:
             yield url
             return
         say(f"No Redis answered at $REDIS_URL ({url}); starting one of our own.")
+    elif local and not embedded and reachable(local):
+        say(f"Using the Redis at {local} ($REDIS_URL is not set; only this run's keys are used).")
+        yield local
+        return
     from celery_singleton_lock.testing import RedisServer
 
     with RedisServer() as server:

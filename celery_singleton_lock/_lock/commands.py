@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, NoReturn
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError
 
 from .._errors import LockBackendError
 from . import observe, scripts
@@ -43,6 +43,18 @@ def seconds(pttl: Any) -> float:
     return ms / 1000 if ms >= 0 else -1.0
 
 
+def backend_advice(exc: RedisError) -> str:
+    """What to check after ``exc``: the user's ACL rule when Redis refused a command (redis-py's
+    ``NoPermissionError``, or a script's command refused, which comes as a plain
+    ``ResponseError``), else that Redis is reachable."""
+    if isinstance(exc, NoPermissionError) or "can't run this command" in str(exc):
+        return (
+            "The Redis user of the locks lacks a permission: give it the ACL rule for this "
+            "server's version on the Production page (docs/production.md)"
+        )
+    return "Check that Redis is reachable at the configured URL"
+
+
 def _raise_backend_error(
     operation: str, name: str, exc: RedisError, subject: str | None = None
 ) -> NoReturn:
@@ -51,7 +63,7 @@ def _raise_backend_error(
     detail = str(exc).rstrip(".")  # redis-py's messages may end with a period of their own
     raise LockBackendError(
         f"Redis failed to {operation} {subject or f'lock {name!r}'}: {type(exc).__name__}: "
-        f"{detail}. Check that Redis is reachable at the configured URL."
+        f"{detail}. {backend_advice(exc)}."
     ) from exc
 
 

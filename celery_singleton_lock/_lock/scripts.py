@@ -29,9 +29,11 @@ def _read(filename: str) -> str:
     checkout = Path(__file__).resolve().parents[2] / "lua" / filename
     if checkout.is_file():
         return checkout.read_text(encoding="utf-8")
+    from .._errors import install_hint
+
     raise RuntimeError(
         f"celery_singleton_lock cannot find its Lua script {filename!r}: the installation is "
-        "incomplete; reinstall the package (pip install --force-reinstall celery-singleton-lock)"
+        f"incomplete; reinstall the package: {install_hint(pip='pip install --force-reinstall')}"
     )
 
 

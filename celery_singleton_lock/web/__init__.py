@@ -1,5 +1,6 @@
-"""A web page of the locks (``pip install 'celery-singleton-lock[web]'``): what ``celery locks
-list`` shows, in a browser, refreshed; a lock's page; release and purge behind a confirmation.
+"""A web page of the locks (the ``web`` extra: ``pip install '.[web]'`` in a checkout): what
+``celery locks list`` shows, in a browser, refreshed; a lock's page; release and purge behind a
+confirmation.
 
 Standalone: ``celery -A proj locks web`` (loopback, read-only unless the environment variable
 ``CELERY_SINGLETON_LOCK_WEB_TOKEN`` holds a token to type in). In a Flask app:
@@ -13,9 +14,9 @@ from __future__ import annotations
 try:
     import jinja2  # noqa: F401 - checked here so the message names the extra
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "celery_singleton_lock.web needs jinja2: pip install 'celery-singleton-lock[web]'"
-    ) from exc
+    from .._errors import install_hint
+
+    raise ImportError(f"celery_singleton_lock.web needs jinja2: {install_hint('web')}") from exc
 
 from .access import Access, CallableAccess, TokenAccess
 from .app import LocksWeb, make_app

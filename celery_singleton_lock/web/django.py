@@ -1,7 +1,9 @@
 """The locks page in a Django project: ``path("locks/", include("celery_singleton_lock.web.
-django"))``. Staff only by default: a visitor not logged in is sent to the login page
-(``settings.LOGIN_URL``), a logged-in user who is not staff is refused (403); releases and
-purges are staff only too. :func:`make_urlpatterns` sets other rules.
+django"))``, or inside the Django admin with :func:`add_to_admin` (``admin/locks/``, linked
+from the admin's index). Staff only by default: a visitor not logged in is sent to the login page
+(``settings.LOGIN_URL`` when the project serves it, else the admin's login), a logged-in user who
+is not staff is refused (403); releases and purges are staff only too. :func:`make_urlpatterns`
+sets other rules.
 
 The Celery app is the setting ``CELERY_SINGLETON_LOCK_WEB_APP`` (``"proj.celery:app"``), else
 ``celery.current_app``; ``CELERY_SINGLETON_LOCK_WEB_OPTIONS`` (a dict) gives
@@ -17,14 +19,14 @@ from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpResponse
-from django.urls import path
+from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 
 from .access import CallableAccess
 from .app import LocksWeb, make_app
 from .messages import request_from_environ
 
-__all__ = ["make_urlpatterns", "urlpatterns"]
+__all__ = ["add_to_admin", "login_url", "make_urlpatterns", "urlpatterns"]
 
 #: the Django request in the environ handed to the access callables
 REQUEST = "celery_singleton_lock.django_request"
@@ -51,6 +53,28 @@ def _celery_app() -> Any:
             f"'proj.celery:app', got {where!r}"
         )
     return getattr(importlib.import_module(module), attribute)
+
+
+def login_url() -> str:
+    """Where a visitor not logged in is sent: ``settings.LOGIN_URL`` when it is another site's
+    or this project serves it, else the Django admin's login when the admin is mounted (a
+    project made by ``startproject`` has the admin but nothing at the default
+    ``/accounts/login/``), else ``LOGIN_URL`` all the same."""
+    from django.conf import settings
+    from django.shortcuts import resolve_url
+    from django.urls import NoReverseMatch, Resolver404, get_script_prefix, resolve, reverse
+
+    wanted = str(resolve_url(settings.LOGIN_URL))
+    if "://" in wanted:  # a single sign-on elsewhere
+        return wanted
+    try:
+        resolve("/" + wanted.split("?", 1)[0].removeprefix(get_script_prefix()).lstrip("/"))
+    except Resolver404:
+        try:
+            return str(reverse("admin:login"))
+        except NoReverseMatch:
+            pass
+    return wanted
 
 
 def make_urlpatterns(
@@ -86,7 +110,7 @@ def make_urlpatterns(
             if user is None or not user.is_authenticated:
                 from django.contrib.auth.views import redirect_to_login
 
-                return redirect_to_login(request.get_full_path())
+                return redirect_to_login(request.get_full_path(), login_url())
         environ = {**request.META, REQUEST: request}
         full = request.path
         mount = full[: len(full) - len(sub)] if sub else full
@@ -108,3 +132,54 @@ def make_urlpatterns(
 
 
 urlpatterns = make_urlpatterns()
+
+
+def add_to_admin(
+    site: Any = None,
+    route: str = "locks/",
+    can_view: Callable[[Any], bool] = is_staff,
+    can_change: Callable[[Any], bool] | None = None,
+    **make_app_options: Any,
+) -> None:
+    """Serve the page inside the admin ``site`` (Django's ``admin.site`` by default) at
+    ``route`` under it (``admin/locks/``), linked from the admin's index for the users
+    ``can_view`` lets in. Call it before ``site.urls`` is read (in ``urls.py``, above
+    ``urlpatterns``): the page's patterns go first in the site's own, so the admin's catch-all
+    view never hides them, whatever the order of the project's ``urlpatterns``."""
+    if site is None:
+        from django.contrib import admin
+
+        site = admin.site
+    patterns = make_urlpatterns(can_view, can_change, **make_app_options)
+    site_urls, site_apps = site.get_urls, site.get_app_list
+
+    def get_urls() -> list[Any]:
+        return [path(route, include(patterns)), *site_urls()]
+
+    def get_app_list(request: Any, app_label: str | None = None) -> list[Any]:
+        listed = list(site_apps(request, app_label))
+        if app_label is None and can_view(request):
+            from django.urls import reverse
+
+            url = reverse(f"{site.name}:celery_singleton_lock_locks")
+            listed.append(
+                {
+                    "name": "Celery locks",
+                    "app_label": "celery_singleton_lock",
+                    "app_url": url,
+                    "has_module_perms": True,
+                    "models": [
+                        {
+                            "name": "Locks",
+                            "object_name": "Locks",
+                            "perms": {"view": True},
+                            "admin_url": url,
+                            "add_url": None,
+                            "view_only": True,
+                        }
+                    ],
+                }
+            )
+        return listed
+
+    site.get_urls, site.get_app_list = get_urls, get_app_list
