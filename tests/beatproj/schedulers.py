@@ -8,9 +8,13 @@ send, which no signal from outside could hit:
 * :class:`ShortLeaseLeaderScheduler` cuts its leader lock's lease in Redis below the send
   margin right before it records its first send (renewals that stalled until then);
 * :class:`PausingLeaderScheduler` stops its own process (SIGSTOP) right after it recorded its
-  first send, before it publishes it (a leader paused between the two).
+  first send, before it publishes it (a leader paused between the two);
+* :class:`PauseOnCueLeaderScheduler` does the same at the first send it records once the test
+  gave the cue (a file named by ``$CSL_BEATPROJ_PAUSE_CUE`` exists): the beats of a test share
+  one cue, and whichever leads then takes it (removes the file) and pauses.
 
-Each fault happens once per process, and says so in the log (WARNING, ``test:`` first).
+Each fault happens once per process (once per cue), and says so in the log (WARNING,
+``test:`` first).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import signal
 from typing import Any
 
 from celery_singleton_lock.beat import LeaderScheduler
+
+from .env import PAUSE_CUE_ENV
 
 log = logging.getLogger("celery_singleton_lock.tests")
 
@@ -59,6 +65,23 @@ class PausingLeaderScheduler(LeaderScheduler):
         reserved = super().reserve(entry)
         if not PausingLeaderScheduler._paused:
             PausingLeaderScheduler._paused = True
+            log.warning(PAUSED, entry.name)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return reserved
+
+
+class PauseOnCueLeaderScheduler(LeaderScheduler):
+    """After a record made once the cue file exists (the send is then due: reserve() returned),
+    removes the file and stops its process until the test continues it."""
+
+    def reserve(self, entry: Any) -> Any:
+        reserved = super().reserve(entry)
+        cue = os.environ.get(PAUSE_CUE_ENV)
+        if cue:
+            try:
+                os.unlink(cue)  # only one process can remove it: the cue is taken once
+            except FileNotFoundError:
+                return reserved
             log.warning(PAUSED, entry.name)
             os.kill(os.getpid(), signal.SIGSTOP)
         return reserved
