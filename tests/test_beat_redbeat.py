@@ -15,6 +15,9 @@ publishes (its pid, the time, the task id) and the worker every run.
   worker runs every message once, and no beat logs RedBeat's "Message Error".
 * A send refused for lack of lease is held back with our line, not logged as RedBeat's
   "Sending due task" followed by "Message Error", and goes out later.
+* Not RedBeat, the same seam: a wrapped scheduler whose tick calls ``apply_async()`` itself
+  (``SelfPublishingScheduler``); its leader, paused between the record and the publish past
+  its lease, publishes nothing when it wakes.
 """
 
 from __future__ import annotations
@@ -43,8 +46,17 @@ from beatproj.env import (
     REDBEAT_QUEUE,
     REDIS_ENV,
     TTL_ENV,
+    WRAPPED_ENV,
 )
-from beatproj.harness import LEADER_SCHEDULER, SEND_LINE, Beat, close_pairs, leader, log_time
+from beatproj.harness import (
+    LEADER_SCHEDULER,
+    SEND_LINE,
+    Beat,
+    close_pairs,
+    holder,
+    leader,
+    log_time,
+)
 from celery_procs import WorkerProcess, redis_base
 from lock_helpers import wait_until
 
@@ -64,6 +76,7 @@ PAUSED = re.compile(
     r"^\[(?P<ts>[\d-]+ [\d:,]+): WARNING/[^\]]+\] test: recorded rb-tick; pausing before its send",
     re.MULTILINE,
 )
+LEADS = re.compile(r"^\[(?P<ts>[\d-]+ [\d:,]+): INFO/[^\]]+\] beat \S+ leads now", re.MULTILINE)
 STEPPED_DOWN = re.compile(r"beat \S+ is no longer the leader \(")
 NOT_SENT = re.compile(r"beat \S+ did not send rb-tick: ")
 LOCK_OFF = re.compile(r"beat \S+ turned RedBeat's own lock \(redbeat::lock\) off")
@@ -270,3 +283,28 @@ def test_redbeat_send_with_too_little_lease_is_held_back_with_our_line(world: Wo
     for unwanted in (*REDBEAT_LINES, "Traceback", "beat raised exception"):
         assert unwanted not in text, (unwanted, text)
     assert beat.alive(), text
+
+
+def test_a_wrapped_scheduler_that_publishes_by_itself_sends_nothing_after_a_pause(
+    world: World,
+) -> None:
+    # Not RedBeat: any wrapped scheduler whose tick calls apply_async() itself. The leader
+    # pauses right after its first record, and wakes once its lease has run out in Redis.
+    world.env[WRAPPED_ENV] = f"{SCHEDULERS}:SelfPublishingScheduler"
+    Path(world.env[PAUSE_CUE_ENV]).touch()
+    beat = world.start_beat(f"{SCHEDULERS}:PauseOnCueLeaderScheduler")
+    wait_until(lambda: PAUSED.search(beat.log()), 60, "the leader to pause mid-send", 0.05)
+    wait_until(lambda: not holder(world.locks, LOCK), LEASE + 5, "its lease to end", 0.05)
+    woke_at = len(beat.log())
+    os.killpg(beat.pid, signal.SIGCONT)
+    # it leads again (alone) and sends: whatever it published before that was the stale send
+    releads = wait_until(
+        lambda: LEADS.search(beat.log()[woke_at:]), 15, "the woken beat to lead again", 0.05
+    )
+    relead_at = log_time(releads["ts"])
+    wait_until(lambda: world.published(since=relead_at), 10, "a send after it", 0.1)
+    text = world.report()
+    stale = [t for t in world.published() if t < relead_at]
+    assert not stale, f"the woken leader published past its lease: {stale}\n{text}"
+    assert NOT_SENT.search(beat.log()[woke_at:]), text
+    assert beat.alive() and "beat raised exception" not in text, text

@@ -19,6 +19,8 @@ TASK = "beatproj.tick"
 #: RedBeat's app (``tests.beatproj.redbeat_app``): a file whose appearance makes the leader of
 #: :class:`beatproj.schedulers.PauseOnCueLeaderScheduler` pause at its next send
 PAUSE_CUE_ENV = "CSL_BEATPROJ_PAUSE_CUE"
+#: RedBeat's app: the scheduler the leader wraps, when not RedBeat's (``module:Class``)
+WRAPPED_ENV = "CSL_BEATPROJ_WRAPPED"
 #: RedBeat's app: RedBeat's schedule on 4, what the beats published and the worker ran on 3
 REDBEAT_DB, DATA_DB = 4, 3
 #: RedBeat's app: its entry (due every second), its task and the worker's queue

@@ -1,6 +1,7 @@
 """The Celery app of the RedBeat beat tests: ``celery -A tests.beatproj.redbeat_app beat``
 (and ``worker``): RedBeat's ``RedBeatScheduler`` run by the leader scheduler, set up as
-docs/operating.md says, with one entry due every second.
+docs/operating.md says, with one entry due every second (``$CSL_BEATPROJ_WRAPPED`` names
+another scheduler for the leader to wrap).
 
 Where Redis is and the leader lock's lease come from the environment (:mod:`beatproj.env`).
 Each beat records every message it publishes (Celery's ``before_task_publish`` signal: its pid,
@@ -31,6 +32,7 @@ from .env import (
     REDBEAT_TASK,
     REDIS_ENV,
     TTL_ENV,
+    WRAPPED_ENV,
 )
 
 _REDIS = os.environ.get(REDIS_ENV, "redis://127.0.0.1:6390").rstrip("/")
@@ -44,7 +46,7 @@ app.conf.update(
     # what docs/operating.md asks of a RedBeat project: RedBeat's own Redis setting, and
     # RedBeat named as the scheduler the leader runs (beat started with -S LeaderScheduler)
     redbeat_redis_url=f"{_REDIS}/{REDBEAT_DB}",
-    singleton_lock_beat_scheduler="redbeat.RedBeatScheduler",
+    singleton_lock_beat_scheduler=os.environ.get(WRAPPED_ENV) or "redbeat.RedBeatScheduler",
     singleton_lock_redis_url=f"{_REDIS}/{LOCK_DB}",
     singleton_lock_ttl=float(os.environ.get(TTL_ENV, "3")),
 )

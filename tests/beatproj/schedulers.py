@@ -13,6 +13,12 @@ send, which no signal from outside could hit:
   gave the cue (a file named by ``$CSL_BEATPROJ_PAUSE_CUE`` exists): the beats of a test share
   one cue, and whichever leads then takes it (removes the file) and pauses.
 
+And a scheduler for the leader to wrap (``singleton_lock_beat_scheduler``):
+
+* :class:`SelfPublishingScheduler` publishes by itself, as RedBeat's does: its tick calls
+  ``apply_async()`` for each due entry (not ``reserve()`` and ``apply_entry()``, as Celery's
+  does), and logs any error of it as its own.
+
 Each fault happens once per process (once per cue), and says so in the log (WARNING,
 ``test:`` first).
 """
@@ -23,6 +29,8 @@ import logging
 import os
 import signal
 from typing import Any
+
+from celery.beat import PersistentScheduler
 
 from celery_singleton_lock.beat import LeaderScheduler
 
@@ -85,3 +93,21 @@ class PauseOnCueLeaderScheduler(LeaderScheduler):
             log.warning(PAUSED, entry.name)
             os.kill(os.getpid(), signal.SIGSTOP)
         return reserved
+
+
+class SelfPublishingScheduler(PersistentScheduler):  # type: ignore[misc]  # celery: no types
+    """Celery's scheduler with a tick that publishes every due entry with ``apply_async()``."""
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        wait = 1.0
+        for entry in list(self.schedule.values()):
+            is_due, next_time_to_run = entry.is_due()
+            if is_due:
+                try:
+                    self.apply_async(entry, producer=self.producer)
+                except Exception as exc:
+                    log.error(
+                        "test: the self-publishing scheduler did not send %s: %s", entry.name, exc
+                    )
+            wait = min(wait, next_time_to_run)
+        return wait
