@@ -3,17 +3,20 @@
 Every beat with this scheduler competes for one renewed leader lock (``beat:<app main name>``
 under ``singleton_lock_prefix``, lease ``singleton_lock_ttl``). The holder runs the scheduler
 ``singleton_lock_beat_scheduler`` names (Celery's ``PersistentScheduler`` by default,
-django-celery-beat's ``DatabaseScheduler`` too); the others stand by, trying about every
-second, and one takes over when the leader stops (it releases) or dies (within one lease).
+django-celery-beat's ``DatabaseScheduler`` and RedBeat's ``RedBeatScheduler`` too, the latter
+with its own lock off: ``_beat_redbeat``); the others stand by, trying about every second, and
+one takes over when the leader stops (it releases) or dies (within one lease).
 
 A send needs Redis's word that this beat still leads: one script checks that its hold is there
 with a quarter of the lease left and, in the same step, records the send beside the lock
 (entry name -> time). Refused for lack of lease, the tick is tried again; refused because the
 hold is gone, the beat stops leading. Right before publishing, the lease is checked once more
 on the local clock, so a leader paused in between sends nothing: that tick is lost, not sent
-twice. A new leader starts from the records (again whenever the wrapped scheduler reloads its
-entries); when they are gone too (Redis lost its data) after another beat led, it counts every
-entry as sent at the takeover. No Redis error ends the beat: it logs and tries again.
+twice. Every publish passes that check, also one the wrapped scheduler's own tick makes with
+``apply_async()`` (recorded first when it was not). A new leader starts from the records
+(again whenever the wrapped scheduler reloads its entries); when they are gone too (Redis lost
+its data) after another beat led, it counts every entry as sent at the takeover. No Redis
+error ends the beat: it logs and tries again.
 """
 
 from __future__ import annotations
