@@ -3,17 +3,20 @@
 Every beat with this scheduler competes for one renewed leader lock (``beat:<app main name>``
 under ``singleton_lock_prefix``, lease ``singleton_lock_ttl``). The holder runs the scheduler
 ``singleton_lock_beat_scheduler`` names (Celery's ``PersistentScheduler`` by default,
-django-celery-beat's ``DatabaseScheduler`` too); the others stand by, trying about every
-second, and one takes over when the leader stops (it releases) or dies (within one lease).
+django-celery-beat's ``DatabaseScheduler`` and RedBeat's ``RedBeatScheduler`` too, the latter
+with its own lock off: ``_beat_redbeat``); the others stand by, trying about every second, and
+one takes over when the leader stops (it releases) or dies (within one lease).
 
 A send needs Redis's word that this beat still leads: one script checks that its hold is there
 with a quarter of the lease left and, in the same step, records the send beside the lock
 (entry name -> time). Refused for lack of lease, the tick is tried again; refused because the
 hold is gone, the beat stops leading. Right before publishing, the lease is checked once more
 on the local clock, so a leader paused in between sends nothing: that tick is lost, not sent
-twice. A new leader starts from the records (again whenever the wrapped scheduler reloads its
-entries); when they are gone too (Redis lost its data) after another beat led, it counts every
-entry as sent at the takeover. No Redis error ends the beat: it logs and tries again.
+twice. Every publish passes that check, also one the wrapped scheduler's own tick makes with
+``apply_async()`` (recorded first when it was not). A new leader starts from the records
+(again whenever the wrapped scheduler reloads its entries); when they are gone too (Redis lost
+its data) after another beat led, it counts every entry as sent at the takeover. No Redis
+error ends the beat: it logs and tries again.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from celery.beat import Scheduler
 from kombu.utils.imports import symbol_by_name
 from redis.exceptions import RedisError
 
+from ._beat_redbeat import seams_for
 from ._celery.config import LockConfig
 from ._errors import LockError, LockLostError
 from ._lock import ReentrantLock
@@ -289,16 +293,37 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             )
         return super().reserve(entry)
 
-    def apply_entry(self, entry: Any, producer: Any = None) -> None:
-        # The last check, on the local clock: a leader paused since the record sends nothing.
+    def _last_check(self, entry: Any) -> None:
+        """Raise :class:`LockLostError` (and say so) unless the lease still runs on the local
+        clock: a leader paused since the record sends nothing (no round trip)."""
         try:
             if self._leader is None:
                 raise LockLostError(f"beat {self._me} does not lead")
             self._leader.ensure_held()
         except LockError as exc:
             self._say(WARNING, "did not send %s: %s", entry.name, exc)
+            raise
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        # Checked before Celery logs "Sending due task": a send that does not go out is not
+        # logged as sent, nor as a "Message Error".
+        try:
+            self._last_check(entry)
+        except LockError:
             return
         super().apply_entry(entry, producer=producer)
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
+        # Every publish goes through here, also that of a wrapped scheduler that calls it by
+        # itself rather than through apply_entry(): advanced here, the send is recorded first
+        # (reserve()), and nothing is published without the last check. A refusal is raised
+        # to the caller.
+        if advance:
+            entry = self.reserve(entry)
+        self._last_check(entry)
+        return super().apply_async(entry, producer=producer, advance=False, **kwargs)
 
     def close(self) -> None:
         try:
@@ -326,7 +351,9 @@ def _combine(cls: type, inner: Any) -> type:
     combined = _combined.get((cls, inner_cls))
     if combined is None:
         name = f"Leader{inner_cls.__name__}" if cls is LeaderScheduler else cls.__name__
+        # between the two: what fits a scheduler's own ways to the leader lock (RedBeat's)
+        seams = seams_for(inner_cls)
         combined = _combined[(cls, inner_cls)] = type(
-            name, (cls, inner_cls), {"_leader_wraps": inner_cls}
+            name, (cls, *seams, inner_cls), {"_leader_wraps": inner_cls}
         )
     return combined

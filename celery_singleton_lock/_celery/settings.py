@@ -268,7 +268,7 @@ SETTINGS: dict[str, Setting] = {
             "celery.beat:PersistentScheduler",
             '`"celery.beat:PersistentScheduler"`',
             "the scheduler `celery_singleton_lock.beat:LeaderScheduler` runs while it leads "
-            "(e.g. `django_celery_beat.schedulers:DatabaseScheduler`)",
+            "(e.g. `django_celery_beat.schedulers:DatabaseScheduler`, `redbeat.RedBeatScheduler`)",
             _class_path,
         ),
         Setting(

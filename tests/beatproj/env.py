@@ -15,3 +15,18 @@ BROKER_DB, LOCK_DB = 0, 2
 #: the periodic task's name (its schedule entry's name) and the task it sends
 ENTRY = "csl-tick"
 TASK = "beatproj.tick"
+
+#: RedBeat's app (``tests.beatproj.redbeat_app``): a file whose appearance makes the leader of
+#: :class:`beatproj.schedulers.PauseOnCueLeaderScheduler` pause at its next send
+PAUSE_CUE_ENV = "CSL_BEATPROJ_PAUSE_CUE"
+#: RedBeat's app: the scheduler the leader wraps, when not RedBeat's (``module:Class``)
+WRAPPED_ENV = "CSL_BEATPROJ_WRAPPED"
+#: RedBeat's app: RedBeat's schedule on 4, what the beats published and the worker ran on 3
+REDBEAT_DB, DATA_DB = 4, 3
+#: RedBeat's app: its entry (due every second), its task and the worker's queue
+REDBEAT_ENTRY = "rb-tick"
+REDBEAT_TASK = "rbproj.tick"
+REDBEAT_QUEUE = "rbproj"
+#: RedBeat's app: lists in DATA_DB, one JSON item per publish (``pid``, ``t``, ``id``: which
+#: beat, when, the task id) and per run on the worker (``id``, ``t``)
+PUBLISHED, RAN = "published", "ran"
