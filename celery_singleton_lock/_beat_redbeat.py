@@ -12,7 +12,9 @@ RedBeat has ways of its own that would stand between the leader lock and a send:
   send as "Message Error" with a traceback. Here a due entry is recorded first (``reserve``:
   the leader scheduler's record with Redis's word, then RedBeat's own last run), and a refusal
   reaches the leader scheduler's tick, which logs it as its own and tries again; the send goes
-  out through ``apply_entry``, after the last check of the lease.
+  out through ``apply_entry``, after the last check of the lease. (A subclass with a
+  ``maybe_due`` of its own keeps it: its ``apply_async`` calls still record the send first and
+  pass the last check, which raises a refusal to its code.)
 
 RedBeat keeps each entry's last run in Redis itself, written before the send, so a new leader
 reads what the old one sent from there.
@@ -35,20 +37,24 @@ log = logging.getLogger("celery_singleton_lock.beat")
 REDBEAT_MODULE = "redbeat.schedulers"
 
 
-def is_redbeat(scheduler: type) -> bool:
-    """Whether ``scheduler`` is RedBeat's scheduler or derives from it."""
-    module = sys.modules.get(REDBEAT_MODULE)
-    redbeat = getattr(module, "RedBeatScheduler", None)
-    return isinstance(redbeat, type) and issubclass(scheduler, redbeat)
+def _redbeat() -> type | None:
+    redbeat = getattr(sys.modules.get(REDBEAT_MODULE), "RedBeatScheduler", None)
+    return redbeat if isinstance(redbeat, type) else None
 
 
 def seams_for(scheduler: type) -> tuple[type, ...]:
-    """The classes that go between the leader scheduler and the wrapped ``scheduler``."""
-    return (RedBeatSeams,) if is_redbeat(scheduler) else ()
+    """The classes that go between the leader scheduler and the wrapped ``scheduler``: for
+    RedBeat's (or a subclass), its lock off, and its sends through the leader scheduler's
+    unless the subclass sends its own way (its publishes still pass the last check)."""
+    redbeat = _redbeat()
+    if redbeat is None or not issubclass(scheduler, redbeat):
+        return ()
+    own_sends = getattr(scheduler, "maybe_due", None) is not getattr(redbeat, "maybe_due", None)
+    return (RedBeatLockOff,) if own_sends else (RedBeatSends,)
 
 
-class RedBeatSeams(Scheduler):  # type: ignore[misc]  # celery ships no type information
-    """RedBeat's scheduler, fitted to the leader scheduler (see the module)."""
+class RedBeatLockOff(Scheduler):  # type: ignore[misc]  # celery ships no type information
+    """RedBeat's scheduler with its own lock off (see the module)."""
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(app, *args, **kwargs)
@@ -63,6 +69,11 @@ class RedBeatSeams(Scheduler):  # type: ignore[misc]  # celery ships no type inf
                 getattr(self, "_me", "?"),
                 own_lock,
             )
+
+
+class RedBeatSends(RedBeatLockOff):
+    """RedBeat's scheduler with its own lock off and its sends fitted to the leader scheduler
+    (see the module)."""
 
     def maybe_due(self, entry: Any, **kwargs: Any) -> Any:
         # RedBeat's own sends with apply_async() and logs any error of it as "Message Error":
