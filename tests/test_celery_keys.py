@@ -77,6 +77,11 @@ def report_by_user(user_id: Any, day: Any) -> None:
     return None
 
 
+@app_task(app, base=LockedTask, name="keys.options", lock_unique_on=["user_id"])
+def by_options(*args: Any, **options: Any) -> None:
+    return None
+
+
 LONG_NAME = "keys." + "n" * 1000
 
 
@@ -314,3 +319,13 @@ def test_too_many_arguments_raise_naming_the_task_before_anything_is_written(
     assert not env.locks.keys(f"*{task.name}*")
     # The arguments that fit: one key, by position or keyword.
     assert task.lock_key_for(7, "2024-05-01") == task.lock_key_for(user_id=7, day="2024-05-01")
+
+
+def test_lock_unique_on_a_name_of_the_task_s_kwargs_keys_each_value_apart() -> None:
+    """``lock_unique_on`` may name an argument that ``**options`` takes (the class check admits
+    it): its value makes the key, so two users' calls are two jobs (they were one, keyed on
+    ``user_id=None``), and arguments outside it are not part of the key."""
+    seven = by_options.lock_key_for(user_id=7)
+    assert seven != by_options.lock_key_for(user_id=8)
+    assert seven == by_options.lock_key_for(1, user_id=7, day="monday")
+    assert by_options.lock_key_for() == by_options.lock_key_for(day="monday")  # user_id=None

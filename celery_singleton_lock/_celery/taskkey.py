@@ -188,13 +188,31 @@ def task_lock_name(
         return f"{_bounded(task_name)}:{_bounded(part)}"
     arguments = bind_arguments(signature, args, kwargs, strict_for=task_name if strict else None)
     if unique_on is not None:
-        arguments = {name: arguments.get(name) for name in unique_on}
+        arguments = _unique(signature, arguments, unique_on)
     if encoder is None:
         encoded = {name: canonical(value, name) for name, value in arguments.items()}
         text = _KEY_JSON(sorted(encoded.items()))
     else:
         text = _encoded(encoder, arguments)
     return f"{_bounded(task_name)}:{_digest(text)}"
+
+
+def _unique(
+    signature: inspect.Signature | None, arguments: dict[str, Any], unique_on: Sequence[str]
+) -> dict[str, Any]:
+    """``unique_on``'s arguments: a name that is not a parameter of its own is looked up in the
+    task's ``**kwargs`` (the class check admits it there), so ``f(user_id=7)`` and
+    ``f(user_id=8)`` of ``def f(**options)`` are two jobs."""
+    if all(name in arguments for name in unique_on):
+        return {name: arguments[name] for name in unique_on}
+    extra: Mapping[str, Any] = {}
+    if signature is not None:
+        var_kw = next(
+            (p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None
+        )
+        if var_kw is not None and isinstance(arguments.get(var_kw), Mapping):
+            extra = arguments[var_kw]
+    return {name: arguments[name] if name in arguments else extra.get(name) for name in unique_on}
 
 
 def _encoded(encoder: type[json.JSONEncoder], arguments: dict[str, Any]) -> str:
