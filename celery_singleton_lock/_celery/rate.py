@@ -34,6 +34,10 @@ log = logging.getLogger("celery_singleton_lock.rate")
 #: the message header of a call that comes back for its turn: ``[comebacks, since, retries]``
 RATE_HEADER = "singleton_lock_rate"
 
+#: a call whose turn is at most this many seconds away waits for it in its pool process
+#: instead of coming back: about what a comeback itself takes on a busy worker
+NEAR_TURN = 0.25
+
 #: what the mode does with the job's hold when a call gives up its turn: ``let_go(countdown)``
 #: keeps the hold for a comeback due in ``countdown`` seconds, ``let_go(None)`` frees it
 LetGo = Callable[[float | None], None]
@@ -146,6 +150,11 @@ class TaskRate:
             reply = limiter.acquire(timeout=self.max_delay, call_id=request.id)
         else:
             reply = limiter.try_acquire(request.id)
+            if not reply.admitted and not reply.paused and reply.wait <= NEAR_TURN:
+                # A turn this near is the window's last starts leaving it (their calls came
+                # back some ms after their own turns): wait for it here, not by a comeback,
+                # which would take longer than the wait and come back late again.
+                reply = limiter.acquire(timeout=reply.wait + NEAR_TURN, call_id=request.id)
         if reply.admitted:
             return Turn(limiter, reply)
         report_refusal(task, "rate")
