@@ -208,6 +208,11 @@ def test_no_delay_allowed_hands_the_call_to_lock_on_locked_at_once(
     log = RateKeys.for_name("lock", f"fault-impatient:{job}").log
     entries = fault_server.client(db=LOCK_DB).zrange(log, 0, -1)
     assert [e for e in entries if e.startswith(b"r:")] == []
+    # a turn a few ms away is not waited for either: no delay allowed is none at all
+    soon = fault_app.tasks["fault.rated_impatient_soon"]
+    near = [soon.delay(job, n) for n in range(2)]
+    _done(near, 10)
+    assert sorted(c.state for c in near) == ["SKIPPED", "SUCCESS"]
 
 
 @pytest.mark.slow
