@@ -150,26 +150,23 @@ class TaskRate:
             reply = limiter.acquire(timeout=self.max_delay, call_id=request.id)
         else:
             reply = limiter.try_acquire(request.id)
-            if (
-                not reply.admitted
-                and not reply.paused
-                and reply.wait <= NEAR_TURN
-                and not self.too_late(request, reply)
-            ):
+            left = self.delay_left(request, reply)
+            if not reply.admitted and not reply.paused and reply.wait <= min(NEAR_TURN, left):
                 # A turn this near is the window's last starts leaving it (their calls came
                 # back some ms after their own turns): wait for it here, not by a comeback,
                 # which would take longer than the wait and come back late again.
-                reply = limiter.acquire(timeout=reply.wait + NEAR_TURN, call_id=request.id)
+                timeout = min(reply.wait + NEAR_TURN, left)
+                reply = limiter.acquire(timeout=timeout, call_id=request.id)
         if reply.admitted:
             return Turn(limiter, reply)
         report_refusal(task, "rate")
         self.wait_turn(task, request, limiter, reply, conflict, let_go)
 
-    def too_late(self, request: Any, reply: RateReply) -> bool:
-        """Whether the turn ``reply`` gives comes past ``lock_rate_max_delay``, counted from
-        the call's first refusal."""
+    def delay_left(self, request: Any, reply: RateReply) -> float:
+        """Seconds of ``lock_rate_max_delay`` the call has left at ``reply``, counted from its
+        first refusal."""
         since = Waited.of(request).since or reply.at
-        return reply.at - since + reply.wait > self.max_delay
+        return self.max_delay - (reply.at - since)
 
     def paused(
         self,
@@ -209,7 +206,7 @@ class TaskRate:
         to ``lock_on_locked`` (``conflict``)."""
         waited = Waited.of(request)
         since = waited.since or reply.at
-        if request.is_eager or self.too_late(request, reply):
+        if request.is_eager or reply.wait > self.delay_left(request, reply):
             try:
                 limiter.cancel(request.id)
             finally:
