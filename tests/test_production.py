@@ -136,6 +136,12 @@ def test_the_documented_acl_user_runs_every_lock_operation(
     assert space.force_release("acl-queued")
     assert space.named("acl-purged").take("task-2", 30).acquired
     assert purge(locks_user) == 1
+    # a debounce replace: the release and its note in one step, the note read back
+    debounced = space.named("acl-debounced")
+    assert debounced.take("call-a", 30, state="queued").acquired
+    note = ("replaced", "call-b")
+    assert debounced.force_release(holder="call-a", states=("queued",), note=note)
+    assert debounced.note("replaced", "call-a") == "call-b"
     assert _refusals(server) == []
 
 
