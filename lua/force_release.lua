@@ -7,10 +7,10 @@
 -- ARGV[4]  the holder expected: "" for any, else only while this owner holds it
 -- ARGV[5..] hold states (see acquire.lua): when given, only while the hold is in one of them
 --          and no run token is recorded
--- KEYS[3]  optional: a note about the released hold (keys.py's note: in the lock's hash tag),
---          written in the same step as the release and kept for as long as the hold had lease
---          left (lock_debounce's "replaced": the replaced message may arrive until then). Its
---          value is then ARGV[5], and the hold states start at ARGV[6].
+-- KEYS[3]  optional: a note about the released hold (keys.py's note: in the lock's hash tag; a
+--          hash whose field v holds it), written in the same step as the release and kept for
+--          as long as the hold had lease left (lock_debounce's "replaced": the replaced message
+--          may arrive until then). Its value is then ARGV[5], and the states start at ARGV[6].
 --
 -- Returns 1 when the lock was released, 0 when it was free, held by another than ARGV[4], or
 -- in another state. The fence is kept (the next holder gets a larger one); the hold's fields
@@ -42,8 +42,10 @@ if #ARGV >= first then
     end
 end
 if note then
+    -- a hash of one field, 'v': written with the commands the documented ACL rule allows
     local left = redis.call('pttl', lock)
-    redis.call('set', note, ARGV[5], 'px', left > 0 and left or tonumber(ARGV[3]))
+    redis.call('hset', note, 'v', ARGV[5])
+    redis.call('pexpire', note, left > 0 and left or tonumber(ARGV[3]))
 end
 redis.call('del', lock)
 redis.call('hdel', meta, 'req', 'info', 'run', 'state')

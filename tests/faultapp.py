@@ -756,6 +756,15 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
         return _rate_start(self, job)
 
     @_app_task(
+        app, base=LockedTask, bind=True, name="fault.rated_impatient_soon", lock_rate="1/0.2s",
+        lock_rate_key=lambda job, n=0: f"fault-impatient-soon:{job}", lock_rate_max_delay=0,
+        shared=False,
+    )  # fmt: skip
+    def rated_impatient_soon(self: Any, job: str, n: int = 0) -> str:
+        """One start per 0.2 s per job, and no waiting for a turn, however near it is."""
+        return _rate_start(self, job)
+
+    @_app_task(
         app, base=LockedTask, bind=True, name="fault.rated_impatient_raise", lock_rate="1/m",
         lock_rate_key=lambda job, n=0: f"fault-impatient:{job}", lock_rate_max_delay=0,
         lock_on_locked="raise", shared=False,

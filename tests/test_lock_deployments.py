@@ -161,6 +161,18 @@ def test_redis_cluster() -> None:
             assert set(listed) >= set(names[:9])
             assert all((listed[n].used, listed[n].waiting) == (2, 1) for n in names[:9])
 
+            # a release that leaves a note (lock_debounce's "replaced") writes it in the lock's
+            # slot in the release's own step, on every node, for the lease the hold had left
+            for name in names[:9]:
+                job = LockSpace(client).named(name)
+                assert job.take("replaced-call", 30, state="queued").acquired
+                note = ("replaced", "later-call")
+                assert job.force_release(holder="replaced-call", states=("queued",), note=note)
+                assert not job.is_held()
+                assert job.note("replaced", "replaced-call") == "later-call"
+                left = client.pttl(job.keys[0].note("replaced", "replaced-call")) / 1000
+                assert 25 < left <= 30
+
             # a name starting with '}' (an empty hash tag, unescaped) keeps its keys in one slot
             for odd in ("}x", "}", "a}b%"):
                 lock = ReentrantLock(client, odd, ttl=5)

@@ -149,6 +149,19 @@ def test_the_documented_acl_user_runs_every_lock_operation(
     assert space.force_release("acl-queued")
     assert space.named("acl-purged").take("task-2", 30).acquired
     assert purge(locks_user) == 1
+    # a debounce replace: the release and its note in one step, the note read back
+    debounced = space.named("acl-debounced")
+    assert debounced.take("call-a", 30, state="queued").acquired
+    note = ("replaced", "call-b")
+    assert debounced.force_release(holder="call-a", states=("queued",), note=note)
+    assert debounced.note("replaced", "call-a") == "call-b"
+    # lock_rate's limiter: a start, a turn, a pause, a cancel, its listing and a reset
+    limiter = space.rate_limiter("acl-rate", "1/s")
+    assert limiter.try_acquire("call-1").admitted
+    assert not limiter.try_acquire("call-2").admitted
+    assert limiter.pause(0.5) > 0 and limiter.cancel("call-2")
+    assert [r.name for r in space.rate_limiters()] == ["acl-rate"]
+    assert limiter.reset()
     assert _refusals(server) == []
 
 

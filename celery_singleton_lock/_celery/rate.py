@@ -34,6 +34,10 @@ log = logging.getLogger("celery_singleton_lock.rate")
 #: the message header of a call that comes back for its turn: ``[comebacks, since, retries]``
 RATE_HEADER = "singleton_lock_rate"
 
+#: a call whose turn is at most this many seconds away waits for it in its pool process
+#: instead of coming back: about what a comeback itself takes on a busy worker
+NEAR_TURN = 0.25
+
 #: what the mode does with the job's hold when a call gives up its turn: ``let_go(countdown)``
 #: keeps the hold for a comeback due in ``countdown`` seconds, ``let_go(None)`` frees it
 LetGo = Callable[[float | None], None]
@@ -146,10 +150,23 @@ class TaskRate:
             reply = limiter.acquire(timeout=self.max_delay, call_id=request.id)
         else:
             reply = limiter.try_acquire(request.id)
+            left = self.delay_left(request, reply)
+            if not reply.admitted and not reply.paused and reply.wait <= min(NEAR_TURN, left):
+                # A turn this near is the window's last starts leaving it (their calls came
+                # back some ms after their own turns): wait for it here, not by a comeback,
+                # which would take longer than the wait and come back late again.
+                timeout = min(reply.wait + NEAR_TURN, left)
+                reply = limiter.acquire(timeout=timeout, call_id=request.id)
         if reply.admitted:
             return Turn(limiter, reply)
         report_refusal(task, "rate")
         self.wait_turn(task, request, limiter, reply, conflict, let_go)
+
+    def delay_left(self, request: Any, reply: RateReply) -> float:
+        """Seconds of ``lock_rate_max_delay`` the call has left at ``reply``, counted from its
+        first refusal."""
+        since = Waited.of(request).since or reply.at
+        return self.max_delay - (reply.at - since)
 
     def paused(
         self,
@@ -189,7 +206,7 @@ class TaskRate:
         to ``lock_on_locked`` (``conflict``)."""
         waited = Waited.of(request)
         since = waited.since or reply.at
-        if request.is_eager or reply.at - since + reply.wait > self.max_delay:
+        if request.is_eager or reply.wait > self.delay_left(request, reply):
             try:
                 limiter.cancel(request.id)
             finally:

@@ -285,9 +285,10 @@ class NamedLock:
 
     def note(self, kind: str, owner: str) -> str | None:
         """The note of ``kind`` a release left about ``owner``'s hold (see
-        :meth:`force_release`), or ``None``: one ``GET``."""
+        :meth:`force_release`), or ``None``: one ``HGET`` (a note is a hash of one field, ``v``,
+        written and read with the commands the documented ACL rule allows)."""
         with bounded(self._space.backend_timeout), backend_errors("read a note beside", self.name):
-            value = self._space.client.get(self.keys[0].note(kind, owner))
+            value = self._space.client.hget(self.keys[0].note(kind, owner), "v")
         return None if value is None else text(value)
 
     def inspect(self) -> list[LockState]:
