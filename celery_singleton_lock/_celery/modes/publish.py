@@ -119,9 +119,7 @@ class PublishMode(RunMode):
         )
         retry = task_id == task.request.id  # the retry of the run in progress
         info = holder_info(task.name, task_id, self.message_permits)
-        # A retry re-enters the hold its run parked: "" keeps its state (requeued: never
-        # replaced by a debounced call, never purged as queued).
-        state = "" if retry else HoldState.QUEUED
+        state = self.publish_state(retry, options)
         bound = locking.bound(app)
         job = bound.space.named(name, self.message_permits)
         try:
@@ -168,6 +166,14 @@ class PublishMode(RunMode):
                     exc,
                 )
             raise
+
+    def publish_state(self, retry: bool, options: dict[str, Any]) -> HoldState:
+        """The state a publish writes on the hold it takes or re-enters: a new call's message
+        is ``queued``; a retry or a ``lock_rate`` comeback of a run that started is
+        ``requeued`` whether it re-enters the hold its run parked or, that hold gone, takes the
+        lock afresh (never an empty state: what acts on waiting messages by state, a dropped
+        message's release, the revoked-holder check, ``locks purge --queued``, must see it)."""
+        return HoldState.REQUEUED if retry else HoldState.QUEUED
 
     def duplicate_publish(
         self,

@@ -22,15 +22,18 @@ from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
 from ..config import Bound
 from ..hold import HoldState, holder_info, report_duplicate, store_skipped
 from ..parts import skip_replaced
+from ..rate import Waited
 from ..run import TaskRun
 from .publish import PublishMode
 from .wake import (
+    WAIT_HEADER,
     Wait,
     claim_wait,
     end_claim,
     request_wait,
     retry_in_queue,
     wait_for_run,
+    wait_of,
     wake_waiting,
 )
 
@@ -56,6 +59,14 @@ class QueueMode(PublishMode):
 
     def run_lock(self, message_lock: str) -> str:
         return message_lock[: -len(QUEUED)] if message_lock.endswith(QUEUED) else message_lock
+
+    def publish_state(self, retry: bool, options: dict[str, Any]) -> HoldState:
+        """A waiting copy's fallback (a retry that carries its wait) re-enters the queued lock
+        of a copy that never ran: it stays ``queued`` (a debounced call may still replace it)."""
+        headers = options.get("headers") or {}
+        if retry and wait_of(headers.get(WAIT_HEADER), options.get("retries")) is not None:
+            return HoldState.QUEUED
+        return super().publish_state(retry, options)
 
     # -- the run ----------------------------------------------------------------------------
 
