@@ -45,6 +45,15 @@ log = logging.getLogger("celery_singleton_lock.run")
 QUEUED = ":queued"
 
 
+def started_before(request: Any) -> bool:
+    """Whether the message of ``request`` is one of a run that started before: a retry
+    (``retries`` above 0, not a waiting copy's own message), a ``lock_rate`` comeback, or a
+    redelivery."""
+    if getattr(request, "retries", 0) or Waited.of(request).comebacks:
+        return True
+    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
+
+
 class QueueMode(PublishMode):
     """``lock_at="queue"``: one copy queued and one running."""
 
@@ -102,6 +111,8 @@ class QueueMode(PublishMode):
         if reply.acquired:
             return
         key = queued.keys[0].lock
+        if wait is None and self.has_place(task, request, bound, message):
+            return
         if wait is not None:
             end_claim(bound.space.named(self.run_lock(message), self.limit), request.id, wait)
         if self.debounce is not None:
@@ -116,6 +127,24 @@ class QueueMode(PublishMode):
         report_duplicate(task, "skipped")
         store_skipped(task, request, {"holder": reply.holder, "lock": key, "reason": "queued"})
         raise Ignore()
+
+    def has_place(self, task: Any, request: Any, bound: Bound, message: str) -> bool:
+        """This message was refused the queued lock (another copy is the job's queued copy):
+        is it the message of a run that started, coming back to its place? A retry, a
+        ``lock_rate`` pause's comeback or a redelivery after its worker was lost finds its
+        job's lock parked for its task id: that hold is the job's place, and its own message
+        is admitted (the queued copy goes on waiting beside it, as beside a running job).
+        When that hold is gone (its lease ran out, an operator released it), such a message
+        still takes the job's lock if nothing holds it, rather than be lost; a new call's
+        message never does. One read, on this path only."""
+        job = bound.space.named(self.run_lock(message), self.limit)
+        try:
+            holds = job.inspect()
+        except LockBackendError:
+            return False
+        if any(request.id in s.owners for s in holds):
+            return True
+        return started_before(request) and not any(s.held for s in holds)
 
     def entered(
         self, task: Any, request: Any, bound: Bound, lock: ReentrantLock, message: str
