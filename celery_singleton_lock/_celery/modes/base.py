@@ -317,6 +317,7 @@ class RunMode:
         seconds = None if self.cooldown is None or not ran else self.cooldown.after(True)
         if seconds is not None and job.park(task_id, seconds, info=info, state=HoldState.COOLDOWN):
             log_release.info("%s cools down for %.1f s after %s[%s]", key, seconds, task.name, why)
+            self.released(task, bound, name, task_id, True, wait, cooldown=seconds)
             return
         # Resent from the background when Redis fails, for as long as the run's lease could
         # keep the hold.
@@ -332,9 +333,17 @@ class RunMode:
         """The run's message lock, when it is another lock than the run's (queue mode)."""
 
     def released(
-        self, task: Any, bound: Bound, name: str, task_id: str, freed: bool, wait: Any
+        self,
+        task: Any,
+        bound: Bound,
+        name: str,
+        task_id: str,
+        freed: bool,
+        wait: Any,
+        cooldown: float = 0.0,
     ) -> None:
-        """The main process let the run's lock go (queue mode wakes the copy waiting)."""
+        """The main process let the run's lock go, or parked it for a ``cooldown`` of that many
+        seconds (queue mode wakes the copy waiting, to come back when the job is free)."""
 
 
 #: every mode is a :class:`RunMode`

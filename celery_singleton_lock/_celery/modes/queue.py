@@ -166,10 +166,10 @@ class QueueMode(PublishMode):
         job = bound.space.named(self.run_lock(message), self.limit)
         wait = request_wait(request)
 
-        def after_end() -> None:
-            # After the release: a copy that checked the lock before saw it held, and so wrote
-            # its wait record before this read.
-            wake_waiting(task, job, task_id, wait)
+        def after_end(cooldown: float) -> None:
+            # After the release (or the cooldown's park): a copy that checked the lock before
+            # saw it held, and so wrote its wait record before this read.
+            wake_waiting(task, job, task_id, wait, countdown=cooldown)
 
         def after_park() -> None:
             # A woken copy that retries: its retry waits for nothing, so its claim ends here.
@@ -232,7 +232,15 @@ class QueueMode(PublishMode):
         bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
 
     def released(
-        self, task: Any, bound: Bound, name: str, task_id: str, freed: bool, wait: Any
+        self,
+        task: Any,
+        bound: Bound,
+        name: str,
+        task_id: str,
+        freed: bool,
+        wait: Any,
+        cooldown: float = 0.0,
     ) -> None:
         if freed or wait is not None:
-            wake_waiting(task, bound.space.named(name, self.limit), task_id, wait, wake=freed)
+            job = bound.space.named(name, self.limit)
+            wake_waiting(task, job, task_id, wait, wake=freed, countdown=cooldown)

@@ -235,11 +235,13 @@ def wake_waiting(
     wait: Wait | None = None,
     *,
     wake: bool = True,
+    countdown: float = 0.0,
 ) -> None:
     """A run of the job ``name`` let go of its lock (or slot) just before: send every waiting
     copy's message again now (``wake``), and drop the record of ``task_id``'s own wait
-    ``wait`` (this run was that copy, or that copy ends unrun). One round trip, plus one
-    publish per copy woken; never raises (a copy not woken comes back by its fallback)."""
+    ``wait`` (this run was that copy, or that copy ends unrun). ``countdown``: the job stays
+    taken that long yet (a cooldown): the copies come back as it ends. One round trip, plus
+    one publish per copy woken; never raises (a copy not woken comes back by its fallback)."""
     try:
         waiting = job.waiters(
             drop=task_id if wait is not None else "",
@@ -257,7 +259,7 @@ def wake_waiting(
         return
     for waiter, record in waiting.items():
         try:
-            _send_wake(task, job.name, record)
+            _send_wake(task, job.name, record, countdown)
         except Exception as exc:  # the fallback still runs the copy
             log.warning(
                 "could not wake task %s, which waits for %s (%s: %s); it comes back by its "
@@ -269,8 +271,9 @@ def wake_waiting(
             )
 
 
-def _send_wake(task: Any, name: str, record: str) -> None:
-    """Send the copy that ``record`` describes (see :func:`_payload`) again, now."""
+def _send_wake(task: Any, name: str, record: str, countdown: float = 0.0) -> None:
+    """Send the copy that ``record`` describes (see :func:`_payload`) again, now or (a
+    cooldown) as the lock frees in ``countdown`` seconds."""
     app = task.app
     token, content_type, encoding, body = record.split("\n", 3)
     raw = base64.b64decode(body)
@@ -285,6 +288,9 @@ def _send_wake(task: Any, name: str, record: str) -> None:
     headers[HEADER] = target.locking.mode.message_lock(name)
     headers[WAIT_HEADER] = _header(token, _new_id(), options.get("retries"))
     options["headers"] = headers
+    if countdown > 0:
+        # a little after the cooldown's end: the copy finds it over rather than about to be
+        options["countdown"] = countdown + FALLBACK_MARGIN
     # Celery's own apply_async: the copy's queued lock is its already (this is no new call).
     Task.apply_async(target, sig.args, sig.kwargs, **options)
     log.info("woke %s[%s]: the run it waited for ended", sig.task, options.get("task_id"))
