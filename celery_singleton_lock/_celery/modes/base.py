@@ -133,12 +133,7 @@ class RunMode:
         if reply.acquired:
             held = lock.held if isinstance(lock, Semaphore) else lock
             assert held is not None, "an acquired semaphore holds a slot"
-            turn = None
-            if limiter is not None:
-                turn = self.admit(task, request, bound, message, held, limiter)
-            run = self.entered(task, request, bound, held, message)
-            run.turn = turn
-            return run
+            return self.started(task, request, bound, message, held, limiter)
         if reply.other_run:
             log.warning(
                 "not running %s[%s]: this message was delivered again while its first run is "
@@ -150,6 +145,25 @@ class RunMode:
             raise Ignore()
         job = bound.space.named(name, self.limit)
         return self.refused(task, request, bound, message, job, lock, reply)
+
+    def started(
+        self,
+        task: Any,
+        request: Any,
+        bound: Bound,
+        message: str,
+        held: ReentrantLock,
+        limiter: RateLimiter | None,
+    ) -> TaskRun:
+        """The run took its job's lock (``held``): its turn under ``lock_rate`` (``limiter``),
+        then its start. Every way a run gets the lock goes through here, so that no start
+        goes without a turn."""
+        turn = None
+        if limiter is not None:
+            turn = self.admit(task, request, bound, message, held, limiter)
+        run = self.entered(task, request, bound, held, message)
+        run.turn = turn
+        return run
 
     def admit(
         self,

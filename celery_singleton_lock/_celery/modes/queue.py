@@ -214,7 +214,10 @@ class QueueMode(PublishMode):
         reply = wait_for_run(task, request, job, lock, refusal)  # raises its retry, or:
         held = lock.held if isinstance(lock, Semaphore) else lock  # a slot came free
         assert reply.acquired and held is not None
-        return self.entered(task, request, bound, held, message)
+        limiter = None
+        if self.rate is not None:  # its start takes a lock_rate turn as any start does
+            limiter = self.rate.limiter(task, bound, job.name, request.args, request.kwargs)
+        return self.started(task, request, bound, message, held, limiter)
 
     # -- debounce and the worker's main process -----------------------------------------------
 
