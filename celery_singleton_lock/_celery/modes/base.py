@@ -214,10 +214,13 @@ class RunMode:
         assert self.rate is not None and run.turn is not None
 
         def let_go(countdown: float | None) -> None:
-            if countdown is None or not self.at_publish:
-                run.finish("a rate limit", failed=False, cooldown=False)
-            else:
+            if countdown is not None and self.at_publish:
                 run.park(countdown)
+                return
+            # None after a park: the comeback was not sent; the hold kept for it is taken
+            # back and let go (a copy that waits for the run is woken), as for a retry.
+            run.unpark()
+            run.finish("a rate limit", failed=False, cooldown=False)
 
         self.rate.paused(task, request, run.turn, seconds, self.conflict, let_go)
 

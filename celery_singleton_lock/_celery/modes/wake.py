@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from celery import Task
 from celery.canvas import Signature
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject
 from kombu.serialization import dumps, loads, prepare_accept_content
 
 from ..._errors import LockBackendError
@@ -40,7 +40,7 @@ from ..._lock import (
     ReentrantLock,
     Semaphore,
 )
-from ..hold import HEADER
+from ..hold import HEADER, store_retry
 from ..parts import skip_replaced
 
 __all__ = [
@@ -160,8 +160,9 @@ def wait_for_run(
     """The job runs (``refusal``: the lock's answer): wait beside its lock for the run to end,
     as the job's one queued copy.
 
-    Sends the copy's fallback, a retry that keeps the queued lock (it does not count against
-    ``max_retries``), then writes its wait record and raises the retry: the message ends.
+    Stores the copy's ``RETRY`` state, sends its fallback, a retry that keeps the queued lock
+    (it does not count against ``max_retries``), then writes its wait record and ends the
+    message (``Ignore``: nothing is stored after the record, which a wake may act on at once).
     Returns the lock's reply instead when a slot was found free meanwhile and taken (the
     fallback, sent already, then finds no wait to claim and ends unrun)."""
     locking = task.locking
@@ -178,11 +179,14 @@ def wait_for_run(
         left = lease if refusal.lease_left < 0 else min(refusal.lease_left, lease)
         countdown = left + FALLBACK_MARGIN
     headers[WAIT_HEADER] = _header(token, _new_id(), retries)
+    # Its RETRY state first: a wake may run the copy elsewhere as soon as the record is written
+    # (or the fallback sent), and its SUCCESS must be the last state stored (see store_retry).
+    store_retry(task, request)
     # The fallback goes first: its publish enters the queued lock again, which must happen
     # before any wake can run the copy (and let that lock go), never after.
-    ending: Retry | Reject
+    ending: Ignore | Reject = Ignore()
     try:
-        ending = task.retry(countdown=countdown, max_retries=retries, headers=headers, throw=False)
+        task.retry(countdown=countdown, max_retries=retries, headers=headers, throw=False)
     except Reject as exc:  # not sent: the wait record alone brings the copy back
         log.warning(
             "%s[%s]: its fallback could not be sent (%s); it comes back when the run ends",
