@@ -282,9 +282,14 @@ class Seam:
         ends = [i["end"] for i in records(self.data, "intervals", job) if i["id"] == task_id]
         return float(ends[nth])
 
-    def waits(self, result: Any) -> None:
-        """Wait until the queued copy ``result`` was refused and waits beside the run."""
+    def waits(self, result: Any, name: str, job: str) -> None:
+        """Wait until the queued copy ``result`` of the job ``job`` of task ``name`` was
+        refused and waits beside the run: stored RETRY, its wait record written."""
         wait_until(lambda: result.state == "RETRY", 20, "the queued copy to wait")
+        task = self.app.tasks[name]
+        space = task.locking.space(self.app)
+        lock = task.locking.lock_name(task.name, [job], {})
+        wait_until(lambda: result.id in space.records(lock, "wait"), 10, "its wait record")
 
     def go(self, job: str) -> None:
         self.data.set(f"go:{job}", 1)
@@ -323,7 +328,7 @@ def test_a_queue_mode_run_that_retries_while_a_copy_waits_runs_again_then_the_co
         seam.started(job)
         copy = seam.send(name, job)
         assert copy.id != first.id
-        seam.waits(copy)
+        seam.waits(copy, name, job)
         seam.go(job)
         assert first.get(timeout=20) == first.id
         assert copy.get(timeout=20) == copy.id
@@ -343,7 +348,7 @@ def test_a_queue_mode_run_delivered_again_after_its_process_died_runs_then_the_c
         first = seam.send(name, job)
         seam.started(job)
         copy = seam.send(name, job)
-        seam.waits(copy)
+        seam.waits(copy, name, job)
         pid = seam.starts(job)[0]["pid"]
         assert worker.accepted(seam.app, first.id) == pid
         os.kill(pid, signal.SIGKILL)
@@ -389,7 +394,7 @@ def test_with_a_cooldown_the_waiting_copy_starts_as_the_cooldown_ends(seam: Seam
         first = seam.send(name, job, 1.0)
         seam.started(job)
         copy = seam.send(name, job, 0.0)
-        seam.waits(copy)
+        seam.waits(copy, name, job)
         assert first.get(timeout=20) == first.id
         assert copy.get(timeout=15) == copy.id
     gap = seam.start_of(job, copy.id) - seam.end_of(job, first.id)
@@ -497,7 +502,7 @@ def test_a_waiting_copy_is_recorded_retry_before_its_fallback_is_sent(seam: Seam
         first = seam.send(name, job, 60.0)
         seam.started(job)
         copy = seam.send(name, job, 0.0)
-        seam.waits(copy)
+        seam.waits(copy, name, job)
         seam.go(job)
         assert first.get(timeout=20) == first.id
         assert copy.get(timeout=20) == copy.id
