@@ -133,7 +133,13 @@ class RunMode:
         if reply.acquired:
             held = lock.held if isinstance(lock, Semaphore) else lock
             assert held is not None, "an acquired semaphore holds a slot"
-            return self.started(task, request, bound, message, held, limiter)
+            # self.started(...), written out: the per-task path makes no call more
+            turn = None
+            if limiter is not None:
+                turn = self.admit(task, request, bound, message, held, limiter)
+            run = self.entered(task, request, bound, held, message)
+            run.turn = turn
+            return run
         if reply.other_run:
             log.warning(
                 "not running %s[%s]: this message was delivered again while its first run is "
@@ -156,8 +162,8 @@ class RunMode:
         limiter: RateLimiter | None,
     ) -> TaskRun:
         """The run took its job's lock (``held``): its turn under ``lock_rate`` (``limiter``),
-        then its start. Every way a run gets the lock goes through here, so that no start
-        goes without a turn."""
+        then its start. Every way a run gets the lock does this (:meth:`take` writes it out),
+        so that no start goes without a turn."""
         turn = None
         if limiter is not None:
             turn = self.admit(task, request, bound, message, held, limiter)

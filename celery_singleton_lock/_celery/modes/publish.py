@@ -119,7 +119,7 @@ class PublishMode(RunMode):
         )
         retry = task_id == task.request.id  # the retry of the run in progress
         info = holder_info(task.name, task_id, self.message_permits)
-        state = self.publish_state(retry, options)
+        state = self.retry_state(options) if retry else HoldState.QUEUED
         bound = locking.bound(app)
         job = bound.space.named(name, self.message_permits)
         try:
@@ -167,13 +167,13 @@ class PublishMode(RunMode):
                 )
             raise
 
-    def publish_state(self, retry: bool, options: dict[str, Any]) -> HoldState:
-        """The state a publish writes on the hold it takes or re-enters: a new call's message
-        is ``queued``; a retry or a ``lock_rate`` comeback of a run that started is
+    def retry_state(self, options: dict[str, Any]) -> HoldState:
+        """The state the publish of a retry writes on the hold it re-enters or takes (a new
+        call's is ``queued``): a retry or a ``lock_rate`` comeback of a run that started is
         ``requeued`` whether it re-enters the hold its run parked or, that hold gone, takes the
         lock afresh (never an empty state: what acts on waiting messages by state, a dropped
         message's release, the revoked-holder check, ``locks purge --queued``, must see it)."""
-        return HoldState.REQUEUED if retry else HoldState.QUEUED
+        return HoldState.REQUEUED
 
     def duplicate_publish(
         self,

@@ -69,13 +69,13 @@ class QueueMode(PublishMode):
     def run_lock(self, message_lock: str) -> str:
         return message_lock[: -len(QUEUED)] if message_lock.endswith(QUEUED) else message_lock
 
-    def publish_state(self, retry: bool, options: dict[str, Any]) -> HoldState:
+    def retry_state(self, options: dict[str, Any]) -> HoldState:
         """A waiting copy's fallback (a retry that carries its wait) re-enters the queued lock
         of a copy that never ran: it stays ``queued`` (a debounced call may still replace it)."""
         headers = options.get("headers") or {}
-        if retry and wait_of(headers.get(WAIT_HEADER), options.get("retries")) is not None:
+        if wait_of(headers.get(WAIT_HEADER), options.get("retries")) is not None:
             return HoldState.QUEUED
-        return super().publish_state(retry, options)
+        return HoldState.REQUEUED
 
     # -- the run ----------------------------------------------------------------------------
 
