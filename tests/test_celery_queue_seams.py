@@ -39,6 +39,7 @@ from celery.signals import after_task_publish
 from celery_procs import WorkerProcess, close_app, new_job, records, redis_base
 from faultapp import (
     DATA_DB,
+    LOCK_DB,
     URL_ENV,
     _enter,
     _leave,
@@ -177,6 +178,19 @@ def make_seam_app(base: str, broker: str | None = None) -> Celery:
             _until_go(self, job, 60)
             raise RateLimited(retry_after=1.0)
         return result
+
+    @_task(app, name="seam.rated_minute", lock_at="publish", lock_rate="1/m",
+           lock_rate_key=lambda job, n: f"seam-minute:{job}", max_retries=0)  # fmt: skip
+    def rated_minute(self: Any, job: str, n: int) -> str:
+        """One start a minute per job's limiter (each ``n`` a lock of its own); call 0 runs
+        until the test's go."""
+        start = _enter(self, job)
+        try:
+            if n == 0:
+                _until_go(self, job, 60)
+            return str(self.request.id)
+        finally:
+            _leave(self, job, start)
 
     @_task(app, name="seam.rated_once", lock_rate="50/s", max_retries=0,
            lock_unique_on=["job"])  # fmt: skip
@@ -470,6 +484,36 @@ def test_a_rate_comeback_the_broker_refuses_frees_its_hold(
             again = seam.send(name, job)
             assert again.id != first.id
             assert again.get(timeout=15) == again.id
+    finally:
+        admin.execute_command("ACL", "SETUSER", "default", "+lpush")
+        close_app(seam.app)
+
+
+def test_a_call_over_the_rate_whose_comeback_the_broker_refuses_frees_its_hold_and_turn(
+    server: RedisServer, broker: RedisServer, tmp_path: Path
+) -> None:
+    """``lock_at="publish"`` with ``lock_rate="1/m"``: a call refused a turn keeps its hold for
+    its comeback; the broker refuses that comeback: the hold and the turn reserved for it are
+    let go at once (they were kept for the turn's minute plus the queue lease)."""
+    seam = Seam(server, tmp_path, broker=f"{redis_base(broker.port)}/0")
+    name = "seam.rated_minute"
+    job = new_job("seam-nobroker-turn")
+    task = seam.app.tasks[name]
+    admin = broker.client()
+    try:
+        with seam.worker(concurrency=1):
+            first = seam.send(name, job, 0)
+            seam.started(job)
+            over = seam.send(name, job, 1)  # in the broker: the one pool process is busy
+            admin.execute_command("ACL", "SETUSER", "default", "-lpush")  # no publish
+            seam.go(job)
+            assert first.get(timeout=15) == first.id
+            wait_until(lambda: over.state == "FAILURE", 15, "the call over the rate to fail")
+            assert not task.is_locked(job, 1)
+            limiter = task.locking.space(seam.app).rate_limiter(f"seam-minute:{job}", "1/m")
+            assert limiter.try_acquire("probe").wait > 50  # the one start of the minute
+            log = server.client(db=LOCK_DB).zrange(limiter.keys.log, 0, -1)
+            assert [e for e in log if e.startswith(b"r:") and e != b"r:probe"] == []
     finally:
         admin.execute_command("ACL", "SETUSER", "default", "+lpush")
         close_app(seam.app)
