@@ -136,12 +136,9 @@ class QueueMode(PublishMode):
         is admitted (the queued copy goes on waiting beside it, as beside a running job).
         When that hold is gone (its lease ran out, an operator released it), such a message
         still takes the job's lock if nothing holds it, rather than be lost; a new call's
-        message never does. One read, on this path only."""
-        job = bound.space.named(self.run_lock(message), self.limit)
-        try:
-            holds = job.inspect()
-        except LockBackendError:
-            return False
+        message never does. One read, on this path only (a Redis error goes on, as the lock's
+        own check's does)."""
+        holds = bound.space.named(self.run_lock(message), self.limit).inspect()
         if any(request.id in s.owners for s in holds):
             return True
         return started_before(request) and not any(s.held for s in holds)
