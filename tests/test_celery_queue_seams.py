@@ -145,6 +145,17 @@ def make_seam_app(base: str, broker: str | None = None) -> Celery:
         A lease longer than the main process takes to notice a dead pool process."""
         return _ran(self, job, 60.0 if _first(self, job) else 0.0)
 
+    @_task(app, name="seam.queue_retry_away", lock_at="queue", lock_ttl=4, max_retries=1,
+           lock_unique_on=["job"])  # fmt: skip
+    def queue_retry_away(self: Any, job: str, away: str = "") -> str:
+        """Its first run waits for the test's go, then retries on the queue ``away`` (a
+        worker that does not know this task drops it there)."""
+        result = _ran(self, job)
+        if _first(self, job):
+            _until_go(self, job, 60)
+            raise self.retry(countdown=0.3, queue=away)
+        return result
+
     @_task(app, name="seam.retry_lost", lock_at="publish", max_retries=1,
            lock_unique_on=["job"])  # fmt: skip
     def retry_lost(self: Any, job: str) -> str:
@@ -370,6 +381,29 @@ def test_a_queue_mode_run_delivered_again_after_its_process_died_runs_then_the_c
         assert copy.get(timeout=20) == copy.id
     assert [s["id"] for s in seam.starts(job)] == [first.id, first.id, copy.id]
     assert 0 <= seam.start_of(job, copy.id) - seam.end_of(job, first.id) < 1.0
+    assert wait_until(lambda: seam.free(name, job), 5, "the job to be free")
+
+
+def test_a_queue_mode_retry_dropped_unrun_frees_the_hold_kept_for_it(seam: Seam) -> None:
+    """The run retries while a copy waits, and its retry reaches a worker that does not know
+    the task (it drops the message): the hold the run parked on the job's lock for that retry
+    is freed with it, and the waiting copy starts (within its fallback's lease of 4 s) instead
+    of an hour later."""
+    name = "seam.queue_retry_away"
+    job = new_job("seam-dropped")
+    away = f"{seam.queue}-away"
+    with (
+        seam.worker() as worker,
+        WorkerProcess(seam.base, seam.log_dir, concurrency=1, args=("-Q", away)) as other,
+    ):
+        first = seam.send(name, job, away)
+        seam.started(job)
+        copy = seam.send(name, job, away)
+        seam.waits(copy, name, job)
+        seam.go(job)
+        other.wait_log(rf"Received unregistered task of type '{name}'", 15)
+        assert copy.get(timeout=20) == copy.id, worker.log()[-3000:]
+    assert [s["id"] for s in seam.starts(job)] == [first.id, copy.id]
     assert wait_until(lambda: seam.free(name, job), 5, "the job to be free")
 
 
