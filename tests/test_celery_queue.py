@@ -66,9 +66,13 @@ def _started(data: Any, job: str, count: int = 1) -> None:
     wait_until(lambda: len(records(data, "starts", job)) >= count, 20, f"{job} to start")
 
 
-def _parked(result: Any) -> None:
-    """Wait until the queued copy ``result`` was refused and waits (state RETRY)."""
+def _parked(result: Any, task: LockedTask, job: str) -> None:
+    """Wait until the queued copy ``result`` was refused and waits: its state is RETRY (stored
+    as it starts to wait) and its wait record is written beside the job's lock."""
     assert wait_until(lambda: result.state == "RETRY", 20, "the queued copy to wait"), result.state
+    space = task.locking.space(task.app)
+    name = task.locking.lock_name(task.name, [job], {})
+    wait_until(lambda: result.id in space.records(name, "wait"), 10, "its wait record")
 
 
 def _left_nothing(server: RedisServer, task: LockedTask, job: str) -> bool:
@@ -143,7 +147,7 @@ def test_a_pickled_queued_copy_comes_back_whole(
         running = task.apply_async((job, 3.0), queue=queue)
         _started(data, job)
         waiting = task.apply_async((job, 0.0, {3, 1, 2}), queue=queue)
-        _parked(waiting)
+        _parked(waiting, task, job)
         assert waiting.get(timeout=30) == "set:[1, 2, 3]"
     assert 0 <= _start(data, job, waiting.id) - _end(data, job, running.id) < 1.0
 
@@ -160,9 +164,9 @@ def test_a_replaced_waiting_copy_ends_replaced_and_its_replacement_starts_at_the
     running = task.delay(job, 4.0)
     _started(data, job)
     replaced = task.delay(job, 0.0)
-    _parked(replaced)
+    _parked(replaced, task, job)
     last = task.delay(job, 0.0)
-    _parked(last)
+    _parked(last, task, job)
     assert last.get(timeout=30) == last.id
     assert 0 <= _start(data, job, last.id) - _end(data, job, running.id) < 1.0
     assert wait_until(lambda: replaced.state == "SKIPPED", 10), replaced.state
@@ -180,7 +184,7 @@ def test_a_revoked_waiting_copy_never_runs_and_its_wait_ends(
     running = task.delay(job, 2.0)
     _started(data, job)
     waiting = task.delay(job, 0.0)
-    _parked(waiting)
+    _parked(waiting, task, job)
     fault_app.control.revoke(waiting.id)
     assert running.get(timeout=20) == running.id
     assert wait_until(lambda: waiting.state == "REVOKED", 15), waiting.state
@@ -205,7 +209,7 @@ def test_a_waiting_copy_leaves_the_pool_to_other_jobs(
         running = task.apply_async((job, 5.0), queue=queue)
         _started(data, job)
         waiting = task.apply_async((job, 0.0), queue=queue)
-        _parked(waiting)
+        _parked(waiting, task, job)
         others = [new_job("other") for _ in range(3)]
         for key in others:
             other.apply_async((key, 0.3), queue=queue).get(timeout=10)
@@ -233,7 +237,7 @@ def test_a_woken_copy_killed_while_it_runs_is_delivered_again_and_runs(
         running = task.apply_async((job, 2.0), queue=queue)
         _started(data, job)
         waiting = task.apply_async((job, 60.0, 0.0), queue=queue)
-        _parked(waiting)
+        _parked(waiting, task, job)
         _started(data, job, 2)  # woken when the run ended
         os.kill(records(data, "starts", job)[1]["pid"], signal.SIGKILL)
         assert waiting.get(timeout=30) == waiting.id
@@ -266,7 +270,7 @@ def test_a_killed_run_process_wakes_the_queued_copy_at_once(
         running = task.apply_async((job, 60.0), queue=a)
         _started(data, job)
         waiting = task.apply_async((job, 0.0), queue=b)
-        _parked(waiting)
+        _parked(waiting, task, job)
         pid = records(data, "starts", job)[0]["pid"]
         assert runner.accepted(fault_app, running.id) == pid
         os.kill(pid, signal.SIGKILL)  # the main process stays
@@ -294,7 +298,7 @@ def test_a_killed_run_worker_lets_the_queued_copy_start_within_a_lease(
         task.apply_async((job, 60.0), queue=a)
         _started(data, job)
         waiting = task.apply_async((job, 0.0), queue=b)
-        _parked(waiting)
+        _parked(waiting, task, job)
         killed_at = time.time()
         runner.kill_group()
         assert waiting.get(timeout=30) == waiting.id
@@ -316,7 +320,7 @@ def test_a_killed_holder_of_the_queued_copy_does_not_lose_it(
         running = task.apply_async((job, 8.0), queue=a)
         _started(data, job)
         waiting = task.apply_async((job, 0.0), queue=b)
-        _parked(waiting)
+        _parked(waiting, task, job)
         holder.kill_group()
         holder.wait(10)
         with WorkerProcess(redis_base(fault_server.port), tmp_path, concurrency=1, args=("-Q", b)):
@@ -344,7 +348,7 @@ def test_both_killed_the_queued_copy_comes_back_after_the_visibility_timeout(
         task.apply_async((job, 60.0), queue=queue)
         _started(data, job)
         waiting = task.apply_async((job, 0.0), queue=queue)
-        _parked(waiting)
+        _parked(waiting, task, job)
         both.kill_group()
         both.wait(10)
     finally:

@@ -11,6 +11,7 @@ back. :class:`MessageLock` is the one codec of the lock a message's headers carr
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Callable, Collection
@@ -37,8 +38,11 @@ __all__ = [
     "report_duplicate",
     "report_refusal",
     "set_job_observer",
+    "store_retry",
     "store_skipped",
 ]
+
+log = logging.getLogger("celery_singleton_lock.run")
 
 #: the state a skipped duplicate records (not a ready state: ``.get()`` on it waits)
 SKIPPED = "SKIPPED"
@@ -125,6 +129,29 @@ class MessageLock:
             prefix if isinstance(prefix, str) and prefix else None,
             permits if type(permits) is int and permits > 1 else 1,
         )
+
+
+def store_retry(task: Any, request: Any) -> None:
+    """Record the run of ``request`` as ``RETRY`` now, as Celery's tracer would for a
+    ``Retry``, but *before* the message that brings the call back is sent: a comeback run at
+    once by another worker may store its ``SUCCESS`` within milliseconds, and the result
+    backend's guard against overwriting it reads, then writes, not atomically. The run then
+    ends with ``Ignore`` (nothing stored after). Like the tracer: not in eager mode, nor for an
+    ignored result (unless ``store_errors_even_if_ignored``); a failed write is logged, and the
+    call still comes back."""
+    if request.is_eager:
+        return
+    ignore = vars(request).get("ignore_result")
+    if ignore is None:
+        ignore = task.ignore_result
+    if ignore and not task.store_errors_even_if_ignored:
+        return
+    try:
+        task.backend.mark_as_retry(request.id, None, request=request)
+    except NotImplementedError:  # no result backend configured
+        return
+    except Exception as exc:
+        log.warning("could not store the RETRY state of %s[%s]: %r", task.name, request.id, exc)
 
 
 def store_skipped(task: Any, request: Any, meta: dict[str, Any]) -> None:

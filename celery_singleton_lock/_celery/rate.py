@@ -17,14 +17,15 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn
 
-from celery.exceptions import Reject, Retry
+from celery.exceptions import Ignore, Reject
 
 from .._lock import AcquireReply, Rate, RateLimiter, RateReply
 from .config import Bound
-from .hold import report_refusal
+from .hold import report_refusal, store_retry
 from .options import LockOptions
 
 __all__ = ["RATE_HEADER", "TaskRate", "Turn", "Waited"]
@@ -227,12 +228,24 @@ class TaskRate:
         # bringing it back before the turn.
         countdown = reply.wait + random.uniform(0.005, 0.02 + reply.wait * 0.02)
         let_go(countdown)
-        come_back(task, request, countdown, Waited(waited.comebacks + 1, since))
+        try:
+            come_back(task, request, countdown, Waited(waited.comebacks + 1, since))
+        except Reject:
+            # Not sent (the broker failed): nothing comes back for its turn or for the hold
+            # kept for it; both are let go now, as a retry that cannot be sent lets go.
+            try:
+                limiter.cancel(request.id)
+            finally:
+                let_go(None)
+            raise
 
 
 def come_back(task: Any, request: Any, countdown: float, waited: Waited) -> NoReturn:
     """Send the call again in ``countdown`` seconds, as Celery's ``Task.retry`` does but with
-    the same ``retries``, and end this run as a retry."""
+    the same ``retries``, and end this run. Its ``RETRY`` state is stored *before* the comeback
+    is sent, and the run ends with ``Ignore`` (nothing stored after it): a comeback that runs
+    at once elsewhere stores its result last. A comeback that cannot be sent fails the call
+    (stored as ``FAILURE`` with the broker's error) and raises ``Reject``."""
     retries = request.retries or 0
     headers = dict(request.headers or {})
     headers[RATE_HEADER] = waited.header(retries)
@@ -246,8 +259,13 @@ def come_back(task: Any, request: Any, countdown: float, waited: Waited) -> NoRe
         countdown,
         waited.comebacks,
     )
+    store_retry(task, request)
     try:
         sig.apply_async()
     except Exception as exc:
+        log.error("%s[%s]: its comeback could not be sent: %r", task.name, request.id, exc)
+        if not request.is_eager:
+            with suppress(Exception):  # the caller is told, when the backend answers
+                task.backend.mark_as_failure(request.id, exc, request=request)
         raise Reject(exc, requeue=False) from exc
-    raise Retry(f"rate limit: its turn is in {countdown:.2f} s", when=countdown, sig=sig)
+    raise Ignore()

@@ -41,7 +41,8 @@ class TaskRun:
     """One run, from its lock's check to its end. ``lock``: its hold on its job's lock
     (``None``: it holds none, released at its start or going on without Redis); ``after_end``
     and ``after_park``: what its mode does once the hold is let go, or parked for a retry (the
-    queue mode wakes the copy that waits for the end)."""
+    queue mode wakes the copy that waits for the end). ``after_end(seconds)``: the job stays
+    taken that much longer (its cooldown; 0.0: it is free now)."""
 
     __slots__ = (
         "after_end",
@@ -58,7 +59,7 @@ class TaskRun:
         self,
         task: Any,
         lock: ReentrantLock | None,
-        after_end: Callable[[], None] | None = None,
+        after_end: Callable[[float], None] | None = None,
         after_park: Callable[[], None] | None = None,
     ) -> None:
         self.task = task
@@ -94,6 +95,10 @@ class TaskRun:
                 and cooling is not None
                 and cooling.start(task.name, lock, seconds)
             ):
+                # The end of the run all the same: a copy that waits for it (queue mode) is
+                # woken to come back as the cooldown ends, not at its fallback.
+                if self.after_end is not None:
+                    self.after_end(seconds)
                 return
             reply = lock.release_all()
         except LockBackendError as exc:
@@ -113,7 +118,7 @@ class TaskRun:
             )
             count(task, LOST)
         if self.after_end is not None:
-            self.after_end()
+            self.after_end(0.0)
 
     def park(self, delay: float) -> None:
         """Keep the hold, unrenewed, for a retry due in ``delay`` seconds."""

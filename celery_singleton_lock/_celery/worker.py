@@ -18,7 +18,8 @@ from kombu.utils.imports import symbol_by_name
 
 from .config import LockConfig
 from .hold import MessageLock
-from .lifecycle import DROPPABLE
+from .lifecycle import AT_RETRY, DROPPABLE
+from .modes.queue import QUEUED
 from .modes.wake import WAIT_HEADER, request_wait, wait_of
 
 __all__ = [
@@ -97,8 +98,20 @@ def _release_dropped(consumer: Any, message: Any, why: str) -> None:
     if lock is None or app is None or not (isinstance(task_id, str) and task_id):
         return
     try:
-        job = LockConfig.of(app).space(lock.prefix).named(lock.name, lock.permits)
+        space = LockConfig.of(app).space(lock.prefix)
+        job = space.named(lock.name, lock.permits)
         freed = job.force_release(holder=task_id, states=DROPPABLE)
+        if lock.name.endswith(QUEUED):
+            # lock_at="queue": the message of a retry (or a comeback, a redelivery) whose run
+            # parked its hold on the job's lock for it: nothing else will ever free it (the
+            # task's slots when this worker knows it, else the job's first).
+            task = getattr(app, "tasks", {}).get(headers.get("task"))
+            mode = getattr(getattr(task, "locking", None), "mode", None)
+            run = space.named(lock.name[: -len(QUEUED)], getattr(mode, "limit", 1))
+            if run.force_release(holder=task_id, states=(AT_RETRY,)):
+                freed, job = True, run
+                if task is not None and mode is not None:  # its waiting copy comes now
+                    mode.released(task, task.locking.bound(app), run.name, task_id, True, None)
     except Exception as exc:
         log.error(
             "could not release the lock of dropped task %s (%s): %s; it frees itself when its "

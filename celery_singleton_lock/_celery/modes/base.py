@@ -134,6 +134,7 @@ class RunMode:
         if reply.acquired:
             held = lock.held if isinstance(lock, Semaphore) else lock
             assert held is not None, "an acquired semaphore holds a slot"
+            # self.started(...), written out: the per-task path makes no call more
             turn = None
             if limiter is not None:
                 turn = self.admit(task, request, bound, message, held, limiter)
@@ -151,6 +152,25 @@ class RunMode:
             raise Ignore()
         job = bound.space.named(name, self.limit)
         return self.refused(task, request, bound, message, job, lock, reply)
+
+    def started(
+        self,
+        task: Any,
+        request: Any,
+        bound: Bound,
+        message: str,
+        held: ReentrantLock,
+        limiter: RateLimiter | None,
+    ) -> TaskRun:
+        """The run took its job's lock (``held``): its turn under ``lock_rate`` (``limiter``),
+        then its start. Every way a run gets the lock does this (:meth:`take` writes it out),
+        so that no start goes without a turn."""
+        turn = None
+        if limiter is not None:
+            turn = self.admit(task, request, bound, message, held, limiter)
+        run = self.entered(task, request, bound, held, message)
+        run.turn = turn
+        return run
 
     def admit(
         self,
@@ -201,10 +221,13 @@ class RunMode:
         assert self.rate is not None and run.turn is not None
 
         def let_go(countdown: float | None) -> None:
-            if countdown is None or not self.at_publish:
-                run.finish("a rate limit", failed=False, cooldown=False)
-            else:
+            if countdown is not None and self.at_publish:
                 run.park(countdown)
+                return
+            # None after a park: the comeback was not sent; the hold kept for it is taken
+            # back and let go (a copy that waits for the run is woken), as for a retry.
+            run.unpark()
+            run.finish("a rate limit", failed=False, cooldown=False)
 
         self.rate.paused(task, request, run.turn, seconds, self.conflict, let_go)
 
@@ -318,6 +341,7 @@ class RunMode:
         seconds = None if self.cooldown is None or not ran else self.cooldown.after(True)
         if seconds is not None and job.park(task_id, seconds, info=info, state=AT_COOLDOWN):
             log_release.info("%s cools down for %.1f s after %s[%s]", key, seconds, task.name, why)
+            self.released(task, bound, name, task_id, True, wait, cooldown=seconds)
             return
         # Resent from the background when Redis fails, for as long as the run's lease could
         # keep the hold.
@@ -333,9 +357,17 @@ class RunMode:
         """The run's message lock, when it is another lock than the run's (queue mode)."""
 
     def released(
-        self, task: Any, bound: Bound, name: str, task_id: str, freed: bool, wait: Any
+        self,
+        task: Any,
+        bound: Bound,
+        name: str,
+        task_id: str,
+        freed: bool,
+        wait: Any,
+        cooldown: float = 0.0,
     ) -> None:
-        """The main process let the run's lock go (queue mode wakes the copy waiting)."""
+        """The main process let the run's lock go, or parked it for a ``cooldown`` of that many
+        seconds (queue mode wakes the copy waiting, to come back when the job is free)."""
 
 
 #: every mode is a :class:`RunMode`

@@ -28,8 +28,8 @@ from ..canvas import (
     sent_by_worker,
 )
 from ..config import Bound
-from ..hold import MessageLock, holder_info, report_duplicate
-from ..lifecycle import AT_COMEBACK, AT_PUBLISH
+from ..hold import HoldState, MessageLock, holder_info, report_duplicate
+from ..lifecycle import AT_COMEBACK, AT_PUBLISH, AT_RETRY
 from ..options import LockOptions
 from ..parts import Debounce, refusal_reason, skip_replaced
 from ..run import TaskRun, seconds_until
@@ -124,9 +124,7 @@ class PublishMode(RunMode):
         )
         retry = task_id == task.request.id  # the retry of the run in progress
         info = holder_info(task.name, task_id, self.message_permits)
-        # A retry re-enters the hold its run parked: "" keeps its state (requeued: never
-        # replaced by a debounced call, never purged as queued).
-        state = "" if retry else AT_PUBLISH
+        state = self.retry_state(options) if retry else AT_PUBLISH
         bound = locking.bound(app)
         job = bound.space.named(name, self.message_permits)
         try:
@@ -173,6 +171,14 @@ class PublishMode(RunMode):
                     exc,
                 )
             raise
+
+    def retry_state(self, options: dict[str, Any]) -> HoldState:
+        """The state the publish of a retry writes on the hold it re-enters or takes (a new
+        call's is ``queued``): a retry or a ``lock_rate`` comeback of a run that started is
+        ``requeued`` whether it re-enters the hold its run parked or, that hold gone, takes the
+        lock afresh (never an empty state: what acts on waiting messages by state, a dropped
+        message's release, the revoked-holder check, ``locks purge --queued``, must see it)."""
+        return AT_RETRY
 
     def duplicate_publish(
         self,

@@ -20,18 +20,21 @@ from celery.exceptions import Ignore
 from ..._errors import LockBackendError
 from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
 from ..config import Bound
-from ..hold import holder_info, report_duplicate, store_skipped
-from ..lifecycle import AT_COMEBACK, AT_PUBLISH
+from ..hold import HoldState, holder_info, report_duplicate, store_skipped
+from ..lifecycle import AT_COMEBACK, AT_PUBLISH, AT_RETRY
 from ..parts import skip_replaced
+from ..rate import Waited
 from ..run import TaskRun
 from .base import RunMode
 from .publish import PublishMode
 from .wake import (
+    WAIT_HEADER,
     Wait,
     claim_wait,
     end_claim,
     request_wait,
     wait_for_run,
+    wait_of,
     wake_waiting,
 )
 
@@ -41,6 +44,15 @@ log = logging.getLogger("celery_singleton_lock.run")
 
 #: the queued lock of a job is its lock's name with this after it
 QUEUED = ":queued"
+
+
+def started_before(request: Any) -> bool:
+    """Whether the message of ``request`` is one of a run that started before: a retry
+    (``retries`` above 0, not a waiting copy's own message), a ``lock_rate`` comeback, or a
+    redelivery."""
+    if getattr(request, "retries", 0) or Waited.of(request).comebacks:
+        return True
+    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 
 
 class QueueMode(PublishMode):
@@ -57,6 +69,14 @@ class QueueMode(PublishMode):
 
     def run_lock(self, message_lock: str) -> str:
         return message_lock[: -len(QUEUED)] if message_lock.endswith(QUEUED) else message_lock
+
+    def retry_state(self, options: dict[str, Any]) -> HoldState:
+        """A waiting copy's fallback (a retry that carries its wait) re-enters the queued lock
+        of a copy that never ran: it stays ``queued`` (a debounced call may still replace it)."""
+        headers = options.get("headers") or {}
+        if wait_of(headers.get(WAIT_HEADER), options.get("retries")) is not None:
+            return AT_PUBLISH
+        return AT_RETRY
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -98,6 +118,8 @@ class QueueMode(PublishMode):
         if reply.acquired:
             return
         key = queued.keys[0].lock
+        if wait is None and self.has_place(task, request, bound, message):
+            return
         if wait is not None:
             end_claim(bound.space.named(self.run_lock(message), self.limit), request.id, wait)
         if self.debounce is not None:
@@ -112,6 +134,21 @@ class QueueMode(PublishMode):
         report_duplicate(task, "skipped")
         store_skipped(task, request, {"holder": reply.holder, "lock": key, "reason": "queued"})
         raise Ignore()
+
+    def has_place(self, task: Any, request: Any, bound: Bound, message: str) -> bool:
+        """This message was refused the queued lock (another copy is the job's queued copy):
+        is it the message of a run that started, coming back to its place? A retry, a
+        ``lock_rate`` pause's comeback or a redelivery after its worker was lost finds its
+        job's lock parked for its task id: that hold is the job's place, and its own message
+        is admitted (the queued copy goes on waiting beside it, as beside a running job).
+        When that hold is gone (its lease ran out, an operator released it), such a message
+        still takes the job's lock if nothing holds it, rather than be lost; a new call's
+        message never does. One read, on this path only (a Redis error goes on, as the lock's
+        own check's does)."""
+        holds = bound.space.named(self.run_lock(message), self.limit).inspect()
+        if any(request.id in s.owners for s in holds):
+            return True
+        return started_before(request) and not any(s.held for s in holds)
 
     def entered(
         self, task: Any, request: Any, bound: Bound, lock: ReentrantLock, message: str
@@ -133,10 +170,10 @@ class QueueMode(PublishMode):
         job = bound.space.named(self.run_lock(message), self.limit)
         wait = request_wait(request)
 
-        def after_end() -> None:
-            # After the release: a copy that checked the lock before saw it held, and so wrote
-            # its wait record before this read.
-            wake_waiting(task, job, task_id, wait)
+        def after_end(cooldown: float) -> None:
+            # After the release (or the cooldown's park): a copy that checked the lock before
+            # saw it held, and so wrote its wait record before this read.
+            wake_waiting(task, job, task_id, wait, countdown=cooldown)
 
         def after_park() -> None:
             # A woken copy that retries: its retry waits for nothing, so its claim ends here.
@@ -185,7 +222,10 @@ class QueueMode(PublishMode):
         reply = wait_for_run(task, request, job, lock, refusal)  # raises its retry, or:
         held = lock.held if isinstance(lock, Semaphore) else lock  # a slot came free
         assert reply.acquired and held is not None
-        return self.entered(task, request, bound, held, message)
+        limiter = None
+        if self.rate is not None:  # its start takes a lock_rate turn as any start does
+            limiter = self.rate.limiter(task, bound, job.name, request.args, request.kwargs)
+        return self.started(task, request, bound, message, held, limiter)
 
     # -- debounce and the worker's main process -----------------------------------------------
 
@@ -203,7 +243,15 @@ class QueueMode(PublishMode):
         bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
 
     def released(
-        self, task: Any, bound: Bound, name: str, task_id: str, freed: bool, wait: Any
+        self,
+        task: Any,
+        bound: Bound,
+        name: str,
+        task_id: str,
+        freed: bool,
+        wait: Any,
+        cooldown: float = 0.0,
     ) -> None:
         if freed or wait is not None:
-            wake_waiting(task, bound.space.named(name, self.limit), task_id, wait, wake=freed)
+            job = bound.space.named(name, self.limit)
+            wake_waiting(task, job, task_id, wait, wake=freed, countdown=cooldown)

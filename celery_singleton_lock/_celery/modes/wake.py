@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from celery import Task
 from celery.canvas import Signature
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject
 from kombu.serialization import dumps, loads, prepare_accept_content
 
 from ..._errors import LockBackendError
@@ -40,7 +40,7 @@ from ..._lock import (
     ReentrantLock,
     Semaphore,
 )
-from ..hold import HEADER
+from ..hold import HEADER, store_retry
 from ..parts import skip_replaced
 
 __all__ = [
@@ -160,8 +160,9 @@ def wait_for_run(
     """The job runs (``refusal``: the lock's answer): wait beside its lock for the run to end,
     as the job's one queued copy.
 
-    Sends the copy's fallback, a retry that keeps the queued lock (it does not count against
-    ``max_retries``), then writes its wait record and raises the retry: the message ends.
+    Stores the copy's ``RETRY`` state, sends its fallback, a retry that keeps the queued lock
+    (it does not count against ``max_retries``), then writes its wait record and ends the
+    message (``Ignore``: nothing is stored after the record, which a wake may act on at once).
     Returns the lock's reply instead when a slot was found free meanwhile and taken (the
     fallback, sent already, then finds no wait to claim and ends unrun)."""
     locking = task.locking
@@ -178,11 +179,14 @@ def wait_for_run(
         left = lease if refusal.lease_left < 0 else min(refusal.lease_left, lease)
         countdown = left + FALLBACK_MARGIN
     headers[WAIT_HEADER] = _header(token, _new_id(), retries)
+    # Its RETRY state first: a wake may run the copy elsewhere as soon as the record is written
+    # (or the fallback sent), and its SUCCESS must be the last state stored (see store_retry).
+    store_retry(task, request)
     # The fallback goes first: its publish enters the queued lock again, which must happen
     # before any wake can run the copy (and let that lock go), never after.
-    ending: Retry | Reject
+    ending: Ignore | Reject = Ignore()
     try:
-        ending = task.retry(countdown=countdown, max_retries=retries, headers=headers, throw=False)
+        task.retry(countdown=countdown, max_retries=retries, headers=headers, throw=False)
     except Reject as exc:  # not sent: the wait record alone brings the copy back
         log.warning(
             "%s[%s]: its fallback could not be sent (%s); it comes back when the run ends",
@@ -222,11 +226,13 @@ def wake_waiting(
     wait: Wait | None = None,
     *,
     wake: bool = True,
+    countdown: float = 0.0,
 ) -> None:
     """A run of the job ``name`` let go of its lock (or slot) just before: send every waiting
     copy's message again now (``wake``), and drop the record of ``task_id``'s own wait
-    ``wait`` (this run was that copy, or that copy ends unrun). One round trip, plus one
-    publish per copy woken; never raises (a copy not woken comes back by its fallback)."""
+    ``wait`` (this run was that copy, or that copy ends unrun). ``countdown``: the job stays
+    taken that long yet (a cooldown): the copies come back as it ends. One round trip, plus
+    one publish per copy woken; never raises (a copy not woken comes back by its fallback)."""
     try:
         waiting = job.waiters(
             drop=task_id if wait is not None else "",
@@ -244,7 +250,7 @@ def wake_waiting(
         return
     for waiter, record in waiting.items():
         try:
-            _send_wake(task, job.name, record)
+            _send_wake(task, job.name, record, countdown)
         except Exception as exc:  # the fallback still runs the copy
             log.warning(
                 "could not wake task %s, which waits for %s (%s: %s); it comes back by its "
@@ -256,8 +262,9 @@ def wake_waiting(
             )
 
 
-def _send_wake(task: Any, name: str, record: str) -> None:
-    """Send the copy that ``record`` describes (see :func:`_payload`) again, now."""
+def _send_wake(task: Any, name: str, record: str, countdown: float = 0.0) -> None:
+    """Send the copy that ``record`` describes (see :func:`_payload`) again, now or (a
+    cooldown) as the lock frees in ``countdown`` seconds."""
     app = task.app
     token, content_type, encoding, body = record.split("\n", 3)
     raw = base64.b64decode(body)
@@ -272,6 +279,9 @@ def _send_wake(task: Any, name: str, record: str) -> None:
     headers[HEADER] = target.locking.mode.message_lock(name)
     headers[WAIT_HEADER] = _header(token, _new_id(), options.get("retries"))
     options["headers"] = headers
+    if countdown > 0:
+        # a little after the cooldown's end: the copy finds it over rather than about to be
+        options["countdown"] = countdown + FALLBACK_MARGIN
     # Celery's own apply_async: the copy's queued lock is its already (this is no new call).
     Task.apply_async(target, sig.args, sig.kwargs, **options)
     log.info("woke %s[%s]: the run it waited for ended", sig.task, options.get("task_id"))
