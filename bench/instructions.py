@@ -329,9 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     counts = run_all(kinds, pairs, args.jobs, args.keep)
     summary = summarize(counts, pairs)
     import celery
+    import redis
 
+    try:
+        import hiredis
+
+        parser = f", hiredis {hiredis.__version__}"
+    except ImportError:
+        parser = ""
     machine = (
-        f"Python {platform.python_version()}, Celery {celery.__version__}, {platform.machine()}"
+        f"Python {platform.python_version()}, Celery {celery.__version__}, "
+        f"redis-py {redis.__version__}{parser}, {platform.machine()}"
     )
     command = "python bench/instructions.py" + (" --quick" if args.quick else "")
     if args.pairs:

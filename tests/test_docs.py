@@ -107,6 +107,7 @@ def _load_hooks() -> ModuleType:
         ("configuration.md", "options-table"),
         ("configuration.md", "settings-table"),
         ("benchmarks.md", "bench-results"),
+        ("benchmarks.md", "instructions-results"),
         ("production.md", "server-results"),
     ],
 )
