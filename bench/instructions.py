@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -74,14 +74,22 @@ WARMUP = 30
 # -- inside callgrind: one measurement ---------------------------------------------------------
 
 
-def _instrument(on: bool) -> None:
-    """Turn callgrind's instrumentation on or off in this process (the command returns once
-    valgrind has done it)."""
+def _callgrind(*command: str) -> None:
+    """Send callgrind a command about this process (it returns once valgrind has done it)."""
     subprocess.run(
-        ["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
-        check=True,
-        stdout=subprocess.DEVNULL,
+        ["callgrind_control", *command, str(os.getpid())], check=True, stdout=subprocess.DEVNULL
     )
+
+
+def _instrument(on: bool) -> None:
+    """Turn callgrind's instrumentation on or off."""
+    _callgrind("-i", "on" if on else "off")
+
+
+def _dump() -> None:
+    """Write the counts so far to a file of their own (``<out>.1``) and start again from 0:
+    the publishes' part, apart from the runs' (in ``<out>``, written at exit)."""
+    _callgrind("-d")
 
 
 def _worker_request(message: Any, hostname: str) -> tuple[str, Any, Any, dict[str, Any]]:
@@ -142,6 +150,7 @@ def measure(kind: str, n: int, broker: str, locks: str, queue: str, first: int) 
             for i in published:
                 task.delay(i)
             if instrumented:
+                _dump()
                 _instrument(False)
             jobs = take(count)
             gc.collect()
@@ -160,8 +169,11 @@ def measure(kind: str, n: int, broker: str, locks: str, queue: str, first: int) 
 # -- the driver --------------------------------------------------------------------------------
 
 
-def count_one(kind: str, n: int, broker: str, locks: str, slot: int, out_dir: Path) -> int:
-    """Instructions of one measurement process (``kind``, ``n`` jobs) under callgrind."""
+def count_one(
+    kind: str, n: int, broker: str, locks: str, slot: int, out_dir: Path
+) -> tuple[int, int]:
+    """Instructions of one measurement process (``kind``, ``n`` jobs) under callgrind: its
+    publishes', its runs'."""
     out = out_dir / f"callgrind.{kind}.{n}.{slot}.out"
     cmd = [
         "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
@@ -173,26 +185,42 @@ def count_one(kind: str, n: int, broker: str, locks: str, slot: int, out_dir: Pa
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} x {n} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    for line in out.read_text().splitlines():
+    return _totals(Path(f"{out}.1")), _totals(out)
+
+
+def _totals(path: Path) -> int:
+    for line in path.read_text().splitlines():
         if line.startswith("totals:"):
             return int(line.split()[1])
-    raise RuntimeError(f"no totals in {out}")
+    raise RuntimeError(f"no totals in {path}")
 
 
-def slope(counts: dict[int, int], pair: Sequence[int]) -> float:
-    """Instructions per job between the two counts of ``pair``."""
+#: one process's counts: its publishes', its runs'
+Counts = Mapping[int, Sequence[int]]
+
+
+def slope(counts: Counts, pair: Sequence[int], part: int | None = None) -> float:
+    """Instructions per job between the two job counts of ``pair``: of the publishes (``part``
+    0), of the runs (1), or of both (``None``)."""
     low, high = pair
-    return (counts[high] - counts[low]) / (high - low)
+
+    def at(n: int) -> int:
+        return sum(counts[n]) if part is None else counts[n][part]
+
+    return (at(high) - at(low)) / (high - low)
 
 
-def summarize(counts: dict[str, dict[int, int]], pairs: Sequence[Sequence[int]]) -> dict[str, Any]:
-    """Per contender: the figure (the last pair's slope), the check slope (the first pair's),
-    their spread, and the ratio to the plain task; then the targets' ratios."""
+def summarize(counts: Mapping[str, Counts], pairs: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """Per contender: the figure (the last pair's slope) and its publish and run parts, the
+    check slope (the first pair's), their spread, and the ratio to the plain task; then the
+    targets' ratios."""
     rows: dict[str, dict[str, float]] = {}
     for kind, per_n in counts.items():
         figure, check = slope(per_n, pairs[-1]), slope(per_n, pairs[0])
         rows[kind] = {
             "per_job": round(figure),
+            "publish": round(slope(per_n, pairs[-1], 0)),
+            "run": round(slope(per_n, pairs[-1], 1)),
             "check": round(check),
             "spread": round(abs(figure - check) / figure, 4),
         }
@@ -219,17 +247,18 @@ def render_markdown(summary: dict[str, Any], command: str, when: str, machine: s
     (c1, c2), (f1, f2) = summary["pairs"][0], summary["pairs"][-1]
     lines = [
         f"Measured {when} with `{command}` ({machine}): client instructions per job, publish "
-        f"+ run, the slope between {f1} and {f2} jobs; the check slope between {c1} and {c2} "
-        "jobs, measured in other processes, beside it.",
+        f"+ run, the slope between {f1} and {f2} jobs (its publish and run parts beside it); "
+        f"the check slope between {c1} and {c2} jobs, measured in other processes, and its "
+        "spread from the figure.",
         "",
-        f"| kind | instructions per job | x plain | check ({c1}->{c2}) | spread |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        f"| kind | instructions per job | x plain | publish | run | check ({c1}->{c2}) | spread |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kind, row in summary["rows"].items():
         label = KINDS.get(kind, kind)
         lines.append(
-            f"| {label} | {_k(row['per_job'])} | {row['x_plain']:.2f} | {_k(row['check'])} "
-            f"| {row['spread']:.1%} |"
+            f"| {label} | {_k(row['per_job'])} | {row['x_plain']:.2f} | {_k(row['publish'])} "
+            f"| {_k(row['run'])} | {_k(row['check'])} | {row['spread']:.1%} |"
         )
     lines.append("")
     said = {
@@ -247,7 +276,7 @@ def render_markdown(summary: dict[str, Any], command: str, when: str, machine: s
 
 def run_all(
     kinds: Iterable[str], pairs: Sequence[Sequence[int]], jobs: int, keep: Path | None
-) -> dict[str, dict[int, int]]:
+) -> dict[str, dict[int, tuple[int, int]]]:
     from celery_singleton_lock.testing import RedisServer
 
     sizes = sorted({n for pair in pairs for n in pair})
@@ -255,7 +284,7 @@ def run_all(
     plan = [(kind, n) for n in reversed(sizes) for kind in kinds]
     out_dir = keep or Path(tempfile.mkdtemp(prefix="csl-instructions-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    counts: dict[str, dict[int, int]] = {}
+    counts: dict[str, dict[int, tuple[int, int]]] = {}
     try:
         with RedisServer() as server:
             broker = f"redis://127.0.0.1:{server.port}/0"
@@ -267,7 +296,8 @@ def run_all(
                 }
                 for (kind, n), future in futures.items():
                     counts.setdefault(kind, {})[n] = future.result()
-                    print(f"  {kind} x {n}: {counts[kind][n]:,}", file=sys.stderr, flush=True)
+                    publish, run = counts[kind][n]
+                    print(f"  {kind} x {n}: {publish:,} + {run:,}", file=sys.stderr, flush=True)
     finally:
         if keep is None:
             shutil.rmtree(out_dir, ignore_errors=True)

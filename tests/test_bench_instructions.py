@@ -20,10 +20,20 @@ def _load() -> ModuleType:
     return module
 
 
-def _counts(per_job: int, check: int, start: int = 5_000_000) -> dict[int, int]:
-    """Counts at 20, 80, 50 and 250 jobs: a start-up part, then ``check`` instructions a job
-    between 20 and 80 jobs and ``per_job`` between 50 and 250."""
-    return {20: start, 80: start + 60 * check, 50: start + 1, 250: start + 1 + 200 * per_job}
+def _counts(per_job: int, check: int, start: int = 5_000_000) -> dict[int, tuple[int, int]]:
+    """(publishes', runs') counts at 20, 80, 50 and 250 jobs: a start-up part, then ``check``
+    instructions a job between 20 and 80 jobs and ``per_job`` between 50 and 250, of which
+    the publishes' are four fifths."""
+
+    def split(total: int) -> tuple[int, int]:
+        return total * 4 // 5, total - total * 4 // 5
+
+    return {
+        20: split(start),
+        80: split(start + 60 * check),
+        50: split(start + 1),
+        250: split(start + 1 + 200 * per_job),
+    }
 
 
 def test_the_figure_is_the_slope_and_the_ratios_are_the_issues() -> None:
@@ -39,6 +49,7 @@ def test_the_figure_is_the_slope_and_the_ratios_are_the_issues() -> None:
     summary = bench.summarize(counts, ((20, 80), (50, 250)))
     plain = summary["rows"]["plain"]
     assert (plain["per_job"], plain["check"], plain["x_plain"]) == (2_000_000, 2_010_000, 1.0)
+    assert (plain["publish"], plain["run"]) == (1_600_000, 400_000)
     assert plain["spread"] == pytest.approx(0.005)
     assert summary["rows"]["locked-publish"]["x_plain"] == 1.375
     # publish mode against the lower of the two peers (celery-singleton here)
@@ -46,8 +57,10 @@ def test_the_figure_is_the_slope_and_the_ratios_are_the_issues() -> None:
     assert summary["targets"]["run"] == {"ratio": 1.04, "target": 1.03}
 
     table = bench.render_markdown(summary, "python bench/instructions.py", "2026-01-01", "x")
-    assert "| plain task | 2,000 k | 1.00 | 2,010 k | 0.5% |" in table
-    assert '| ours, `lock_at="publish"` | 2,750 k | 1.38 | 2,750 k | 0.0% |' in table
+    assert "| plain task | 2,000 k | 1.00 | 1,600 k | 400 k | 2,010 k | 0.5% |" in table
+    assert '| ours, `lock_at="publish"` | 2,750 k | 1.38 | 2,200 k | 550 k | 2,750 k | 0.0% |' in (
+        table
+    )
     assert "x the lower of celery-once and celery-singleton: 1.100x (target <= 1.00x, **not" in (
         table
     )
