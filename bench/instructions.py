@@ -3,8 +3,8 @@
 ``bench_celery.py`` in a form that reads within about 1 % between runs, where wall-clock
 ratios on a shared machine move by a quarter.
 
-    .venv/bin/python bench/instructions.py           # the table, about 3 min on 2 CPUs
-    .venv/bin/python bench/instructions.py --quick   # a smoke run, about 1 min
+    .venv/bin/python bench/instructions.py           # the table, about 3 min on 2 idle CPUs
+    .venv/bin/python bench/instructions.py --quick   # a smoke run, about 1.5 min
     .venv/bin/python bench/instructions.py --out docs/bench   # + instructions.md and .json
     .venv/bin/python bench/instructions.py --keep /tmp/cg     # keep callgrind's files
 
