@@ -1,14 +1,16 @@
 #!/usr/bin/env python
 """The one benchmark command: the lock and the Celery benchmarks in one run, written up.
 
-    .venv/bin/python bench/run.py            # about 10 min
-    .venv/bin/python bench/run.py --quick    # a smoke run, about 1.5 min
+    .venv/bin/python bench/run.py            # about 13 min
+    .venv/bin/python bench/run.py --quick    # a smoke run, about 2.5 min
 
 Runs ``bench_lock.py`` (the floors, redis-py ``Lock``, python-redis-lock and ``ReentrantLock``:
 uncontended cycles in interleaved rounds, hand-offs in interleaved chunks against a push-woken
-floor) and then ``bench_celery.py`` (plain, the bare two-EVALSHA reference, celery-once,
-celery-singleton and ``LockedTask`` in both modes, solo and prefork, interleaved rounds), one
-after the other so they do not compete for the CPUs. Each starts its own Redis on loopback.
+floor), then ``bench_celery.py`` (plain, the bare two-EVALSHA reference, celery-once,
+celery-singleton and ``LockedTask`` in both modes, solo and prefork, interleaved rounds), then
+``instructions.py`` (the same contenders' client instructions per job, publish + run, counted
+by callgrind; skipped without valgrind), one after the other so they do not compete for the
+CPUs. Each starts its own Redis on loopback.
 
 It writes, into ``docs/bench/`` (``--out`` to change):
 
@@ -16,6 +18,8 @@ It writes, into ``docs/bench/`` (``--out`` to change):
   command; the docs' benchmark page includes it, and the README quotes its targets;
 - ``chart.png``: the ratios as bars (matplotlib, from the ``bench`` extra);
 - ``results.json``: everything both benchmarks measured;
+- ``instructions.md`` and ``instructions.json``: instructions.py's table and counts (the
+  benchmarks page includes the table);
 
 and puts ``results.md`` between the README's ``bench-results`` markers.
 """
@@ -27,6 +31,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,6 +66,20 @@ def run_benchmarks(quick: bool) -> dict[str, Any]:
         text=True,
     )
     return {"lock": lock, "celery": json.loads(done.stdout)}
+
+
+def run_instructions(quick: bool, out: Path) -> None:
+    """bench/instructions.py (client instructions per job, by callgrind), last: it writes
+    ``instructions.md`` and ``instructions.json`` into ``out`` itself. Left out, with a word,
+    where valgrind is not installed."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("== bench/instructions.py skipped: valgrind is not installed", flush=True)
+        return
+    print("== bench/instructions.py", flush=True)
+    flag = ["--quick"] if quick else []
+    subprocess.run(
+        [sys.executable, str(_HERE / "instructions.py"), *flag, "--out", str(out)], check=True
+    )
 
 
 def _x(value: float | None) -> str:
@@ -331,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(args.from_json.read_text())
     else:
         results = run_benchmarks(args.quick)
+        run_instructions(args.quick, args.out)
     command = "python bench/run.py" + (" --quick" if args.quick else "")
     # an earlier run written up again keeps its own date and command
     earlier = results.get("meta", {}) if args.from_json else {}

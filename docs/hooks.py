@@ -1,6 +1,7 @@
 """MkDocs hook: the options and settings tables, made from their one definition in the
 package, and the last benchmark run's write-up (``docs/bench/results.md``, made by
-``bench/run.py``), written into the pages themselves between a start and an end marker::
+``bench/run.py``; ``docs/bench/instructions.md``, made by ``bench/instructions.py``), written
+into the pages themselves between a start and an end marker::
 
     <!-- options-table:start (made by docs/hooks.py from the package) -->
     | option | default | meaning |
@@ -31,10 +32,16 @@ from celery_singleton_lock._celery.settings import settings_table
 
 DOCS = Path(__file__).resolve().parent
 BENCH_RESULTS = DOCS / "bench" / "results.md"
+#: bench/instructions.py's table (client instructions per job), also written by bench/run.py
+INSTRUCTIONS_RESULTS = DOCS / "bench" / "instructions.md"
 
 
 def bench_results() -> str:
     return BENCH_RESULTS.read_text(encoding="utf-8").rstrip("\n")
+
+
+def instructions_results() -> str:
+    return INSTRUCTIONS_RESULTS.read_text(encoding="utf-8").rstrip("\n")
 
 
 def server_results() -> str:
@@ -62,6 +69,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "lifecycle-table": lifecycle_table,
     "settings-table": settings_table,
     "bench-results": bench_results,
+    "instructions-results": instructions_results,
     "server-results": server_results,
 }
 _START = re.compile(r"<!-- ([a-z]+-(?:table|results)):start[^>]*-->\n")

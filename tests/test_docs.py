@@ -109,6 +109,7 @@ def _load_hooks() -> ModuleType:
         ("configuration.md", "settings-table"),
         ("lifecycle.md", "lifecycle-table"),
         ("benchmarks.md", "bench-results"),
+        ("benchmarks.md", "instructions-results"),
         ("production.md", "server-results"),
     ],
 )
