@@ -817,3 +817,37 @@ def test_the_demo_says_where_its_redis_is_when_redis_url_is_unset(
     assert f"Using the Redis at {local} ($REDIS_URL is not set" in said
     demo = (ROOT / "examples" / "demo_celery.py").read_text(encoding="utf-8")
     assert 'os.environ["REDIS_URL"] =' not in demo  # the demo does not pretend it was set
+
+
+def test_every_setting_and_variable_the_package_reads_is_in_the_settings_table() -> None:
+    """The one definition (``_celery/settings.py``) holds every ``CELERY_SINGLETON_LOCK_*``
+    name the package reads, the locks page's Django settings and its environment variable
+    included; the table in the README and configuration.md is made from it, and so is the list
+    a misspelt name's error (Django's E001) gives."""
+    from celery_singleton_lock._celery.settings import ENVIRONMENT, SETTINGS, read, settings_table
+
+    table = settings_table()
+    assert table in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert table in _page("configuration.md")
+    named = set()
+    for path in (ROOT / "celery_singleton_lock").rglob("*.py"):
+        named |= set(re.findall(r"\bCELERY_SINGLETON_LOCK_[A-Z][A-Z_]*[A-Z]", path.read_text()))
+    assert {"CELERY_SINGLETON_LOCK_WEB_APP", "CELERY_SINGLETON_LOCK_WEB_TOKEN"} <= named
+    for name in sorted(named):
+        setting = name.lower().removeprefix("celery_")
+        assert setting in SETTINGS or name in ENVIRONMENT, f"{name} is not in the one definition"
+        assert f"`{setting}`" in table or f"`{name}`" in table, name
+
+    conf = {
+        "CELERY_SINGLETON_LOCK_WEB_AP": "proj.celery:app",
+        "CELERY_SINGLETON_LOCK_WEB_TOKEN": "x",
+    }
+    problems = [str(p) for p in read(SimpleNamespace(get=conf.get, keys=conf.keys))[1]]
+    assert any(
+        "did you mean CELERY_SINGLETON_LOCK_WEB_APP?" in p
+        and "CELERY_SINGLETON_LOCK_WEB_OPTIONS" in p
+        for p in problems
+    ), problems
+    assert any(
+        p.startswith("CELERY_SINGLETON_LOCK_WEB_TOKEN is an environment variable") for p in problems
+    ), problems
