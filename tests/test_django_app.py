@@ -83,6 +83,9 @@ def make_project(
 
 
 def test_manage_py_check_reports_a_misspelt_setting_of_an_installed_app(tmp_path: Path) -> None:
+    """What docs/django.md and configuration.md say registers the check is what does."""
+    configuration = " ".join((ROOT / "docs" / "configuration.md").read_text().split())
+    assert "`celery_singleton_lock.E001` once the package is in `INSTALLED_APPS`" in configuration
     project = make_project(tmp_path, None)
     done = _run(project, ["manage.py", "check"])
     assert done.returncode == 0, done.stderr
