@@ -29,6 +29,7 @@ __all__ = [
     "spelling",
 ]
 
+
 def _url(name: str, value: Any) -> Any:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str such as 'redis://host:6379/1', got {value!r}")
@@ -235,7 +236,7 @@ SETTINGS: dict[str, Setting] = {
             None,
             "Celery's current app",
             "Django only: the Celery app of the locks page mounted in the project "
-            "(`celery_singleton_lock.web.django`), as `\"proj.celery:app\"`",
+            '(`celery_singleton_lock.web.django`), as `"proj.celery:app"`',
             _app_path,
         ),
         Setting(
