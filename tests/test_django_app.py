@@ -172,6 +172,7 @@ def test_add_to_admin_serves_the_page_under_the_admin_linked_from_its_index(
         from django.urls import include
         from celery_singleton_lock.web.django import add_to_admin
         add_to_admin()
+        add_to_admin()  # a second call (urls.py imported again) adds nothing
         urlpatterns = {patterns}
         """,
     )
@@ -182,5 +183,6 @@ def test_add_to_admin_serves_the_page_under_the_admin_linked_from_its_index(
     assert sent["location"] == "/admin/login/?next=/admin/locks/"
     assert index["status"] == 200
     assert 'href="/admin/locks/"' in index["body"]
+    assert index["body"].count('class="app-celery_singleton_lock module') == 1
     assert page["status"] == 200, page["body"][-3000:]
     assert "<title>Locks - celery-singleton-lock</title>" in page["body"]
