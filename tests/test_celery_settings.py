@@ -280,15 +280,18 @@ def test_reload_settings_checks_again_at_the_next_use() -> None:
     assert LockConfig.of(app).queue_ttl == 60.0
 
 
-def test_a_worker_start_reads_the_settings_again() -> None:
+def test_a_worker_start_reads_the_settings_again(caplog: pytest.LogCaptureFixture) -> None:
     app = _app("s_worker_start", broker_url="redis://127.0.0.1:1/0")
     assert LockConfig.of(app).ttl == 30.0
     app.conf.singleton_lock_ttl = 7
     on_start(sender=SimpleNamespace(app=app))  # what worker_init does
     assert LockConfig.of(app).ttl == 7.0
     app.conf.singleton_lock_ttl = "7s"
-    with pytest.raises(SystemExit, match="singleton_lock_ttl must be a number of seconds"):
+    with pytest.raises(SystemExit) as stopped:
         on_start(sender=SimpleNamespace(app=app))
+    assert stopped.value.code == 1  # the reason is logged once, not repeated by the exit
+    assert "singleton_lock_ttl must be a number of seconds" in str(stopped.value.__cause__)
+    assert "the worker cannot start: singleton_lock_ttl must be a number" in caplog.text
 
 
 def test_install_before_the_app_is_configured_does_not_freeze_the_settings() -> None:

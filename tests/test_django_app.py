@@ -83,6 +83,9 @@ def make_project(
 
 
 def test_manage_py_check_reports_a_misspelt_setting_of_an_installed_app(tmp_path: Path) -> None:
+    """What docs/django.md and configuration.md say registers the check is what does."""
+    configuration = " ".join((ROOT / "docs" / "configuration.md").read_text().split())
+    assert "`celery_singleton_lock.E001` once the package is in `INSTALLED_APPS`" in configuration
     project = make_project(tmp_path, None)
     done = _run(project, ["manage.py", "check"])
     assert done.returncode == 0, done.stderr
@@ -169,6 +172,7 @@ def test_add_to_admin_serves_the_page_under_the_admin_linked_from_its_index(
         from django.urls import include
         from celery_singleton_lock.web.django import add_to_admin
         add_to_admin()
+        add_to_admin()  # a second call (urls.py imported again) adds nothing
         urlpatterns = {patterns}
         """,
     )
@@ -179,5 +183,6 @@ def test_add_to_admin_serves_the_page_under_the_admin_linked_from_its_index(
     assert sent["location"] == "/admin/login/?next=/admin/locks/"
     assert index["status"] == 200
     assert 'href="/admin/locks/"' in index["body"]
+    assert index["body"].count('class="app-celery_singleton_lock module') == 1
     assert page["status"] == 200, page["body"][-3000:]
     assert "<title>Locks - celery-singleton-lock</title>" in page["body"]

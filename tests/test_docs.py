@@ -819,3 +819,137 @@ def test_the_demo_says_where_its_redis_is_when_redis_url_is_unset(
     assert f"Using the Redis at {local} ($REDIS_URL is not set" in said
     demo = (ROOT / "examples" / "demo_celery.py").read_text(encoding="utf-8")
     assert 'os.environ["REDIS_URL"] =' not in demo  # the demo does not pretend it was set
+
+
+def test_every_setting_and_variable_the_package_reads_is_in_the_settings_table() -> None:
+    """The one definition (``_celery/settings.py``) holds every ``CELERY_SINGLETON_LOCK_*``
+    name the package reads, the locks page's Django settings and its environment variable
+    included; the table in the README and configuration.md is made from it, and so is the list
+    a misspelt name's error (Django's E001) gives."""
+    from celery_singleton_lock._celery.settings import ENVIRONMENT, SETTINGS, read, settings_table
+
+    table = settings_table()
+    assert table in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert table in _page("configuration.md")
+    named = set()
+    for path in (ROOT / "celery_singleton_lock").rglob("*.py"):
+        named |= set(re.findall(r"\bCELERY_SINGLETON_LOCK_[A-Z][A-Z_]*[A-Z]", path.read_text()))
+    assert {"CELERY_SINGLETON_LOCK_WEB_APP", "CELERY_SINGLETON_LOCK_WEB_TOKEN"} <= named
+    for name in sorted(named):
+        setting = name.lower().removeprefix("celery_")
+        assert setting in SETTINGS or name in ENVIRONMENT, f"{name} is not in the one definition"
+        assert f"`{setting}`" in table or f"`{name}`" in table, name
+
+    conf = {
+        "CELERY_SINGLETON_LOCK_WEB_AP": "proj.celery:app",
+        "CELERY_SINGLETON_LOCK_WEB_TOKEN": "x",
+    }
+    problems = [str(p) for p in read(SimpleNamespace(get=conf.get, keys=conf.keys))[1]]
+    assert any(
+        "did you mean CELERY_SINGLETON_LOCK_WEB_APP?" in p
+        and "CELERY_SINGLETON_LOCK_WEB_OPTIONS" in p
+        for p in problems
+    ), problems
+    assert any(
+        p.startswith("CELERY_SINGLETON_LOCK_WEB_TOKEN is an environment variable") for p in problems
+    ), problems
+
+
+def test_the_locks_commands_take_the_options_operating_md_says() -> None:
+    """operating.md: every ``locks`` command takes ``--url`` and ``--prefix``, and every one but
+    those it names takes ``--json``."""
+    import click
+
+    from celery_singleton_lock._ops.cli import locks
+
+    text = _flat(_page("operating.md"))
+    said = re.search(
+        r"Every command takes `--url` and `--prefix`, and every one but ([^.]*?) takes `--json`",
+        text,
+    )
+    assert said, "operating.md does not say which commands take --json"
+    without_json = set(re.findall(r"`(\w+)`", said.group(1)))
+    ctx = click.Context(locks)
+    taken: dict[str, set[str]] = {}
+    for name in locks.list_commands(ctx):
+        command = locks.get_command(ctx, name)
+        assert command is not None
+        taken[name] = {opt for param in command.params for opt in getattr(param, "opts", [])}
+    assert all({"--url", "--prefix"} <= opts for opts in taken.values()), taken
+    assert {name for name, opts in taken.items() if "--json" not in opts} == without_json
+
+
+def test_limits_md_says_celery_s_rate_limit_is_per_worker_instance() -> None:
+    """Celery's own ``rate_limit`` keeps its token buckets in the worker's consumer (the main
+    process, shared by every pool process), so limits.md says per worker instance."""
+    import inspect
+
+    from celery.worker.consumer.consumer import Consumer
+
+    assert "self.task_buckets" in inspect.getsource(Consumer)  # the consumer's, not a child's
+    text = _flat(_page("limits.md"))
+    assert "own `rate_limit` is per worker instance" in text
+    assert "per worker process" not in text
+
+
+def test_a_page_that_raises_rate_limited_shows_its_import() -> None:
+    """A page that tells a body to raise ``RateLimited(...)`` imports it in its own example."""
+    for path in PAGES:
+        text = path.read_text(encoding="utf-8")
+        if "RateLimited(" not in text:
+            continue
+        blocks = python_blocks(path)
+        assert any(
+            re.search(r"from celery_singleton_lock import [^\n]*\bRateLimited\b", b)
+            and "raise RateLimited(" in b
+            for b in blocks
+        ), f"{path.name} raises RateLimited without showing its import"
+
+
+ignored_gates = Gates()
+ignored_app = new_app("docs_ignored")
+
+
+@app_task(ignored_app, base=LockedTask, name="docs.ignored")
+def recipe_ignored(key: str) -> str:
+    ignored_gates.enter(key)
+    return key
+
+
+def test_the_worker_s_ignored_line_after_a_skip_is_explained(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """troubleshooting.md quotes the two lines a worker logs for a skipped duplicate, ours and
+    Celery's ``Task <name>[<id>] ignored``: a real skip logs both, in that order."""
+    import logging
+
+    from celery.app.trace import LOG_IGNORED
+
+    text = _page("troubleshooting.md")
+    assert "## `Task ... ignored` in the worker's log after a skip" in text
+    quoted = _flat(text)
+    assert "`Task <name>[<id>] ignored`" in quoted
+    assert "`skipped <name>[<id>]: lock <key> is held by task <holder>`" in quoted
+    assert LOG_IGNORED % {"name": "<name>", "id": "<id>", "description": "ignored"} == (
+        "Task <name>[<id>] ignored"
+    )
+    key = uuid.uuid4().hex
+    caplog.set_level(logging.INFO)
+    with celery_env(ignored_app, ignored_gates) as env:
+        # the test worker starts at WARNING; a worker's own -l info is what the page shows
+        caplog.set_level(logging.INFO, logger="celery.app.trace")
+        caplog.set_level(logging.INFO, logger=run_module.log.name)
+        first = recipe_ignored.delay(key)
+        ignored_gates.wait_started(key)
+        duplicate = recipe_ignored.delay(key)
+        env.wait_state(duplicate.id, "SKIPPED")
+        ignored = f"Task docs.ignored[{duplicate.id}] ignored"
+        wait_until(lambda: ignored in caplog.text, 10, "Celery's ignored line")
+        ignored_gates.open_all()
+        assert first.get(timeout=10) == key
+    lines = caplog.text.splitlines()
+    ours = next(
+        i for i, line in enumerate(lines) if f"skipped docs.ignored[{duplicate.id}]" in line
+    )
+    theirs = next(i for i, line in enumerate(lines) if ignored in line)
+    assert ours < theirs

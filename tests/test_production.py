@@ -311,7 +311,8 @@ def test_a_celery_worker_and_beat_run_under_the_documented_acl_user(
         worker.start()
 
         def held_by(task_id: str) -> Any:
-            found = [v for v in find_locks(locks) if v.holder == task_id]
+            """The job's lock while ``task_id`` runs (not its queued lock, same holder)."""
+            found = [v for v in find_locks(locks) if v.holder == task_id and v.state == "running"]
             return found[0] if found else None
 
         # run mode: a held run, a duplicate that waits for it and is woken by its release

@@ -9,12 +9,13 @@ import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from .._lock import check_duration, check_prefix
+from .urls import REDIS_SCHEMES, SentinelURL, parse_sentinel_url, scheme_of
 
 __all__ = [
     "DEFAULTS",
+    "ENVIRONMENT",
     "REDIS_SCHEMES",
     "SETTINGS",
     "SentinelURL",
@@ -27,89 +28,6 @@ __all__ = [
     "settings_table",
     "spelling",
 ]
-
-REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
-
-
-def scheme_of(url: object) -> str:
-    """A URL shown without its host, credentials or path (``amqp://…``), for errors."""
-    if not url or not isinstance(url, str):
-        return "none configured"
-    return url.split(":", 1)[0] + "://…"
-
-
-#: the port of a ``sentinel://`` URL that gives none (Sentinel's, and kombu's default)
-SENTINEL_PORT = 26379
-
-
-@dataclass(frozen=True)
-class SentinelURL:
-    """What a ``sentinel://`` URL list says: the sentinels to ask, in order, and the user,
-    password and database of the master's connections."""
-
-    sentinels: tuple[tuple[str, int], ...]
-    username: str | None
-    password: str | None
-    db: int
-
-
-def parse_sentinel_url(url: str, name: str) -> SentinelURL:
-    """Read ``sentinel://s1:26379;sentinel://s2:26379/0`` as Celery's broker (kombu's Redis
-    transport) reads it: every ``;``-separated URL names a sentinel (empty ones, as after a
-    trailing ``;``, are skipped), and the user, password and database come from the first
-    URL (``sentinel://user:pw@s1:26379/2``); like the broker's, they are the master's, never
-    the sentinels' (those take ``sentinel_kwargs``). ``name`` is where the URL came from, for
-    the errors: a URL of another scheme in the list (kombu would drop it from the sentinels
-    without a word), a later URL with a user, password or database that differs from the
-    first's (kombu would use the first's), a port or database that is no number."""
-    parts = [part.strip() for part in url.split(";")]
-    parts = [part for part in parts if part]
-    if not parts:
-        raise ValueError(f"{name} names no sentinel: give 'sentinel://host:26379;...'")
-    sentinels: list[tuple[str, int]] = []
-    first: tuple[str | None, str | None, int | None] | None = None
-    for part in parts:
-        parsed = urlsplit(part)
-        if parsed.scheme.lower() != "sentinel":
-            raise ValueError(
-                f"{name} mixes {scheme_of(part)} into a sentinel:// list: every URL separated "
-                "by ';' must be a sentinel:// URL (give the locks a URL of their own in "
-                "singleton_lock_redis_url if the broker's cannot be one)"
-            )
-        try:
-            port = parsed.port or SENTINEL_PORT
-        except ValueError:
-            raise ValueError(
-                f"{name}: the port of sentinel {parsed.hostname or '?'} is not a number"
-            ) from None
-        host = parsed.hostname or "127.0.0.1"
-        sentinels.append((host, port))
-        path = parsed.path.strip("/")
-        try:
-            db = int(path) if path else None
-        except ValueError:
-            raise ValueError(
-                f"{name}: the database of sentinel {host}:{port} must be a number "
-                "(sentinel://host:26379/0)"
-            ) from None
-        given = (
-            unquote(parsed.username) if parsed.username else None,
-            unquote(parsed.password) if parsed.password else None,
-            db,
-        )
-        if first is None:
-            first = given
-        elif any(
-            value is not None and value != wanted
-            for value, wanted in zip(given, first, strict=True)
-        ):
-            raise ValueError(
-                f"{name}: sentinel {host}:{port} gives another user, password or database "
-                "than the first URL (the broker uses the first URL's for the master): give "
-                "them in the first URL only, or the same in every URL"
-            )
-    username, password, db = first or (None, None, None)
-    return SentinelURL(tuple(sentinels), username, password, db or 0)
 
 
 def _url(name: str, value: Any) -> Any:
@@ -183,6 +101,14 @@ def _policy(name: str, value: Any) -> str:
     if value not in ("raise", "proceed"):
         raise ValueError(f"{name} must be 'raise' or 'proceed', got {value!r}")
     return str(value)
+
+
+def _app_path(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not all(value.partition(":")[::2]):
+        raise ValueError(
+            f"{name} must be 'module:attribute', such as 'proj.celery:app', got {value!r}"
+        )
+    return value
 
 
 def _bool(name: str, value: Any) -> bool:
@@ -305,17 +231,39 @@ SETTINGS: dict[str, Setting] = {
             "a task pays a dict increment on those paths only, a thread writes them each second",
             _bool,
         ),
+        Setting(
+            "singleton_lock_web_app",
+            None,
+            "Celery's current app",
+            "Django only: the Celery app of the locks page mounted in the project "
+            '(`celery_singleton_lock.web.django`), as `"proj.celery:app"`',
+            _app_path,
+        ),
+        Setting(
+            "singleton_lock_web_options",
+            {},
+            "`{}`",
+            "Django only: the page's options (`make_app`'s: `link_pattern`, `refresh`, "
+            "`page_size` ...)",
+            _dict,
+        ),
     )
 }
 DEFAULTS: dict[str, Any] = {name: s.default for name, s in SETTINGS.items()}
 
+#: the environment variables the package reads, with the settings table's words
+ENVIRONMENT: dict[str, tuple[str, str]] = {
+    "CELERY_SINGLETON_LOCK_WEB_TOKEN": (
+        "unset: read-only",
+        "environment variable, not a setting: the token that `celery locks web` asks for "
+        "before a release or a purge (never on the command line, where `ps` shows it)",
+    ),
+}
+
 
 #: names under this package's prefix that no Celery setting reads, never a misspelling of
-#: ours: celery-singleton's lease setting, which its drop-in (compat.singleton) reads, and the
-#: Django settings of the locks page (celery_singleton_lock.web.django)
-_OTHER_PACKAGES_NAMES = frozenset(
-    {"singleton_lock_expiry", "singleton_lock_web_app", "singleton_lock_web_options"}
-)
+#: ours: celery-singleton's lease setting, which its drop-in (compat.singleton) reads
+_OTHER_PACKAGES_NAMES = frozenset({"singleton_lock_expiry"})
 
 
 def given(conf: Any, name: str) -> Any:
@@ -364,7 +312,14 @@ def read(conf: Any) -> tuple[dict[str, Any], list[TypeError | ValueError]]:
         meant = _ours(key)
         if meant is None or meant in _OTHER_PACKAGES_NAMES or conf.get(key) is None:
             continue
-        if meant not in SETTINGS:
+        if f"celery_{meant}".upper() in ENVIRONMENT:
+            problems.append(
+                ValueError(
+                    f"{key} is an environment variable, not a setting: set "
+                    f"CELERY_{meant.upper()} in the environment of `celery locks web`"
+                )
+            )
+        elif meant not in SETTINGS:
             close = difflib.get_close_matches(meant, list(SETTINGS), 1)
             hint = f" (did you mean {_respelled(key, close[0])}?)" if close else ""
             known = ", ".join(_respelled(key, s) for s in SETTINGS)
@@ -395,4 +350,6 @@ def settings_table() -> str:
     rows = ["| setting | default | meaning |", "| --- | --- | --- |"]
     for s in SETTINGS.values():
         rows.append(f"| `{s.name}` | {s.shown} | {s.doc} |")
+    for name, (shown, doc) in ENVIRONMENT.items():
+        rows.append(f"| `{name}` | {shown} | {doc} |")
     return "\n".join(rows)

@@ -46,8 +46,9 @@ def seconds(pttl: Any) -> float:
 def backend_advice(exc: RedisError) -> str:
     """What to check after ``exc``: the user's ACL rule when Redis refused a command (redis-py's
     ``NoPermissionError``, or a script's command refused, which comes as a plain
-    ``ResponseError``), else that Redis is reachable."""
-    if isinstance(exc, NoPermissionError) or "can't run this command" in str(exc):
+    ``ResponseError`` worded by the server), else that Redis is reachable."""
+    refused = ("can't run this command", "no permissions to run", "NOPERM")  # Redis, Valkey
+    if isinstance(exc, NoPermissionError) or any(words in str(exc) for words in refused):
         return (
             "The Redis user of the locks lacks a permission: give it the ACL rule for this "
             "server's version on the Production page (docs/production.md)"

@@ -150,6 +150,9 @@ def add_to_admin(
         from django.contrib import admin
 
         site = admin.site
+    if getattr(site, "_celery_singleton_lock_added", False):  # urls.py imported again
+        return
+    site._celery_singleton_lock_added = True  # noqa: SLF001 - our own mark on the site
     patterns = make_urlpatterns(can_view, can_change, **make_app_options)
     site_urls, site_apps = site.get_urls, site.get_app_list
 
