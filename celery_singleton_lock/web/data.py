@@ -10,6 +10,7 @@ rate limiters are found by a SCAN that goes on from read to read (:class:`.scan.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -23,7 +24,7 @@ from .._ops.locks import LockView
 from .bounds import check_time
 from .scan import LimiterScan, Shared, lock_keys, text_pattern
 
-__all__ = ["LIMITER", "STATES", "Listing", "Source"]
+__all__ = ["DIGEST", "LIMITER", "STATES", "Listing", "Source", "digest"]
 
 #: the ``state`` filter that shows the rate limiters only
 LIMITER = "limiter"
@@ -44,6 +45,15 @@ _HOLD_STATES = {
     HoldState.REQUEUED: (HoldState.REQUEUED,),
     HoldState.COOLDOWN: (HoldState.COOLDOWN,),
 }
+#: hex digits of a key's digest
+DIGEST = 24
+
+
+def digest(key: str) -> str:
+    """A short name of ``key`` for its links (SHA-256, the first hex digits)."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST]
+
+
 #: locks inspected per round trip (a pipeline), the deadline checked between them
 BATCH = 500
 
@@ -158,6 +168,17 @@ class Source:
         if q and not listing.complete:
             return self._read_locks(text_pattern(q))
         return listing
+
+    def key_of_digest(self, short: str) -> str | None:
+        """The key of a held lock or limiter in use whose :func:`digest` is ``short``, among
+        those the page lists (``None``: none is)."""
+        for listing in (self.shared.get(), self._read_locks()):
+            keys = [v.key for v in (*listing.locks, *listing.leaders)]
+            keys += [RateKeys.for_name(p, r.name).log for p, r in listing.limiters]
+            found = next((k for k in keys if digest(k) == short), None)
+            if found is not None:
+                return found
+        return None
 
     def counts(self, minutes: int = 60) -> RecentCounts:
         """The last ``minutes``' counts, summed over the prefixes."""
