@@ -115,7 +115,7 @@ def test_anything_unexpected_is_the_pages_own_500_with_its_headers(
     "pattern", ["{task_id}", "javascript:{task_id}", "//evil.example/{task_id}", "http://{task_id}"]
 )
 def test_a_link_pattern_must_be_a_url_or_a_path(pattern: str) -> None:
-    with pytest.raises(ValueError, match="^link_pattern must be an http:// or https:// URL"):
+    with pytest.raises(ValueError, match=r"^link_pattern must be an http:// or https:// URL"):
         make_app(url="redis://127.0.0.1:1/0", link_pattern=pattern)
     assert make_app(url="redis://127.0.0.1:1/0", link_pattern="/flower/task/{task_id}")
 
