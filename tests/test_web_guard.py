@@ -166,3 +166,29 @@ def test_a_bad_allowed_host_is_refused_at_start(redis_server: RedisServer) -> No
     )  # fmt: skip
     assert done.returncode == 2 and "--allowed-host" in done.stderr, done.stderr
     assert "must be a host name as a proxy sends it" in done.stderr, done.stderr
+
+
+def test_every_answer_carries_the_security_headers(redis_server: RedisServer, locks: Any) -> None:
+    wanted = {
+        "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "same-origin",
+    }
+    with served(page(redis_server)) as base:
+        client = Client(base)
+        form = release_form(client)
+        port = base.rsplit(":", 1)[1].rstrip("/")
+        answers = [
+            client.get("./"),
+            client.get("lock?key=lock%3A%7Bguard.job%3A1%7D"),
+            client.get("lock?key=lock%3A%7Bnone%7D"),  # 404
+            client.get("./?page=x"),  # 400
+            client.get("nothing"),  # 404
+            client.request("GET", "./", headers={"Host": f"evil.example:{port}"}),  # 421
+            client.post("release", {**form, "csrf": "x"}),  # 403
+            client.post("release", form),  # 303
+        ]
+    assert [a.status for a in answers] == [200, 200, 404, 400, 404, 421, 403, 303]
+    for answer in answers:
+        assert {k: answer.headers.get(k) for k in wanted} == wanted, answer.status

@@ -24,6 +24,20 @@ __all__ = ["LocksWeb", "make_app"]
 
 log = logging.getLogger("celery_singleton_lock.web")
 
+#: on every answer: no script, style or form target of another origin, no framing, no
+#: sniffing, no Referer to other sites (a lock page's URL carries its key), no caching
+HEADERS = (
+    (
+        "Content-Security-Policy",
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'",
+    ),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "same-origin"),
+    ("Cache-Control", "no-store"),
+    ("X-Frame-Options", "DENY"),
+)
+
 
 class LocksWeb:
     """The locks page, a WSGI app (made by :func:`make_app`)."""
@@ -93,8 +107,7 @@ class LocksWeb:
                 response = self._answer(request, token)
             finally:
                 self._at_once.release()
-        response.headers.append(("Cache-Control", "no-store"))
-        response.headers.append(("X-Frame-Options", "DENY"))
+        response.headers.extend(HEADERS)
         if fresh:
             response.headers.append(csrf.set_cookie_header(token, request.mount, request.secure))
         return response

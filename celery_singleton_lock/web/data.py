@@ -138,10 +138,9 @@ class Source:
         locks: list[LockView] = []
         leaders: list[LockView] = []
         for view in ops.views_of(states, now):
-            if view.name.startswith(BEAT):
+            if view.name.startswith(BEAT):  # held too, as `celery locks list` shows it
                 leaders.append(view)
-            else:
-                locks.append(self._labelled(view))
+            locks.append(self._labelled(view))
         return Listing(locks, leaders, [], complete)
 
     def _limiters(self) -> list[tuple[str, RateState]]:
