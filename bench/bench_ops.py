@@ -150,7 +150,9 @@ def page_costs(url: str, client: Any, n: int, rounds: int) -> dict[str, float]:
     server = make_server(web, "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     page = f"http://127.0.0.1:{server.server_port}/"
-    walls, cpus, redis_cpus = [], [], []
+    walls: list[float] = []
+    cpus: list[float] = []
+    redis_cpus: list[float] = []
     try:
         with urllib.request.urlopen(page) as answer:  # the scripts loaded, the client made
             answer.read()
@@ -173,14 +175,18 @@ def page_costs(url: str, client: Any, n: int, rounds: int) -> dict[str, float]:
         "wall_s": statistics.median(walls),
         "page_cpu_s": statistics.median(cpus),
         "redis_cpu_s": statistics.median(redis_cpus),
-        "redis_cpu_s_2_viewers_10s": viewers[2],
-        "redis_cpu_s_20_viewers_10s": viewers[20],
+        "redis_cpu_s_2_viewers_10s": viewers[2][0],
+        "redis_cpu_s_20_viewers_10s": viewers[20][0],
+        "redis_commands_2_viewers_10s": viewers[2][1],
+        "redis_commands_20_viewers_10s": viewers[20][1],
     }
 
 
-def viewers_redis_cpu(page: str, client: Any, viewers: int, seconds: float = 10.0) -> float:
+def viewers_redis_cpu(
+    page: str, client: Any, viewers: int, seconds: float = 10.0
+) -> tuple[float, int]:
     """Redis CPU seconds while ``viewers`` clients load the list back to back for
-    ``seconds`` (tabs left open, reloading as fast as they can)."""
+    ``seconds`` (tabs left open, reloading as fast as they can), and the commands it ran."""
     import threading
     import urllib.error
     import urllib.request
@@ -195,13 +201,21 @@ def viewers_redis_cpu(page: str, client: Any, viewers: int, seconds: float = 10.
             except urllib.error.HTTPError:  # 503 beyond the bound: answered at once
                 time.sleep(0.05)
 
+    client.config_resetstat()
     before = _redis_cpu(client)
     threads = [threading.Thread(target=view) for _ in range(viewers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return _redis_cpu(client) - before
+    cpu = _redis_cpu(client) - before
+    stats = client.info("commandstats")
+    calls = sum(int(v["calls"]) for k, v in stats.items() if k not in _BENCH_COMMANDS)
+    return cpu, calls
+
+
+#: the bench's own commands, not counted
+_BENCH_COMMANDS = ("cmdstat_info", "cmdstat_config|resetstat")
 
 
 def page_bench(sizes: list[int], rounds: int) -> dict[int, dict[str, float]]:
@@ -227,17 +241,19 @@ def main() -> int:
     )
     args = p.parse_args()
     if args.page:
-        costs = page_bench([int(n) for n in args.page.split(",")], args.rounds)
+        by_size = page_bench([int(n) for n in args.page.split(",")], args.rounds)
         if args.json:
-            print(json.dumps(costs, indent=2))
+            print(json.dumps(by_size, indent=2))
             return 0
         print(f"The locks page's list over HTTP, a fresh read per view, median of {args.rounds}")
-        print("| held locks | wall s | page CPU s | Redis CPU s | Redis CPU, 2 / 20 viewers 10 s |")
-        print("| ---: | ---: | ---: | ---: | ---: |")
-        for n, c in costs.items():
+        print("| held locks | wall s | page CPU s | Redis CPU s | 2 / 20 viewers for 10 s: Redis")
+        print("CPU s, commands |\n| ---: | ---: | ---: | ---: | ---: |")
+        for size, c in by_size.items():
+            two, twenty = "redis_cpu_s_2_viewers_10s", "redis_cpu_s_20_viewers_10s"
+            calls = "redis_commands_2_viewers_10s", "redis_commands_20_viewers_10s"
             print(
-                f"| {n:,} | {c['wall_s']:.3f} | {c['page_cpu_s']:.3f} | {c['redis_cpu_s']:.3f} "
-                f"| {c['redis_cpu_s_2_viewers_10s']:.3f} / {c['redis_cpu_s_20_viewers_10s']:.3f} |"
+                f"| {size:,} | {c['wall_s']:.3f} | {c['page_cpu_s']:.3f} | {c['redis_cpu_s']:.3f} "
+                f"| {c[two]:.3f} / {c[twenty]:.3f}, {c[calls[0]]:.0f} / {c[calls[1]]:.0f} |"
             )
         return 0
     contenders = {"find_locks": locks.find_locks, "one round trip per lock": one_by_one}

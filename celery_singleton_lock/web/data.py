@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._celery.hold import HoldState
@@ -69,6 +69,21 @@ class Listing:
     #: whether ``locks`` is every lock held (not cut at ``max_locks``)
     complete: bool = True
     counts: RecentCounts | None = None
+    #: the rows of each (text, state, newest first) asked of this read, filtered and sorted
+    #: once: a shared read serves many views of few filters
+    picked: dict[tuple[str, str, bool], list[LockView]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def pick(self, q: str, state: str, newest_first: bool) -> list[LockView]:
+        """The locks the filter ``q`` and ``state`` lets through, sorted by age."""
+        key = (q, state, newest_first)
+        found = self.picked.get(key)
+        if found is None:
+            found = sort_views([v for v in self.locks if matches(v, q, state)], newest_first)
+            if len(self.picked) < 32:  # (a crafted stream of filters keeps no more)
+                self.picked[key] = found
+        return found
 
 
 def matches(view: LockView, q: str, state: str) -> bool:

@@ -108,8 +108,10 @@ class LimiterScan:
 
 class Shared(Generic[T]):
     """``read()``'s answer shared by every request: read by one request at a time (the others
-    wait for it, within their deadline), kept ``fresh`` seconds, or twice as long as the read
-    took when that is longer. An error is not kept: the next request reads again."""
+    wait for it, within their deadline), kept ``fresh`` seconds from the start of its read
+    (or twice as long as the read took, when longer): however many look, Redis is read once
+    a period at most, as it is for one viewer who reloads as fast as the page answers. An
+    error is not kept: the next request reads again."""
 
     def __init__(self, read: Callable[[], T], fresh: float = 1.0) -> None:
         self._read, self.fresh = read, fresh
@@ -139,7 +141,7 @@ class Shared(Generic[T]):
             value = self._read()
             self.took = time.monotonic() - started
             self._value = value
-            self._until = time.monotonic() + max(self.fresh, 2 * self.took)
+            self._until = started + max(self.fresh, 2 * self.took)
             return value
         finally:
             self._lock.release()

@@ -13,7 +13,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from . import csrf, outcome, rows
 from .access import TokenAccess
-from .data import DIGEST, LIMITER, STATES, matches, sort_views
+from .data import DIGEST, LIMITER, STATES, matches
 from .guard import printable
 from .messages import Request, Response
 
@@ -93,8 +93,7 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
     page, newest_first = _paging(request.query)
     shared = web.source.shared.get()
     found = web.source.read(q) if state != LIMITER else shared
-    views = [] if state == LIMITER else [v for v in found.locks if matches(v, q, state)]
-    views = sort_views(views, newest_first)
+    views = [] if state == LIMITER else found.pick(q, state, newest_first)
     pages = max(1, -(-len(views) // web.page_size))
     if page > pages:
         raise BadRequest(f"page must be a whole number from 1 to {pages}, got {page}")
