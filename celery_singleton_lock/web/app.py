@@ -56,6 +56,10 @@ class LocksWeb:
         self.link_pattern = link_pattern
         self.refresh = refresh
         self.page_size = page_size
+        # The list's shared read is kept half a reload (a second at least): each open tab
+        # reloads once a refresh, so however many are open, Redis is read about twice a
+        # refresh, as for two tabs; and no tab sees a list older than its own reload.
+        source.shared.fresh = max(1.0, refresh / 2)
         #: the names the standalone server answers to (set by :func:`.serve.make_server`);
         #: ``None`` behind Flask or Django, whose own host checks apply
         self.hosts: Hosts | None = None
