@@ -52,9 +52,9 @@ def holder(locks: Any) -> str | None:
 
 
 def test_a_foreign_host_is_refused_before_routing_for_every_method(
-    redis_server: RedisServer, locks: Any
+    redis_server: RedisServer, locks: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with served(page(redis_server)) as base:
+    with served(page(redis_server)) as base, caplog.at_level(logging.INFO):
         client = Client(base)
         form = release_form(client)
         port = base.rsplit(":", 1)[1].rstrip("/")
@@ -75,6 +75,8 @@ def test_a_foreign_host_is_refused_before_routing_for_every_method(
             assert client.request("GET", "./", headers={"Host": name}).status == 200
         # the loopback name on another port is another site
         assert client.request("GET", "./", headers={"Host": "127.0.0.1:1"}).status == 421
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "celery_singleton_lock.web"]
+    assert line.startswith("refused a GET by anonymous for a Host") and "evil.example" in line
 
 
 def test_the_origin_is_checked_against_the_allowed_names_scheme_included(

@@ -140,8 +140,9 @@ class LocksWeb:
         # rebinding site's (or a misdirected request), however it is sent.
         if self.hosts is not None and not self.hosts.allows_host(request.host):
             self.refusals.refused(
-                f"refused a {printable(request.method)} for a Host the page does not answer "
-                f"to {self.where(request)}"
+                f"refused a {printable(request.method)} by "
+                f"{self.access.actor(request.environ)} for a Host the page does not answer to "
+                f"{self.where(request)}"
             )
             return views.error_page(
                 HTTPStatus.MISDIRECTED_REQUEST,
