@@ -129,33 +129,104 @@ def _comparable(views: list[locks.LockView]) -> list[tuple[Any, ...]]:
     return [(v.key, v.task, v.holder, v.pid, v.state, v.fence, v.slots) for v in views]
 
 
-def page_seconds(url: str, n: int, rounds: int) -> list[float]:
-    """Seconds for the locks page's list (``celery_singleton_lock.web``, first page, default
-    ``page_size``) to answer a GET over real HTTP from wsgiref's server, one per round."""
+def _redis_cpu(client: Any) -> float:
+    """The server's CPU seconds so far (INFO cpu: system + user)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def page_costs(url: str, client: Any, n: int, rounds: int) -> dict[str, float]:
+    """The locks page's list (``celery_singleton_lock.web``, first page, default options)
+    over real HTTP from the page's own server, each view a fresh read (the shared read is
+    forgotten first: what one viewer pays when nobody else looks): the median over ``rounds``
+    of its wall time, the page process's CPU and the Redis server's CPU (INFO cpu deltas)."""
     import threading
     import urllib.request
-    from wsgiref.simple_server import WSGIRequestHandler, make_server
 
     from celery_singleton_lock.web import make_app
+    from celery_singleton_lock.web.serve import make_server
 
-    class Quiet(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = make_server("127.0.0.1", 0, make_app(url=url), handler_class=Quiet)
+    web = make_app(url=url)
+    server = make_server(web, "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    seconds = []
+    page = f"http://127.0.0.1:{server.server_port}/"
+    walls: list[float] = []
+    cpus: list[float] = []
+    redis_cpus: list[float] = []
     try:
+        with urllib.request.urlopen(page) as answer:  # the scripts loaded, the client made
+            answer.read()
         for _ in range(rounds):
+            web.source.shared.forget()
+            redis_before, cpu_before = _redis_cpu(client), time.process_time()
             started = time.perf_counter()
-            with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/") as answer:
+            with urllib.request.urlopen(page) as answer:
                 body = answer.read().decode()
-            seconds.append(time.perf_counter() - started)
-            assert f'<span id="total">{n}</span>' in body, "the page did not count every lock"
+            walls.append(time.perf_counter() - started)
+            cpus.append(time.process_time() - cpu_before)
+            redis_cpus.append(_redis_cpu(client) - redis_before)
+            listed = min(n, web.source.max_locks)
+            assert f'<span id="total">{listed}</span>' in body, "the page did not list its share"
+        viewers = {k: viewers_redis_cpu(page, client, k) for k in (2, 20)}
     finally:
         server.shutdown()
         server.server_close()
-    return seconds
+    return {
+        "wall_s": statistics.median(walls),
+        "page_cpu_s": statistics.median(cpus),
+        "redis_cpu_s": statistics.median(redis_cpus),
+        "redis_cpu_s_2_viewers_30s": viewers[2][0],
+        "redis_cpu_s_20_viewers_30s": viewers[20][0],
+        "redis_commands_2_viewers_30s": viewers[2][1],
+        "redis_commands_20_viewers_30s": viewers[20][1],
+    }
+
+
+def viewers_redis_cpu(
+    page: str, client: Any, viewers: int, seconds: float = 30.0
+) -> tuple[float, int]:
+    """Redis CPU seconds while ``viewers`` clients load the list back to back for
+    ``seconds`` (tabs left open, reloading as fast as they can), and the commands it ran."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    stop = time.monotonic() + seconds
+
+    def view() -> None:
+        while time.monotonic() < stop:
+            try:
+                with urllib.request.urlopen(page) as answer:
+                    answer.read()
+            except urllib.error.HTTPError:  # 503 beyond the bound: answered at once
+                time.sleep(0.05)
+
+    client.config_resetstat()
+    before = _redis_cpu(client)
+    threads = [threading.Thread(target=view) for _ in range(viewers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    cpu = _redis_cpu(client) - before
+    stats = client.info("commandstats")
+    calls = sum(int(v["calls"]) for k, v in stats.items() if k not in _BENCH_COMMANDS)
+    return cpu, calls
+
+
+#: the bench's own commands, not counted
+_BENCH_COMMANDS = ("cmdstat_info", "cmdstat_config|resetstat")
+
+
+def page_bench(sizes: list[int], rounds: int) -> dict[int, dict[str, float]]:
+    """:func:`page_costs` at each number of held locks, each on a fresh server."""
+    results = {}
+    for n in sizes:
+        with RedisServer() as server:
+            client = server.client()
+            take_locks(client, "lock", n)
+            results[n] = page_costs(server.url, client, n, rounds)
+    return results
 
 
 def main() -> int:
@@ -163,7 +234,28 @@ def main() -> int:
     p.add_argument("-n", type=int, default=10_000, help="held locks (default 10000)")
     p.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    p.add_argument(
+        "--page",
+        default="",
+        help="only the locks page, at these numbers of held locks (e.g. 10000,100000)",
+    )
     args = p.parse_args()
+    if args.page:
+        by_size = page_bench([int(n) for n in args.page.split(",")], args.rounds)
+        if args.json:
+            print(json.dumps(by_size, indent=2))
+            return 0
+        print(f"The locks page's list over HTTP, a fresh read per view, median of {args.rounds}")
+        print("| held locks | wall s | page CPU s | Redis CPU s | 2 / 20 viewers for 30 s: Redis")
+        print("CPU s, commands |\n| ---: | ---: | ---: | ---: | ---: |")
+        for size, c in by_size.items():
+            two, twenty = "redis_cpu_s_2_viewers_30s", "redis_cpu_s_20_viewers_30s"
+            calls = "redis_commands_2_viewers_30s", "redis_commands_20_viewers_30s"
+            print(
+                f"| {size:,} | {c['wall_s']:.3f} | {c['page_cpu_s']:.3f} | {c['redis_cpu_s']:.3f} "
+                f"| {c[two]:.3f} / {c[twenty]:.3f}, {c[calls[0]]:.0f} / {c[calls[1]]:.0f} |"
+            )
+        return 0
     contenders = {"find_locks": locks.find_locks, "one round trip per lock": one_by_one}
     times: dict[str, list[float]] = {name: [] for name in contenders}
     with RedisServer() as server:
@@ -178,7 +270,7 @@ def main() -> int:
                 times[name].append(time.perf_counter() - started)
             assert len(found["find_locks"]) == args.n, len(found["find_locks"])
             assert _comparable(found["find_locks"]) == _comparable(found["one round trip per lock"])
-        page = statistics.median(page_seconds(server.url, args.n, args.rounds))
+        page = page_costs(server.url, client, args.n, args.rounds)["wall_s"]
         costs = refusal_costs(server, args.rounds)
     medians = {name: statistics.median(t) for name, t in times.items()}
     result = {

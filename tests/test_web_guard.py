@@ -52,9 +52,9 @@ def holder(locks: Any) -> str | None:
 
 
 def test_a_foreign_host_is_refused_before_routing_for_every_method(
-    redis_server: RedisServer, locks: Any
+    redis_server: RedisServer, locks: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with served(page(redis_server)) as base:
+    with served(page(redis_server)) as base, caplog.at_level(logging.INFO):
         client = Client(base)
         form = release_form(client)
         port = base.rsplit(":", 1)[1].rstrip("/")
@@ -75,6 +75,8 @@ def test_a_foreign_host_is_refused_before_routing_for_every_method(
             assert client.request("GET", "./", headers={"Host": name}).status == 200
         # the loopback name on another port is another site
         assert client.request("GET", "./", headers={"Host": "127.0.0.1:1"}).status == 421
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "celery_singleton_lock.web"]
+    assert line.startswith("refused a GET by anonymous for a Host") and "evil.example" in line
 
 
 def test_the_origin_is_checked_against_the_allowed_names_scheme_included(
@@ -166,3 +168,29 @@ def test_a_bad_allowed_host_is_refused_at_start(redis_server: RedisServer) -> No
     )  # fmt: skip
     assert done.returncode == 2 and "--allowed-host" in done.stderr, done.stderr
     assert "must be a host name as a proxy sends it" in done.stderr, done.stderr
+
+
+def test_every_answer_carries_the_security_headers(redis_server: RedisServer, locks: Any) -> None:
+    wanted = {
+        "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "same-origin",
+    }
+    with served(page(redis_server)) as base:
+        client = Client(base)
+        form = release_form(client)
+        port = base.rsplit(":", 1)[1].rstrip("/")
+        answers = [
+            client.get("./"),
+            client.get("lock?key=lock%3A%7Bguard.job%3A1%7D"),
+            client.get("lock?key=lock%3A%7Bnone%7D"),  # 404
+            client.get("./?page=x"),  # 400
+            client.get("nothing"),  # 404
+            client.request("GET", "./", headers={"Host": f"evil.example:{port}"}),  # 421
+            client.post("release", {**form, "csrf": "x"}),  # 403
+            client.post("release", form),  # 303
+        ]
+    assert [a.status for a in answers] == [200, 200, 404, 400, 404, 421, 403, 303]
+    for answer in answers:
+        assert {k: answer.headers.get(k) for k in wanted} == wanted, answer.status

@@ -94,7 +94,7 @@ def test_flask_blueprint_behind_the_apps_own_login(
 
         (row,) = table_rows(alice.get("locks/").body, "locks")
         done = alice.confirm("locks/" + row["@release"])
-        assert done.status == 303 and done.headers["Location"].startswith("./?done=released")
+        assert done.status == 303 and done.headers["Location"] == "./"
         assert held_by(locks, "lock:{proj.job:1}") is None
         assert "csl_csrf" in alice.cookies
     assert any("alice" in r.getMessage() for r in caplog.records if r.name.endswith(".web"))

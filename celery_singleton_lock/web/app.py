@@ -18,10 +18,25 @@ from .access import Access, TokenAccess
 from .data import Source
 from .guard import Hosts, RefusalLog, printable
 from .messages import Request, Response, request_from_environ
+from .outcome import Outcomes
 
 __all__ = ["LocksWeb", "make_app"]
 
 log = logging.getLogger("celery_singleton_lock.web")
+
+#: on every answer: no script, style or form target of another origin, no framing, no
+#: sniffing, no Referer to other sites (a lock page's URL carries its key), no caching
+HEADERS = (
+    (
+        "Content-Security-Policy",
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'",
+    ),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "same-origin"),
+    ("Cache-Control", "no-store"),
+    ("X-Frame-Options", "DENY"),
+)
 
 
 class LocksWeb:
@@ -41,12 +56,18 @@ class LocksWeb:
         self.link_pattern = link_pattern
         self.refresh = refresh
         self.page_size = page_size
+        # The list's shared read is kept half a reload (a second at least): each open tab
+        # reloads once a refresh, so however many are open, Redis is read about twice a
+        # refresh, as for two tabs; and no tab sees a list older than its own reload.
+        source.shared.fresh = max(1.0, refresh / 2)
         #: the names the standalone server answers to (set by :func:`.serve.make_server`);
         #: ``None`` behind Flask or Django, whose own host checks apply
         self.hosts: Hosts | None = None
         #: refusals, logged at most once every few seconds
         self.refusals = RefusalLog(log)
         self._at_once = threading.BoundedSemaphore(bounds.MAX_AT_ONCE)
+        #: signs the cookie that carries a change's outcome to the list
+        self.outcomes = Outcomes()
 
     def allows_origin(self, request: Request, origin: str) -> bool:
         """Whether ``origin`` (``scheme://host[:port]``) is one the page is served at: an
@@ -90,8 +111,7 @@ class LocksWeb:
                 response = self._answer(request, token)
             finally:
                 self._at_once.release()
-        response.headers.append(("Cache-Control", "no-store"))
-        response.headers.append(("X-Frame-Options", "DENY"))
+        response.headers.extend(HEADERS)
         if fresh:
             response.headers.append(csrf.set_cookie_header(token, request.mount, request.secure))
         return response
@@ -103,23 +123,34 @@ class LocksWeb:
                 return self._route(request, token)
         except views.BadRequest as exc:
             return views.error_page(HTTPStatus.BAD_REQUEST, str(exc))
+        except views.NotHeld as exc:
+            return views.error_page(HTTPStatus.NOT_FOUND, str(exc))
         except (LockError, RedisError) as exc:  # Redis down, slow or hung: say so, no traceback
             log.warning("the locks page could not read Redis: %s", printable(exc, 500))
             return views.error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
+        except Exception:  # anything else: the page's own 500, with its headers
+            log.exception("the locks page failed on a %s", printable(request.method))
+            return views.error_page(
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                "the page failed unexpectedly: its log (celery_singleton_lock.web) says why",
+            )
 
     def _route(self, request: Request, token: str) -> Response:
         # Before anything else, for every method: a name the server does not answer to is a
         # rebinding site's (or a misdirected request), however it is sent.
         if self.hosts is not None and not self.hosts.allows_host(request.host):
             self.refusals.refused(
-                f"refused a {printable(request.method)} for a Host the page does not answer "
-                f"to {self.where(request)}"
+                f"refused a {printable(request.method)} by "
+                f"{self.access.actor(request.environ)} for a Host the page does not answer to "
+                f"{self.where(request)}"
             )
             return views.error_page(
                 HTTPStatus.MISDIRECTED_REQUEST,
                 "this server does not answer to that name: open it at http://127.0.0.1:PORT/, "
                 "or start it with --allowed-host NAME for the name a proxy sends",
             )
+        if request.form_problem is not None:
+            return views.error_page(*request.form_problem)
         if not self.access.can_view(request.environ):
             return views.error_page(HTTPStatus.FORBIDDEN, "you may not see the locks")
         pages = {"": views.listing, "lock": views.lock_page}
@@ -175,9 +206,16 @@ def make_app(
             ok = ok and bool(link_pattern.format(task_id="x"))
         except (KeyError, IndexError, ValueError):
             ok = False
-        if not ok:
+        # A link of the task id alone, or of another scheme, would let a publisher's task id
+        # (``javascript:...``) become the link.
+        where = link_pattern.lower() if isinstance(link_pattern, str) else ""
+        absolute = where.startswith(("http://", "https://")) and not where.startswith(
+            ("http://{", "https://{")
+        )
+        if not ok or not (absolute or (where.startswith("/") and not where.startswith("//"))):
             raise ValueError(
-                "link_pattern must be a str with {task_id} and no other field, such as "
+                "link_pattern must be an http:// or https:// URL, or a path starting with /, "
+                "with {task_id} and no other field, such as "
                 f"'http://flower:5555/task/{{task_id}}', got {link_pattern!r}"
             )
     if prefixes is not None:

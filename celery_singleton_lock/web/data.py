@@ -10,8 +10,9 @@ rate limiters are found by a SCAN that goes on from read to read (:class:`.scan.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._celery.hold import HoldState
@@ -23,7 +24,7 @@ from .._ops.locks import LockView
 from .bounds import check_time
 from .scan import LimiterScan, Shared, lock_keys, text_pattern
 
-__all__ = ["LIMITER", "STATES", "Listing", "Source"]
+__all__ = ["DIGEST", "LIMITER", "STATES", "Listing", "Source", "digest"]
 
 #: the ``state`` filter that shows the rate limiters only
 LIMITER = "limiter"
@@ -44,6 +45,15 @@ _HOLD_STATES = {
     HoldState.REQUEUED: (HoldState.REQUEUED,),
     HoldState.COOLDOWN: (HoldState.COOLDOWN,),
 }
+#: hex digits of a key's digest
+DIGEST = 24
+
+
+def digest(key: str) -> str:
+    """A short name of ``key`` for its links (SHA-256, the first hex digits)."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST]
+
+
 #: locks inspected per round trip (a pipeline), the deadline checked between them
 BATCH = 500
 
@@ -59,6 +69,21 @@ class Listing:
     #: whether ``locks`` is every lock held (not cut at ``max_locks``)
     complete: bool = True
     counts: RecentCounts | None = None
+    #: the rows of each (text, state, newest first) asked of this read, filtered and sorted
+    #: once: a shared read serves many views of few filters
+    picked: dict[tuple[str, str, bool], list[LockView]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def pick(self, q: str, state: str, newest_first: bool) -> list[LockView]:
+        """The locks the filter ``q`` and ``state`` lets through, sorted by age."""
+        key = (q, state, newest_first)
+        found = self.picked.get(key)
+        if found is None:
+            found = sort_views([v for v in self.locks if matches(v, q, state)], newest_first)
+            if len(self.picked) < 32:  # (a crafted stream of filters keeps no more)
+                self.picked[key] = found
+        return found
 
 
 def matches(view: LockView, q: str, state: str) -> bool:
@@ -128,10 +153,9 @@ class Source:
         locks: list[LockView] = []
         leaders: list[LockView] = []
         for view in ops.views_of(states, now):
-            if view.name.startswith(BEAT):
+            if view.name.startswith(BEAT):  # held too, as `celery locks list` shows it
                 leaders.append(view)
-            else:
-                locks.append(self._labelled(view))
+            locks.append(self._labelled(view))
         return Listing(locks, leaders, [], complete)
 
     def _limiters(self) -> list[tuple[str, RateState]]:
@@ -158,6 +182,17 @@ class Source:
         if q and not listing.complete:
             return self._read_locks(text_pattern(q))
         return listing
+
+    def key_of_digest(self, short: str) -> str | None:
+        """The key of a held lock or limiter in use whose :func:`digest` is ``short``, among
+        those the page lists (``None``: none is)."""
+        for listing in (self.shared.get(), self._read_locks()):
+            keys = [v.key for v in (*listing.locks, *listing.leaders)]
+            keys += [RateKeys.for_name(p, r.name).log for p, r in listing.limiters]
+            found = next((k for k in keys if digest(k) == short), None)
+            if found is not None:
+                return found
+        return None
 
     def counts(self, minutes: int = 60) -> RecentCounts:
         """The last ``minutes``' counts, summed over the prefixes."""

@@ -119,8 +119,11 @@ def make_urlpatterns(
         )
         answer = web().handle(request_from_environ(environ, sub, mount, form))
         response = HttpResponse(answer.body, status=answer.status)
-        for header, value in answer.headers:  # one Set-Cookie at most: the page's CSRF cookie
-            response.headers[header] = value
+        for header, value in answer.headers:
+            if header == "Set-Cookie":  # several (CSRF, outcome): Django keeps one per name
+                response.cookies.load(value)
+            else:
+                response.headers[header] = value
         return response
 
     return [

@@ -35,6 +35,8 @@ class Request:
     remote: str = ""
     secure: bool = False
     environ: dict[str, Any] = field(default_factory=dict)
+    #: the status and reason when the POSTed form could not be read (``None``: it was)
+    form_problem: tuple[int, str] | None = None
 
 
 @dataclass
@@ -50,17 +52,22 @@ class Response:
         return f"{self.status} {HTTPStatus(self.status).phrase}"
 
 
-def _read_form(environ: dict[str, Any]) -> dict[str, str]:
+def _read_form(environ: dict[str, Any]) -> tuple[dict[str, str], tuple[int, str] | None]:
+    """The POSTed form, and the status and reason when it could not be read."""
     if environ.get("REQUEST_METHOD") != "POST":
-        return {}
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    if length <= 0 or length > MAX_FORM_BYTES:
-        return {}
-    body = environ["wsgi.input"].read(length).decode("utf-8", "replace")
-    return dict(parse_qsl(body, keep_blank_values=True))
+        return {}, None
+    given = str(environ.get("CONTENT_LENGTH") or "0").strip()
+    if not (given.isascii() and given.isdecimal()) or len(given) > 12:
+        return {}, (HTTPStatus.BAD_REQUEST, "the Content-Length is not a number of bytes")
+    length = int(given)
+    if length > MAX_FORM_BYTES:
+        return {}, (
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"the form has {length} bytes, more than the {MAX_FORM_BYTES} a confirm form may "
+            "have: a long key is released through its link (which names it by a digest)",
+        )
+    body = environ["wsgi.input"].read(length).decode("utf-8", "replace") if length else ""
+    return dict(parse_qsl(body, keep_blank_values=True)), None
 
 
 def request_from_environ(
@@ -79,12 +86,15 @@ def request_from_environ(
         path = environ.get("PATH_INFO", "").lstrip("/")
     if mount is None:
         mount = environ.get("SCRIPT_NAME", "").rstrip("/") + "/"
+    problem = None
+    if form is None:
+        form, problem = _read_form(environ)
     return Request(
         method=environ.get("REQUEST_METHOD", "GET").upper(),
         path=path,
         mount=mount,
         query=dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)),
-        form=_read_form(environ) if form is None else form,
+        form=form,
         cookies=cookies,
         host=environ.get("HTTP_HOST") or environ.get("SERVER_NAME", ""),
         origin=environ.get("HTTP_ORIGIN", ""),
@@ -92,4 +102,5 @@ def request_from_environ(
         remote=environ.get("REMOTE_ADDR", ""),
         secure=environ.get("wsgi.url_scheme") == "https",
         environ=environ,
+        form_problem=problem,
     )

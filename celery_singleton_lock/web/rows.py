@@ -7,12 +7,31 @@ from urllib.parse import urlencode
 
 from .._lock import Rate, RateKeys, RateState
 from .._ops.locks import LockView
-from .data import BEAT
+from .data import BEAT, digest
 
-__all__ = ["duration", "fields", "leader", "limiter", "limiter_key", "lock", "message"]
+__all__ = [
+    "digest",
+    "duration",
+    "fields",
+    "key_query",
+    "leader",
+    "limiter",
+    "limiter_key",
+    "lock",
+    "message",
+]
 
-#: what a finished action says above the list (``?done=<code>:<detail>``); only these
-#: texts are shown, so a crafted link cannot put words of its own on the page
+#: a key longer than this is linked by its digest (a URL must stay short enough to send)
+LONG_KEY = 256
+
+
+def key_query(key: str) -> dict[str, str]:
+    """How a link names ``key``: itself, or when long, its digest (``d``)."""
+    return {"key": key} if len(key) <= LONG_KEY else {"d": digest(key)}
+
+
+#: what a finished action says above the list (its outcome cookie's code and detail, see
+#: :mod:`.outcome`); only these texts are shown
 _MESSAGES = {
     "released": "Released {}.",
     "not-held": "{} was not held: nothing released.",
@@ -54,8 +73,8 @@ def lock(view: LockView) -> dict[str, Any]:
         "age_s": "" if view.age_s is None else f"{view.age_s:.3f}",
         "lease": duration(view.lease_s),
         "slots": _text(view.slots),
-        "detail_href": "lock?" + urlencode({"key": view.key}),
-        "release_href": "release?" + urlencode({"key": view.key}),
+        "detail_href": "lock?" + urlencode(key_query(view.key)),
+        "release_href": "release?" + urlencode(key_query(view.key)),
     }
 
 
@@ -73,7 +92,7 @@ def limiter(prefix: str, state: RateState) -> dict[str, Any]:
         "waiting": str(state.waiting),
         "next_free": duration(state.next_free),
         "paused": duration(state.paused) if state.paused else "-",
-        "release_href": "release?" + urlencode({"key": key}),
+        "release_href": "release?" + urlencode(key_query(key)),
     }
 
 
@@ -87,7 +106,7 @@ def leader(view: LockView) -> dict[str, Any]:
         "pid": _text(view.pid),
         "since": duration(view.age_s),
         "lease": duration(view.lease_s),
-        "detail_href": "lock?" + urlencode({"key": view.key}),
+        "detail_href": "lock?" + urlencode(key_query(view.key)),
     }
 
 
@@ -109,10 +128,12 @@ def fields(view: LockView, result: str | None) -> list[tuple[str, str, str]]:
     ]
 
 
-def message(done: str) -> str | None:
-    """The text of ``?done=<code>:<detail>``, or ``None``."""
-    code, _, detail = done.partition(":")
-    if code not in _MESSAGES or not detail or len(detail) > 1000:
+def message(done: tuple[str, str] | None) -> str | None:
+    """The banner of a change's outcome ``(code, detail)``, or ``None``."""
+    if done is None:
+        return None
+    code, detail = done
+    if code not in _MESSAGES or not detail:
         return None
     if code == "purged" and not detail.isdecimal():
         return None

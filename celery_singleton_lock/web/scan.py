@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -108,8 +109,11 @@ class LimiterScan:
 
 class Shared(Generic[T]):
     """``read()``'s answer shared by every request: read by one request at a time (the others
-    wait for it, within their deadline), kept ``fresh`` seconds, or twice as long as the read
-    took when that is longer. An error is not kept: the next request reads again."""
+    wait for it, within their deadline), kept until the end of the clock's current period:
+    ``fresh`` seconds, doubled until it is at least twice as long as the read took. The
+    periods are the clock's, not the viewers': however many look, Redis is read once a
+    period at most, as it is for one viewer who reloads as fast as the page answers. An
+    error is not kept: the next request reads again."""
 
     def __init__(self, read: Callable[[], T], fresh: float = 1.0) -> None:
         self._read, self.fresh = read, fresh
@@ -139,7 +143,10 @@ class Shared(Generic[T]):
             value = self._read()
             self.took = time.monotonic() - started
             self._value = value
-            self._until = time.monotonic() + max(self.fresh, 2 * self.took)
+            period = self.fresh
+            while period < 2 * self.took:
+                period *= 2
+            self._until = (math.floor(time.monotonic() / period) + 1) * period
             return value
         finally:
             self._lock.release()

@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from . import csrf, rows
+from . import csrf, outcome, rows
 from .access import TokenAccess
-from .data import LIMITER, STATES, matches, sort_views
+from .data import DIGEST, LIMITER, STATES, matches
 from .guard import printable
 from .messages import Request, Response
 
@@ -35,6 +35,25 @@ _templates = Environment(
 
 class BadRequest(ValueError):
     """A query the page cannot answer (400), its message naming the parameter."""
+
+
+class NotHeld(LookupError):
+    """A key the page finds no lock of (404)."""
+
+
+def _key(web: LocksWeb, params: dict[str, str], usage: str) -> str:
+    """The key ``params`` name: ``key``, or ``d``, the digest a long key is linked by."""
+    key, short = params.get("key", ""), params.get("d", "")
+    if key:
+        return key
+    if short:
+        if len(short) != DIGEST or short.strip("0123456789abcdef"):
+            raise BadRequest(f"d must be {DIGEST} hex digits (a long key's digest), got {short!r}")
+        found = web.source.key_of_digest(short)
+        if found is None:
+            raise NotHeld(f"no held lock has the digest {short}")
+        return found
+    raise BadRequest(f"key is missing: {usage}")
 
 
 def _render(status: int, template: str, **context: Any) -> Response:
@@ -74,8 +93,7 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
     page, newest_first = _paging(request.query)
     shared = web.source.shared.get()
     found = web.source.read(q) if state != LIMITER else shared
-    views = [] if state == LIMITER else [v for v in found.locks if matches(v, q, state)]
-    views = sort_views(views, newest_first)
+    views = [] if state == LIMITER else found.pick(q, state, newest_first)
     pages = max(1, -(-len(views) // web.page_size))
     if page > pages:
         raise BadRequest(f"page must be a whole number from 1 to {pages}, got {page}")
@@ -95,7 +113,9 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
     ]
     # A read that took long reloads less often: open tabs must not keep Redis busy.
     refresh = max(web.refresh, min(60, round(web.source.shared.took * 20))) if web.refresh else 0
-    return _render(
+    done = request.cookies.get(outcome.COOKIE)
+    message = rows.message(web.outcomes.read(done)) if done else None
+    answer = _render(
         200,
         "list.html",
         refresh=refresh,
@@ -116,15 +136,16 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
         states=STATES,
         can_change=can_change,
         purge_href="purge?" + urlencode(keep) if keep else "purge",
-        message=rows.message(request.query.get("done", "")),
+        message=message,
     )
+    if done:  # shown once
+        answer.headers.append(web.outcomes.clear(request.mount))
+    return answer
 
 
 def lock_page(web: LocksWeb, request: Request, token: str) -> Response:
     """``GET ./lock?key=KEY``: everything known of one lock (404 when it is not held)."""
-    key = request.query.get("key", "")
-    if not key:
-        raise BadRequest("key is missing: lock?key=prefix:{name}")
+    key = _key(web, request.query, "lock?key=prefix:{name}")
     found = web.source.lock(key)
     if found is None:
         return error_page(HTTPStatus.NOT_FOUND, f"{key} is not held")
@@ -132,7 +153,7 @@ def lock_page(web: LocksWeb, request: Request, token: str) -> Response:
     result = web.source.result_state(view)
     link = None
     if web.link_pattern and view.holder and view.task:
-        link = web.link_pattern.format(task_id=view.holder)
+        link = web.link_pattern.format(task_id=quote(view.holder, safe=""))
     return _render(
         200,
         "lock.html",
@@ -140,7 +161,7 @@ def lock_page(web: LocksWeb, request: Request, token: str) -> Response:
         link=link,
         permits=[rows.lock(p) for p in permits],
         can_change=web.access.can_change(request.environ),
-        release_href="release?" + urlencode({"key": view.key}),
+        release_href="release?" + urlencode(rows.key_query(view.key)),
     )
 
 
@@ -176,27 +197,28 @@ def release_confirm(web: LocksWeb, request: Request, token: str) -> Response:
     refused = _refusal(web, request, posted=False)
     if refused is not None:
         return refused
-    key = request.query.get("key", "")
-    if not key:
-        raise BadRequest("key is missing: release?key=prefix:{name}")
+    key = _key(web, request.query, "release?key=prefix:{name}")
     limiter = web.source.limiter_of(key)
     found = None if limiter is not None else web.source.lock(key)
     if limiter is None and found is None:
         return error_page(HTTPStatus.NOT_FOUND, f"{key} is not held")
     view = found[0] if found else None
+    holder = (view.holder or "") if view else ""
     return _render(
         200,
         "confirm.html",
         action="release",
         key=key,
         view=view,
-        hidden={"key": key, "holder": (view.holder or "") if view else "", "csrf": token},
+        hidden={**rows.key_query(key), "holder": holder, "csrf": token},
         needs_token=web.access.needs_token,
     )
 
 
-def _done(code: str) -> Response:
-    return Response(HTTPStatus.SEE_OTHER, b"", [("Location", "./?" + urlencode({"done": code}))])
+def _done(web: LocksWeb, request: Request, code: str, detail: str) -> Response:
+    """303 to the list, the outcome in a short-lived signed cookie (see :mod:`.outcome`)."""
+    cookie = web.outcomes.cookie(code, detail, request.mount, request.secure)
+    return Response(HTTPStatus.SEE_OTHER, b"", [("Location", "./"), cookie])
 
 
 def release_post(web: LocksWeb, request: Request) -> Response:
@@ -204,16 +226,14 @@ def release_post(web: LocksWeb, request: Request) -> Response:
     refused = _refusal(web, request, posted=True)
     if refused is not None:
         return refused
-    key, holder = request.form.get("key", ""), request.form.get("holder", "")
-    if not key:
-        raise BadRequest("key is missing from the form")
-    outcome = web.source.release(key, holder or None)
+    key, holder = _key(web, request.form, "the form's key field"), request.form.get("holder", "")
+    result = web.source.release(key, holder or None)
     log.warning(
         "%s by %s %s: %s%s",
-        outcome, web.access.actor(request.environ), web.where(request), printable(key),
+        result, web.access.actor(request.environ), web.where(request), printable(key),
         f" (held by {printable(holder)})" if holder else "",
     )  # fmt: skip
-    return _done(f"{outcome}:{key}")
+    return _done(web, request, result, key)
 
 
 def purge_confirm(web: LocksWeb, request: Request, token: str) -> Response:
@@ -252,4 +272,4 @@ def purge_post(web: LocksWeb, request: Request) -> Response:
         freed, web.access.actor(request.environ), web.where(request), printable(repr(q)),
         printable(repr(state)),
     )  # fmt: skip
-    return _done(f"purged:{freed}")
+    return _done(web, request, "purged", str(freed))
