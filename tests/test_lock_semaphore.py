@@ -216,6 +216,28 @@ def test_another_run_of_the_holding_owner_is_refused_and_takes_no_other_permit(
     assert run2.holders() == {}
 
 
+def test_another_run_of_the_holding_owner_in_the_same_process_is_refused(
+    redis_client: Any,
+) -> None:
+    """One client is one process: a thread pool's worker that gets a message again while its
+    first run lives in another thread must be refused too (it re-entered in the process)."""
+    for make in (
+        lambda token: ReentrantLock(redis_client, "one", ttl=30, owner="job", run_token=token),
+        lambda token: Semaphore(redis_client, "runs", 2, ttl=30, owner="job", run_token=token),
+    ):
+        first, again, same = make("r1"), make("r2"), make("r1")
+        assert first.acquire(blocking=False)
+        refused = again.try_acquire()
+        assert not refused.acquired and refused.other_run and refused.holder == "job"
+        assert refused.lease_left > 0
+        assert again.acquire(timeout=0.2) is False
+        assert same.acquire(blocking=False)  # the same run nests as before
+        same.release()
+        assert first.release_all().freed
+        assert again.acquire(blocking=False)  # the first run is over
+        again.release()
+
+
 # -- waiting -------------------------------------------------------------------------------
 
 

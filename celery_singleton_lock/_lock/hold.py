@@ -94,6 +94,9 @@ class Hold:
     next_renew: float = 0.0
     #: monotonic time the acquire that took it was sent (for the hold-time metric)
     taken_at: float = 0.0
+    #: the run token it was taken with ("" for none): another run of the owner in this process
+    #: (a thread pool) is refused as Redis refuses one from another process
+    run_token: str = ""
 
     def __post_init__(self) -> None:
         self.lease_ms = max(1, round(self.ttl * 1000))

@@ -150,6 +150,12 @@ class ReentrantLock:
                         raise LockLostError(
                             f"cannot re-enter lock {self._name!r}: its lease was lost"
                         )
+                    token = self._run_token
+                    if token and hold.run_token and token != hold.run_token:
+                        # Another run of this owner holds it in this process (a message
+                        # delivered again to a thread pool while its first run lives).
+                        left = max(hold.valid_until - time.monotonic(), 0.0)
+                        return AcquireReply(False, lease_left=left, holder=owner, other_run=True)
                     hold.count += 1
                     if observe.observer is not None:
                         observe.observer.acquired(True)
@@ -187,6 +193,7 @@ class ReentrantLock:
                 )
             if reply.acquired:
                 hold.count, hold.fence, hold.taken_at = 1, reply.fence, sent
+                hold.run_token = self._run_token
                 hold.valid_until = sent + hold.ttl
                 self._last_hold = hold
                 if self._owner is None:
