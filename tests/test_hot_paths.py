@@ -5,6 +5,7 @@ restart, a connection the server closed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, ClassVar
@@ -17,6 +18,7 @@ from celery_singleton_lock import LockSpace, ReentrantLock, reload_settings
 from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._celery.hold import HOST, holder_info
 from celery_singleton_lock._lock import DeadlineRetry
+from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock.testing import RedisServer
 
@@ -245,3 +247,18 @@ def test_a_runtime_is_per_client_and_per_process(redis_server: RedisServer) -> N
     assert os.read(read, 1) == b"1"
     os.close(read)
     os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize(("name", "slot"), [("a", 1), ("b}%c", 1), ("d", 3)])
+def test_keys_made_for_a_name_are_the_dataclass_they_say(name: str, slot: int) -> None:
+    """``LockKeys.for_name`` fills the frozen dataclass without its ``__init__``: the same
+    object, equal, hashed and shown as one made by it, and still frozen."""
+    keys = LockKeys.for_name("p", name, slot)
+    made = LockKeys(keys.prefix, name, keys.lock, keys.lock + ":meta", keys.channel, slot)
+    assert keys == made
+    assert hash(keys) == hash(made)
+    assert repr(keys) == repr(made)
+    assert dataclasses.asdict(keys) == dataclasses.asdict(made)
+    assert LockKeys.from_lock_key(keys.lock) == keys
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        keys.name = "other"  # type: ignore[misc]

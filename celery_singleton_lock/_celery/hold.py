@@ -16,9 +16,8 @@ import os
 import socket
 from collections.abc import Callable, Collection
 from contextlib import suppress
-from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .._lock import NamedLock
 from .counts import count
@@ -105,9 +104,9 @@ PREFIX_HEADER = "singleton_lock_prefix"
 PERMITS_HEADER = "singleton_lock_permits"
 
 
-@dataclass(frozen=True)
-class MessageLock:
-    """The lock a message's publish took, as the message's headers carry it."""
+class MessageLock(NamedTuple):
+    """The lock a message's publish took, as the message's headers carry it (a tuple: one is
+    made per publish and per run)."""
 
     name: str
     #: ``None`` in a message from a version that did not send it (the task's prefix applies)
