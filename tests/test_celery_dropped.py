@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
 from celery_fixtures import CeleryEnv, Gates, app_task, configure, new_app
 from celery_procs import close_app
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask
+from celery_singleton_lock._celery.hold import HEADER, PREFIX_HEADER
 
 gates = Gates()
 #: the worker's app: it knows dropped.known (json only), not dropped.ghost
@@ -130,3 +131,34 @@ def test_dropped_messages_free_every_slot_they_held(env: CeleryEnv, publisher: C
     assert first.id != second.id and limited.is_locked("k5")
     wait_until(lambda: not limited.is_locked("k5"), 10, "both slots to be freed")
     assert limited.delay("k5").id not in {first.id, second.id}
+
+
+def test_a_message_names_its_prefix_only_when_it_is_not_the_apps(
+    env: CeleryEnv, publisher: Celery
+) -> None:
+    """The app's own prefix goes without saying (a worker reading none uses it, as the ghost's
+    release above shows); a drop-in's own prefix is in the headers, for a worker that does not
+    know the task."""
+    from celery_singleton_lock.compat.singleton import Singleton
+
+    sent: dict[str, dict[str, Any]] = {}
+
+    def note(sender: Any = None, headers: Any = None, **_: Any) -> None:
+        sent[headers["task"]] = dict(headers)
+
+    @app_task(publisher, base=Singleton, shared=False, name="dropped.prefixed_singleton")
+    def prefixed(key: str) -> str:
+        return key
+
+    ghost = _task(publisher, "dropped.plain_ghost")
+    signals.before_task_publish.connect(note, weak=False)
+    try:
+        ghost.delay("k6")
+        prefixed.delay("k6")
+    finally:
+        signals.before_task_publish.disconnect(note)
+    assert sent["dropped.plain_ghost"][HEADER].startswith("dropped.plain_ghost:")
+    assert PREFIX_HEADER not in sent["dropped.plain_ghost"]
+    assert sent["dropped.prefixed_singleton"][PREFIX_HEADER] == "SINGLETONLOCK_"
+    wait_until(lambda: not ghost.is_locked("k6"), 10, "the dropped message's lock to go")
+    wait_until(lambda: not prefixed.is_locked("k6"), 10, "the drop-in's lock to go")

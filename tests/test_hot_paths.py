@@ -5,6 +5,7 @@ restart, a connection the server closed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, ClassVar
@@ -13,9 +14,12 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_singleton_lock import ReentrantLock, reload_settings
+from celery_singleton_lock import LockSpace, ReentrantLock, reload_settings
 from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._celery.hold import HOST, holder_info
+from celery_singleton_lock._lock import DeadlineRetry
+from celery_singleton_lock._lock.keys import LockKeys
+from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock.testing import RedisServer
 
 #: LockConfig's attributes with nothing configured
@@ -158,3 +162,103 @@ def test_a_single_connection_client_works(redis_server: RedisServer) -> None:
     with ReentrantLock(client, "hot-single", ttl=5, renew=False) as lock:
         assert lock.owned()
     client.close()
+
+
+@pytest.mark.parametrize("within_deadline", [False, True])
+def test_a_deadline_retry_client_survives_a_server_restart(
+    make_redis_server: Any, within_deadline: bool
+) -> None:
+    """The package's own retry policy sends a command at once and enters its retry loop only
+    when the send fails: after a restart, the command that finds the dead connection is sent
+    again on a new one (the failure handler closed the old), with or without a deadline."""
+    server: RedisServer = make_redis_server()
+    client = redis.Redis(port=server.port, retry=DeadlineRetry(redis.backoff.NoBackoff(), 2))
+    bound = 5.0 if within_deadline else None
+    lock = ReentrantLock(client, "hot-retry-restart", ttl=5, renew=False, backend_timeout=bound)
+    with lock:
+        pass
+    server.restart()
+    with lock:
+        assert lock.owned()
+    client.close()
+
+
+def test_the_retry_policy_retries_what_redis_py_adds_to_it() -> None:
+    """redis-py widens a client's policy (``retry_on_error``) through ``update_supported_errors``:
+    an error it added is resent too, the failure handler gets the count when asked, and an
+    error ``is_retryable`` refuses is raised at once, without a resend."""
+    policy = DeadlineRetry(redis.backoff.NoBackoff(), 3)
+    policy.update_supported_errors([KeyError])
+    attempts: list[int] = []
+    failures: list[tuple[Any, ...]] = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise KeyError("lost")
+        return "done"
+
+    result = policy.call_with_retry(
+        flaky, lambda *failure: failures.append(failure), with_failure_count=True
+    )
+    assert result == "done"
+    assert len(attempts) == 3
+    assert [f[1] for f in failures] == [1, 2]
+    attempts.clear()
+    with pytest.raises(KeyError):
+        policy.call_with_retry(flaky, lambda *_: None, lambda _error: False)
+    assert len(attempts) == 1
+
+
+def test_a_checked_lock_is_the_lock_its_space_makes(redis_client: Any) -> None:
+    """``LockSpace.checked_lock`` (a job's lock, its checks done once per space) makes the same
+    object ``LockSpace.lock`` does; a lease or a name it cannot take is refused as ``lock``
+    refuses it."""
+    space = LockSpace(redis_client, "hot", backend_timeout=3.0)
+    texts = {"owner": "task-1", "info": "{}", "run_token": "r-1", "state": "running"}
+    checked = space.checked_lock("job:1", ttl=7.5, **texts)
+    made = space.lock("job:1", ttl=7.5, **texts)
+    assert vars(checked) == vars(made)
+    with checked:
+        assert checked.owned()
+    with pytest.raises(ValueError, match="ttl"):
+        space.checked_lock("job:1", ttl=0.0, **texts)
+    with pytest.raises(TypeError, match="name"):
+        space.checked_lock("", ttl=7.5, **texts)
+
+
+def test_a_runtime_is_per_client_and_per_process(redis_server: RedisServer) -> None:
+    """A client's runtime is found again for that client only, and a forked child gets its own."""
+    first, second = redis_server.client(), redis_server.client()
+    runtime = LockRuntime.of(first)
+    assert LockRuntime.of(first) is runtime
+    assert LockRuntime.of(second) is not runtime
+    assert LockRuntime.of(first) is runtime
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a new runtime for the same client, and the info's own pid
+        ok = LockRuntime.of(first) is not runtime and f'"pid":{os.getpid()}' in holder_info(
+            "a.b", "1"
+        )
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    assert holder_info("a.b", "1")  # the parent's, cached before the fork's child asks
+    assert os.read(read, 1) == b"1"
+    os.close(read)
+    os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize(("name", "slot"), [("a", 1), ("b}%c", 1), ("d", 3)])
+def test_keys_made_for_a_name_are_the_dataclass_they_say(name: str, slot: int) -> None:
+    """``LockKeys.for_name`` fills the frozen dataclass without its ``__init__``: the same
+    object, equal, hashed and shown as one made by it, and still frozen."""
+    keys = LockKeys.for_name("p", name, slot)
+    made = LockKeys(keys.prefix, name, keys.lock, keys.lock + ":meta", keys.channel, slot)
+    assert keys == made
+    assert hash(keys) == hash(made)
+    assert repr(keys) == repr(made)
+    assert dataclasses.asdict(keys) == dataclasses.asdict(made)
+    assert LockKeys.from_lock_key(keys.lock) == keys
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        keys.name = "other"  # type: ignore[misc]

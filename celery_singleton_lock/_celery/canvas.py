@@ -119,11 +119,14 @@ def note_chord_member(
 ) -> None:
     """``after_task_publish``: note each locked chord header member this thread sends, so a
     duplicate met later in that header can revoke them."""
-    lock = MessageLock.of(headers)
-    if lock is None or headers is None:
+    if headers is None:
         return
+    # A group member first (every publish comes here, few in a group), then a locked one.
     group_id, task_id = headers.get("group"), headers.get("id")
     if not (isinstance(group_id, str) and isinstance(task_id, str)):
+        return
+    lock = MessageLock.of(headers)
+    if lock is None:
         return
     try:
         embed = body[2]

@@ -16,9 +16,8 @@ import os
 import socket
 from collections.abc import Callable, Collection
 from contextlib import suppress
-from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .._lock import NamedLock
 from .counts import count
@@ -50,22 +49,29 @@ SKIPPED = "SKIPPED"
 
 HOST = socket.gethostname()
 _HOST_JSON = _json_str(HOST)
+#: (task name, slots) -> the info's text before and after its task id: a class's names are
+#: few, its jobs many. Cleared in a forked child (the pid is in the text).
+_info_parts: dict[tuple[str, int], tuple[str, str]] = {}
+os.register_at_fork(after_in_child=_info_parts.clear)
 
 
 def holder_info(task_name: str, task_id: str, limit: int = 1) -> str:
     """``{"task", "id", "host", "pid"}`` as compact JSON (with ``"limit"`` for a job of several
     slots), spelt out: every publish and run writes one."""
-    if not (type(task_name) is str and type(task_id) is str):
+    if not (type(task_name) is str and type(task_id) is str and type(limit) is int):
         info: dict[str, object] = {"task": task_name, "id": task_id, "host": HOST}
         info["pid"] = os.getpid()
         if limit != 1:
             info["limit"] = int(limit)
         return json.dumps(info, separators=(",", ":"))
-    slots = f',"limit":{int(limit)}' if limit != 1 else ""
-    return (
-        f'{{"task":{_json_str(task_name)},"id":{_json_str(task_id)},'
-        f'"host":{_HOST_JSON},"pid":{os.getpid()}{slots}}}'
-    )
+    parts = _info_parts.get((task_name, limit))
+    if parts is None:
+        slots = f',"limit":{limit}' if limit != 1 else ""
+        parts = _info_parts[(task_name, limit)] = (
+            f'{{"task":{_json_str(task_name)},"id":',
+            f',"host":{_HOST_JSON},"pid":{os.getpid()}{slots}}}',
+        )
+    return parts[0] + _json_str(task_id) + parts[1]
 
 
 def release_if_in(
@@ -98,9 +104,9 @@ PREFIX_HEADER = "singleton_lock_prefix"
 PERMITS_HEADER = "singleton_lock_permits"
 
 
-@dataclass(frozen=True)
-class MessageLock:
-    """The lock a message's publish took, as the message's headers carry it."""
+class MessageLock(NamedTuple):
+    """The lock a message's publish took, as the message's headers carry it (a tuple: one is
+    made per publish and per run)."""
 
     name: str
     #: ``None`` in a message from a version that did not send it (the task's prefix applies)

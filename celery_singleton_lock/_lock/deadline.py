@@ -126,10 +126,32 @@ class DeadlineRetry(Retry):
         *args: Any,
         **kwargs: Any,
     ) -> T:
+        # The common case, twice per command on the hot path: a reply, with time left or no
+        # deadline. It reads the context variable and the clock once and sends; the retry
+        # machinery (the backoff, the closure, redis-py's loop) is entered on an error only.
         current = _current.get()
         at = None if current is None else current[0]
         if at is not None and time.monotonic() >= at:
             raise expired()
+        try:
+            return do()
+        # Retry's own tuple: a client's retry_on_error / retry_on_timeout widen it (redis-py's
+        # update_supported_errors), not ``supported_errors``.
+        except self._supported_errors as error:
+            return self._retrying(do, fail, at, error, args, kwargs)
+
+    def _retrying(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        at: float | None,
+        first: Exception,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> T:
+        """The retry loop after ``first``, the error of the call already sent: it goes through
+        the loop as the first attempt's failure (checked with ``is_retryable``, counted, handed
+        to ``fail``, paused after), and no resend starts past ``at`` (``None``: no deadline)."""
         self.backoff.reset()
         retries = self.resends
         failures = 0
@@ -146,5 +168,12 @@ class DeadlineRetry(Retry):
             if pause > 0:
                 time.sleep(pause)
 
-        result: T = super().call_with_retry(do, fail_then_pause, *args, **kwargs)
+        pending = [first]
+
+        def attempt() -> T:
+            if pending:
+                raise pending.pop()  # the failure of the call sent before the loop
+            return do()
+
+        result: T = super().call_with_retry(attempt, fail_then_pause, *args, **kwargs)
         return result

@@ -63,21 +63,52 @@ class ReentrantLock:
         for parameter, value in (("info", info), ("run_token", run_token), ("state", state)):
             if not isinstance(value, str):
                 raise TypeError(f"{parameter} must be a str, got {value!r}")
-        self._timeout = check_wait(timeout, "timeout")
-        self._backend_timeout = check_backend_timeout(backend_timeout)
+        keys = LockKeys.for_name(check_prefix(prefix), name)
+        timeout, backend_timeout = check_wait(timeout), check_backend_timeout(backend_timeout)
+        texts = (info, run_token, state)
+        self._set(client, keys, float(ttl), owner, renew, timeout, backend_timeout, texts)
+
+    def _set(self, client: Any, keys: LockKeys, ttl: float, owner: str | None, renew: bool,
+             timeout: float | None, backend_timeout: float | None,
+             texts: tuple[str, str, str]) -> None:  # fmt: skip
+        """Every attribute, from checked arguments (``__init__``, :meth:`checked`);
+        ``texts``: the hold's info, run token and state."""
+        self._timeout = timeout
+        self._backend_timeout = backend_timeout
         self._client: Any = client
-        self._name = name
-        self._ttl = float(ttl)
+        self._name = keys.name
+        self._ttl = ttl
         self._owner = owner
         self._renew = renew
-        self._info, self._run_token, self._state = info, run_token, state
-        self._keys = LockKeys.for_name(check_prefix(prefix), name)
+        self._info, self._run_token, self._state = texts
+        self._keys = keys
         #: a permit of a Semaphore (semaphore._Permit): its refusals are the semaphore's
         self._quiet = False
         #: the hold taken last (its ``lost`` outlives it), and the Event ``lost`` returns before
         #: any hold: both made only when needed
         self._last_hold: Hold | None = None
         self._never_lost: threading.Event | None = None
+
+    @classmethod
+    def checked(
+        cls,
+        client: Any,
+        keys: LockKeys,
+        *,
+        ttl: float,
+        owner: str,
+        info: str,
+        run_token: str,
+        state: str,
+        backend_timeout: float | None,
+    ) -> ReentrantLock:
+        """A renewed lock without a default wait, of arguments its caller checked already
+        (:meth:`LockSpace.checked_lock`): ``__init__`` less its checks, for the layers above
+        that make one lock per job."""
+        lock = cls.__new__(cls)
+        texts = (info, run_token, state)
+        cls._set(lock, client, keys, ttl, owner, True, None, backend_timeout, texts)
+        return lock
 
     @property
     def name(self) -> str:

@@ -129,12 +129,17 @@ class LockRuntime:
     @classmethod
     def of(cls, client: Any) -> LockRuntime:
         """The runtime of ``client`` in this process, made at its first use."""
+        global _last
+        last = _last  # one read: another thread may replace it meanwhile
+        if last is not None and last[0]() is client:
+            return last[1]
         runtime = _runtimes.get(client)
         if runtime is None:
             with _registry_lock:
                 runtime = _runtimes.get(client)
                 if runtime is None:
                     runtime = _runtimes[client] = cls(client)
+        _last = (weakref.ref(client), runtime)
         return runtime
 
     def _started_lane(self) -> Lane:
@@ -284,6 +289,9 @@ class LockRuntime:
 
     def close(self) -> None:
         """The client is gone: close the idle wake-up connections and end the lane."""
+        global _last
+        if _last is not None and _last[1] is self:
+            _last = None  # nothing keeps a runtime after its client
         with self._mutex:
             hub, self._hub = self._hub, None
             _closed[0] += self.round_trips
@@ -297,6 +305,9 @@ class LockRuntime:
 
 #: client -> its runtime (weakly: a runtime never keeps its client alive)
 _runtimes: weakref.WeakKeyDictionary[Any, LockRuntime] = weakref.WeakKeyDictionary()
+#: the client asked for last (weakly) and its runtime: most processes use one client, and
+#: a job asks several times (a WeakKeyDictionary lookup makes a weakref each time)
+_last: tuple[weakref.ref[Any], LockRuntime] | None = None
 _registry_lock = threading.Lock()
 #: round trips and renewals of the runtimes whose client went
 _closed = [0, 0]
@@ -347,7 +358,8 @@ def get_heartbeat() -> Heartbeat:
 def _after_fork_in_child() -> None:
     # The parent's runtimes stay behind, never closed from here: their lanes are the parent's
     # threads, their holds and connections the parent's.
-    global _runtimes, _registry_lock, _closed
+    global _runtimes, _registry_lock, _closed, _last
+    _last = None
     for runtime in list(_runtimes.values()):
         runtime.abandon()
     _runtimes = weakref.WeakKeyDictionary()

@@ -66,7 +66,7 @@ class LockSpace:
     client's own bounds only) bounds each operation here, and each of the locks made by
     :meth:`lock`, as a whole, resends included (see :class:`ReentrantLock`)."""
 
-    __slots__ = ("backend_timeout", "client", "prefix")
+    __slots__ = ("_checked_ttl", "backend_timeout", "client", "prefix")
 
     def __init__(
         self, client: RedisClient, prefix: str = "lock", *, backend_timeout: float | None = None
@@ -76,6 +76,8 @@ class LockSpace:
         self.client: Any = client
         self.prefix = check_prefix(prefix)
         self.backend_timeout = check_backend_timeout(backend_timeout)
+        #: the lease :meth:`checked_lock` checked last (a job's lease is the same for every job)
+        self._checked_ttl: float | None = None
 
     def keys(self, name: str) -> LockKeys:
         """The Redis keys of the lock ``name``."""
@@ -94,6 +96,39 @@ class LockSpace:
         ``owner``, ``info``, ``run_token``, ``state``)."""
         options.update(prefix=self.prefix, backend_timeout=self.backend_timeout)
         return ReentrantLock(self.client, name, ttl=ttl, **options)
+
+    def checked_lock(
+        self, name: str, *, ttl: float, owner: str, info: str, run_token: str, state: str
+    ) -> ReentrantLock:
+        """:meth:`lock` for one job of a task class: the space's client, prefix and bound were
+        checked as it was made and ``ttl`` is checked once per value, so a lock per job costs
+        its keys only. ``name`` and ``owner`` must be non-empty strings, ``info``, ``run_token``
+        and ``state`` strings (anything else goes through :meth:`lock`'s checks)."""
+        if ttl is not self._checked_ttl:
+            check_lease_ms(ttl, "ttl")
+            self._checked_ttl = ttl
+        if not (
+            type(name) is str
+            and name
+            and type(owner) is str
+            and owner
+            and isinstance(info, str)
+            and isinstance(run_token, str)
+            and isinstance(state, str)  # (a StrEnum label too)
+        ):
+            return self.lock(
+                name, ttl=ttl, owner=owner, info=info, run_token=run_token, state=state
+            )
+        return ReentrantLock.checked(
+            self.client,
+            LockKeys.for_name(self.prefix, name),
+            ttl=float(ttl),
+            owner=owner,
+            info=info,
+            run_token=run_token,
+            state=state,
+            backend_timeout=self.backend_timeout,
+        )
 
     def semaphore(self, name: str, permits: int, *, ttl: float, **options: Any) -> Semaphore:
         """A renewed :class:`Semaphore` of ``permits`` on ``name`` (``options`` as :meth:`lock`)."""

@@ -247,13 +247,8 @@ class RunMode:
                 run_token=new_run_token(),
                 state=AT_RUN,
             )
-        return bound.space.lock(
-            name,
-            ttl=bound.ttl,
-            owner=task_id,
-            info=info,
-            run_token=new_run_token(),
-            state=AT_RUN,
+        return bound.space.checked_lock(
+            name, ttl=bound.ttl, owner=task_id, info=info, run_token=new_run_token(), state=AT_RUN
         )
 
     def publish(

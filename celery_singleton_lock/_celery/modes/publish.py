@@ -156,7 +156,7 @@ class PublishMode(RunMode):
             return send(task_id, options)
         if not reply.acquired:
             return self.duplicate_publish(task, job, task_id, options, reply, has_callbacks)
-        lock = MessageLock(name, bound.space.prefix, self.message_permits)
+        lock = MessageLock(name, _sent_prefix(bound), self.message_permits)
         try:
             return send(task_id, _with_lock(options, lock))
         except BaseException:
@@ -257,7 +257,7 @@ class PublishMode(RunMode):
             log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)
             return
         # The lock goes with the message either way: the worker checks that same lock.
-        MessageLock(name, bound.space.prefix, self.message_permits).put_in(headers)
+        MessageLock(name, _sent_prefix(bound), self.message_permits).put_in(headers)
         if not reply.acquired:
             log.warning(
                 "%s[%s] was published by name (send_task or beat) while task %s holds %s; it "
@@ -332,6 +332,13 @@ class PublishMode(RunMode):
                 exc,
                 release_exc,
             )
+
+
+def _sent_prefix(bound: Bound) -> str | None:
+    """The prefix a message's headers name: none when it is the app's ``singleton_lock_prefix``,
+    which a worker that reads no prefix uses (a drop-in's own prefix is sent)."""
+    prefix = bound.space.prefix
+    return None if prefix == bound.config.prefix else prefix
 
 
 def _with_lock(options: dict[str, Any], lock: MessageLock) -> dict[str, Any]:
