@@ -145,7 +145,9 @@ def _label(raw: dict[str, Any]) -> str:
 
 def _extras(raw: dict[str, Any]) -> dict[str, Any]:
     """Short delays for the combination (each option only where the class check takes it)."""
-    extras: dict[str, Any] = {"lock_retry_countdown": RETRY_COUNTDOWN}
+    extras: dict[str, Any] = {}
+    if raw["lock_on_locked"] == "retry" or raw["lock_at"] == "queue":
+        extras["lock_retry_countdown"] = RETRY_COUNTDOWN
     if raw["lock_on_locked"] == "wait":
         extras["lock_wait_timeout"] = WAIT_TIMEOUT
     if "lock_rate" in raw:
