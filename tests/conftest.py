@@ -249,3 +249,15 @@ def fault_beat(tmp_path: Path) -> Iterator[Callable[..., Beat]]:
     yield start
     for beat in beats:
         beat.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long job model run (``model_long``: many examples per combination, tens of minutes)
+    runs only when asked for by name (``-m model_long``, as CI does); the suite's own run keeps
+    the fast share of the same test. Deselected, not skipped: nothing is hidden."""
+    if "model_long" in (config.getoption("markexpr") or ""):
+        return
+    long_runs = [item for item in items if item.get_closest_marker("model_long") is not None]
+    if long_runs:
+        config.hook.pytest_deselected(items=long_runs)
+        items[:] = [item for item in items if item.get_closest_marker("model_long") is None]
