@@ -37,11 +37,17 @@ def client(redis_server: RedisServer) -> Any:
     return made
 
 
+def _written(client: Any) -> list[bytes]:
+    """The keys in the test's database, less the recent counts (``lock:counts:<minute>``): an
+    earlier test's app may still flush its counts into this shared server as its writer ends."""
+    return [key for key in client.keys() if not key.startswith(b"lock:counts:")]
+
+
 def _refused(client: Any, call: Callable[[], Any], parameter: str) -> None:
     with pytest.raises((TypeError, ValueError)) as raised:
         call()
     assert parameter in str(raised.value), f"{raised.value!r} does not name {parameter}"
-    assert client.dbsize() == 0, f"{parameter}: something was written: {client.keys()}"
+    assert _written(client) == [], f"{parameter}: something was written"
 
 
 @pytest.mark.parametrize("ttl", NUMBERS_THAT_ARE_NOT_LEASES)
@@ -211,7 +217,7 @@ def test_publish_options(app: Any, client: Any, option: str, value: Any) -> None
 
     with pytest.raises((TypeError, ValueError)):
         task.apply_async(**{option: value})
-    assert client.keys() == []
+    assert _written(client) == []
 
 
 @pytest.mark.parametrize(
@@ -314,7 +320,7 @@ def test_an_option_the_others_leave_nothing_to_act_on_is_refused(
     with pytest.raises(ValueError) as raised:
         define()
     assert named in str(raised.value) and instead in str(raised.value), str(raised.value)
-    assert client.keys() == []
+    assert _written(client) == []
 
 
 @pytest.mark.parametrize("lock_at", ["publish", "queue"])
@@ -340,7 +346,7 @@ def test_debounce_with_wait_is_refused_with_what_to_use_instead(
     message = str(raised.value)
     assert "use lock_at='queue' with the default lock_on_locked='skip'" in message
     assert f"bad.debounce.wait.{lock_at}" in message
-    assert client.keys() == []
+    assert _written(client) == []
 
 
 def test_a_rate_callables_bad_answer_fails_the_run_before_redis(app: Any, client: Any) -> None:
