@@ -40,7 +40,7 @@ def client(redis_server: RedisServer) -> Any:
 def _written(client: Any) -> list[bytes]:
     """The keys in the test's database, less the recent counts (``lock:counts:<minute>``): an
     earlier test's app may still flush its counts into this shared server as its writer ends."""
-    return [key for key in client.keys() if not key.startswith(b"lock:counts:")]
+    return [key for key in client.scan_iter() if not key.startswith(b"lock:counts:")]
 
 
 def _refused(client: Any, call: Callable[[], Any], parameter: str) -> None:
