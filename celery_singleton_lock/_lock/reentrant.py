@@ -106,8 +106,9 @@ class ReentrantLock:
         (:meth:`LockSpace.checked_lock`): ``__init__`` less its checks, for the layers above
         that make one lock per job."""
         lock = cls.__new__(cls)
-        texts = (info, run_token, state)
-        cls._set(lock, client, keys, ttl, owner, True, None, backend_timeout, texts)
+        cls._set(
+            lock, client, keys, ttl, owner, True, None, backend_timeout, (info, run_token, state)
+        )
         return lock
 
     @property
@@ -178,13 +179,10 @@ class ReentrantLock:
                             "share one hold, so they must agree on ttl and renew"
                         )
                     if hold.lost.is_set():
-                        raise LockLostError(
-                            f"cannot re-enter lock {self._name!r}: its lease was lost"
-                        )
+                        raise LockLostError(f"cannot re-enter lock {self._name!r}: lease lost")
                     token = self._run_token
                     if token and hold.run_token and token != hold.run_token:
-                        # Another run of this owner holds it in this process (a message
-                        # delivered again to a thread pool while its first run lives).
+                        # another run of this owner holds it here (a thread pool's redelivery)
                         left = max(hold.valid_until - time.monotonic(), 0.0)
                         return AcquireReply(False, lease_left=left, holder=owner, other_run=True)
                     hold.count += 1
