@@ -6,12 +6,14 @@ restart, a connection the server closed)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 from typing import Any, ClassVar
 
 import pytest
 import redis
+import redis.retry
 from celery import Celery
 
 from celery_singleton_lock import LockSpace, ReentrantLock, reload_settings
@@ -198,12 +200,15 @@ def test_the_retry_policy_retries_what_redis_py_adds_to_it() -> None:
             raise KeyError("lost")
         return "done"
 
-    result = policy.call_with_retry(
-        flaky, lambda *failure: failures.append(failure), with_failure_count=True
-    )
+    # redis-py 6 and later hand the failure count and ask is_retryable; 5 calls do and fail only
+    newer = "with_failure_count" in inspect.signature(redis.retry.Retry.call_with_retry).parameters
+    extra: dict[str, Any] = {"with_failure_count": True} if newer else {}
+    result = policy.call_with_retry(flaky, lambda *failure: failures.append(failure), **extra)
     assert result == "done"
     assert len(attempts) == 3
-    assert [f[1] for f in failures] == [1, 2]
+    assert [f[1] for f in failures] == [1, 2] if newer else len(failures) == 2
+    if not newer:
+        return
     attempts.clear()
     with pytest.raises(KeyError):
         policy.call_with_retry(flaky, lambda *_: None, lambda _error: False)
