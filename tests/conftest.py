@@ -253,7 +253,7 @@ def fault_beat(tmp_path: Path) -> Iterator[Callable[..., Beat]]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The long job model run (``model_long``: many examples per combination, tens of minutes)
-    runs only when asked for by name (``-m model_long``, as CI does); the suite's own run keeps
+    runs only when asked for by name (``-m model_long``); the suite's own run keeps
     the fast share of the same test. Deselected, not skipped: nothing is hidden."""
     if "model_long" in (config.getoption("markexpr") or ""):
         return

@@ -821,6 +821,8 @@ def _run(model_app: Any, index: int, examples: int, shrink: bool = False) -> Non
             # the fast run does not shrink either (each try replays on Redis and threads)
             phases=[Phase.explicit, Phase.reuse, Phase.generate] + [Phase.shrink] * shrink,
             report_multiple_bugs=False,
+            # the fast share replays the same examples every run; the long run draws new ones
+            derandomize=not shrink,
         ),
     )
 
