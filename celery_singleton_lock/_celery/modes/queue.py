@@ -157,7 +157,7 @@ class QueueMode(PublishMode):
         wakes the copy that waits for it."""
         task_id = request.id
         try:
-            bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
+            self.release_queued(task, bound, message, task_id)
         except LockBackendError as exc:
             log.error(
                 "%s[%s] runs, but its queued lock %s could not be freed yet (%s): a publish of "
@@ -194,13 +194,12 @@ class QueueMode(PublishMode):
         """A copy that waits for its ``lock_rate`` turn stays the job's queued copy (its queued
         lock is kept, as for a retry: never replaced meanwhile); the job's lock is let go."""
         held.release_all()
-        queued = bound.space.named(message)
         if countdown is None:
-            queued.release(request.id, retry_for=task.locking.queue_ttl(task.app))
+            self.release_queued(task, bound, message, request.id)
             return
         lease = countdown + task.locking.queue_ttl(task.app)
         info = holder_info(task.name, request.id)
-        queued.park(request.id, lease, info=info, state=AT_COMEBACK)
+        bound.space.named(message).park(request.id, lease, info=info, state=AT_COMEBACK)
 
     def refused(
         self,
@@ -239,7 +238,8 @@ class QueueMode(PublishMode):
             log.warning("could not mark task %s as replaced by %s: %s", holder, by, exc)
 
     def release_queued(self, task: Any, bound: Bound, message: str, task_id: str) -> None:
-        # A run killed while its copy still waited frees the queue too.
+        # A run that starts, gives up its rate turn, or is killed while its copy still waited
+        # frees the queue (resent in the background for as long as the queued hold may live).
         bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
 
     def released(
