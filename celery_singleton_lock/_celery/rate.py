@@ -230,13 +230,17 @@ class TaskRate:
         let_go(countdown)
         try:
             come_back(task, request, countdown, Waited(waited.comebacks + 1, since))
-        except Reject:
+        except Reject as unsent:
             # Not sent (the broker failed): nothing comes back for its turn or for the hold
-            # kept for it; both are let go now, as a retry that cannot be sent lets go.
+            # kept for it; both are let go now, as a retry that cannot be sent lets go, and
+            # only then is the call stored as failed (a caller that sees FAILURE may call again).
             try:
                 limiter.cancel(request.id)
             finally:
                 let_go(None)
+                if not request.is_eager:
+                    with suppress(Exception):  # the caller is told, when the backend answers
+                        task.backend.mark_as_failure(request.id, unsent.reason, request=request)
             raise
 
 
@@ -244,8 +248,8 @@ def come_back(task: Any, request: Any, countdown: float, waited: Waited) -> NoRe
     """Send the call again in ``countdown`` seconds, as Celery's ``Task.retry`` does but with
     the same ``retries``, and end this run. Its ``RETRY`` state is stored *before* the comeback
     is sent, and the run ends with ``Ignore`` (nothing stored after it): a comeback that runs
-    at once elsewhere stores its result last. A comeback that cannot be sent fails the call
-    (stored as ``FAILURE`` with the broker's error) and raises ``Reject``."""
+    at once elsewhere stores its result last. A comeback that cannot be sent raises ``Reject``
+    with the broker's error (the caller stores ``FAILURE`` once it has let go of what it kept)."""
     retries = request.retries or 0
     headers = dict(request.headers or {})
     headers[RATE_HEADER] = waited.header(retries)
@@ -264,8 +268,5 @@ def come_back(task: Any, request: Any, countdown: float, waited: Waited) -> NoRe
         sig.apply_async()
     except Exception as exc:
         log.error("%s[%s]: its comeback could not be sent: %r", task.name, request.id, exc)
-        if not request.is_eager:
-            with suppress(Exception):  # the caller is told, when the backend answers
-                task.backend.mark_as_failure(request.id, exc, request=request)
         raise Reject(exc, requeue=False) from exc
     raise Ignore()
