@@ -37,6 +37,7 @@ The fast subset runs ``MODEL_EXAMPLES`` examples per combination (default 2); ``
 from __future__ import annotations
 
 import base64
+import gc
 import itertools
 import json
 import os
@@ -75,6 +76,7 @@ from celery_singleton_lock._celery.worker import (
     release_for_request,
 )
 from celery_singleton_lock._lock import LockSpace
+from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock._ops import locks as ops
 from celery_singleton_lock.testing import RedisServer
 
@@ -539,6 +541,14 @@ class JobMachine(RuleBasedStateMachine):
         assert run is not None
         delivery.in_body = False
         run.finished = True
+        if run.lock is not None:
+            # Its process and what it kept in memory are gone: no renewal, and no hold that a
+            # later delivery in this process (standing in for another process) would find.
+            hold = run.lock._last_hold  # noqa: SLF001
+            if hold is not None:
+                runtime = LockRuntime.of(hold.client)
+                runtime.stop_renewing(hold)
+                runtime.holds.forget(hold)
         self.finish(delivery, "killed")
 
     @rule(pick=PICK)
@@ -732,7 +742,18 @@ class JobMachine(RuleBasedStateMachine):
 def _blocked(delivery: Delivery) -> bool:
     """Whether the thread of ``delivery`` sleeps in the lock's wait for a release."""
     thread = delivery.thread
-    frame = None if thread is None else sys._current_frames().get(thread.ident or 0)  # noqa: SLF001
+    if thread is None:
+        return False
+    # No collection inside: CPython 3.11's sys._current_frames() holds the runtime's thread
+    # list lock while it allocates, and a collection whose finalizer needs that lock (a
+    # thread's state freed) deadlocks the process with the GIL held.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        frame = sys._current_frames().get(thread.ident or 0)  # noqa: SLF001
+    finally:
+        if enabled:
+            gc.enable()
     while frame is not None:
         code = frame.f_code
         if code.co_name == "wait" and code.co_filename.endswith("wakeup.py"):
@@ -839,3 +860,59 @@ def test_every_admitted_combination_lives_by_the_table(model_app: Any, index: in
 @pytest.mark.parametrize("index", range(len(COMBINATIONS)), ids=map(_label, COMBINATIONS))
 def test_every_admitted_combination_lives_by_the_table_long(model_app: Any, index: int) -> None:
     _run(model_app, index, LONG_EXAMPLES, shrink=True)
+
+
+def _index(**options: Any) -> int:
+    """The index of the combination of ``options`` (``lock_`` left out) in COMBINATIONS."""
+    wanted = {f"lock_{name}": value for name, value in options.items()}
+    wanted.setdefault("lock_release_on_start", False)
+    return next(i for i, raw in enumerate(COMBINATIONS) if raw == wanted)
+
+
+#: sequences the long run found failing, each replayed on every run (name: combination, steps)
+FOUND: dict[str, tuple[int, list[tuple[Any, ...]]]] = {
+    # a killed worker's hold stayed in this process, refusing the message's redelivery
+    "killed-worker-redelivered": (
+        _index(at="run", limit=1, on_locked="skip"),
+        [("publish",), ("deliver", 0), ("worker_killed", 0)],
+    ),
+    "lost-pool-process-requeued": (
+        _index(at="run", limit=2, on_locked="skip", rate="3/s"),
+        [("publish",), ("deliver", 0), ("worker_lost", 0, True)],
+    ),
+    # a skip for a cooldown named permit 1 while its holder held permit 2
+    "cooldown-on-the-second-permit": (
+        _index(at="run", limit=2, on_locked="skip", cooldown=COOLDOWN),
+        [("eager_call",), ("eager_call",), ("publish",)],
+    ),
+    # a duplicate sent by name (or met in a cooldown) was skipped as "replaced" by an earlier call
+    "debounced-duplicate-by-name": (
+        _index(at="publish", limit=1, on_locked="raise", cooldown=COOLDOWN, debounce=DEBOUNCE),
+        [("publish_by_name",), ("publish_by_name",)],
+    ),
+    "debounced-call-by-name-in-a-cooldown": (
+        _index(at="publish", limit=1, on_locked="retry", cooldown=COOLDOWN, debounce=DEBOUNCE),
+        [("eager_call",), ("publish_by_name",)],
+    ),
+    # a queued copy whose hold ran out while it waited out a cooldown was skipped as replaced
+    "queued-copy-outwaits-its-hold": (
+        _index(at="queue", limit=1, on_locked="skip", cooldown=COOLDOWN, debounce=DEBOUNCE),
+        [("eager_call",), ("publish",)],
+    ),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_the_sequences_the_long_run_found_stay_fixed(model_app: Any, name: str) -> None:
+    app, server = model_app
+    index, steps = FOUND[name]
+    raw = COMBINATIONS[index]
+    attrs = {"app": app, "server": server, "task": _task_for(app, index, raw), "raw": raw}
+    machine = type(f"JobMachine_{index}", (JobMachine,), attrs)()
+    for rule_name, *arguments in steps:
+        getattr(machine, rule_name)(*arguments)
+        machine.nothing_went_wrong()
+        machine.every_hold_is_in_one_of_the_table_s_states()
+        machine.never_more_bodies_than_the_limit()
+    machine.teardown()

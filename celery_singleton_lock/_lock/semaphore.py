@@ -73,6 +73,8 @@ class Semaphore:
         self._keys = permit_keys(prefix, name, count)
         #: the permit this object took last (its ``lost`` outlives the hold)
         self._last: ReentrantLock | None = None
+        #: the permit whose refusal :meth:`try_acquire` returned last (it frees first)
+        self._refused_by: ReentrantLock | None = None
 
     @property
     def name(self) -> str:
@@ -99,8 +101,9 @@ class Semaphore:
 
     @property
     def key(self) -> str:
-        """The Redis key of the permit held, else of permit 1."""
-        return (self.held or self._locks[0]).key
+        """The Redis key of the permit held, else of the permit whose refusal was returned
+        last (the key its holder holds), else of permit 1."""
+        return (self.held or self._refused_by or self._locks[0]).key
 
     @property
     def lost(self) -> threading.Event:
@@ -158,12 +161,17 @@ class Semaphore:
                 return reply
         with bounded(self._backend_timeout):
             owned = owned_by(self._client, self._keys, self.owner)
-        return take_permit(lambda i: self._try(self._locks[i]), len(self._locks), owned)
+        refusals: dict[int, ReentrantLock] = {}
+        reply = take_permit(lambda i: self._try(self._locks[i], refusals), len(self._locks), owned)
+        self._refused_by = None if reply.acquired else refusals.get(id(reply))
+        return reply
 
-    def _try(self, lock: ReentrantLock) -> AcquireReply:
+    def _try(self, lock: ReentrantLock, refusals: dict[int, ReentrantLock] | None = None) -> AcquireReply:
         reply = lock.try_acquire(0.0)
         if reply.acquired:
             self._last = lock
+        elif refusals is not None:
+            refusals[id(reply)] = lock  # the reply lives as long as the dict: ids are unique
         return reply
 
     def release(self) -> None:

@@ -300,8 +300,10 @@ class PublishMode(RunMode):
         refusal: AcquireReply,
     ) -> TaskRun:
         if self.debounce is not None:
-            # its own publish hold was taken over by a later call (or ran out)
-            skip_replaced(task, request, lock.key, refusal.holder)
+            # A later call may have taken its publish hold over since the run looked (the
+            # note says so); else it is a duplicate like any other (a call sent by name while
+            # the job was held, a cooldown), answered by lock_on_locked.
+            self.debounce.skip_if_replaced(task, request, bound.space.named(message))
         return super().refused(task, request, bound, message, job, lock, refusal)
 
     def failed_before_body(

@@ -108,13 +108,13 @@ class QueueMode(PublishMode):
         lease = task.locking.queue_ttl(task.app)
         info = holder_info(task.name, request.id)
         if wait is not None and self.debounce is not None and not again:
-            # A copy that waited: its queued lock is its own still, or a later call replaced
-            # it meanwhile (and may have run already, leaving that lock free): kept, not taken.
+            # A copy that waited: its queued lock is its own still (kept), or a later call
+            # replaced it meanwhile (and may have run already, leaving that lock free: the
+            # replacement's note says so), or its hold ran out unreplaced: taken again.
             if queued.park(request.id, lease, info=info, state=AT_PUBLISH):
                 return
-            reply = AcquireReply(False, holder=queued.holder() or "")
-        else:
-            reply = queued.take(request.id, lease, info=info, state=AT_PUBLISH)
+            self.debounce.skip_if_replaced(task, request, queued)
+        reply = queued.take(request.id, lease, info=info, state=AT_PUBLISH)
         if reply.acquired:
             return
         key = queued.keys[0].lock
