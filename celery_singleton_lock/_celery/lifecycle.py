@@ -122,8 +122,9 @@ TABLE: tuple[Step, ...] = (
     Step(Event.RUN_START, (_RN,), "lock_rate, the turn is now", _RN, "take a turn",
          "the body runs"),
     Step(Event.DUPLICATE_RUN, _HELD, "another task holds every slot", "unchanged", "nothing",
-         "`lock_on_locked`: skip SKIPPED (`locked`, `limit`, `cooldown`, `queued`, "
-         "`replaced`), retry (Retry), raise (TaskLockedError), wait (block for the lock)"),
+         "`lock_on_locked`: skip SKIPPED (`locked`, `limit`, `cooldown`, `queued`; "
+         "`replaced` when a later call took its hold over), retry (Retry), raise "
+         "(TaskLockedError), wait (block for the lock)"),
     Step(Event.DUPLICATE_RUN, (_RN, _CD), "lock_at='queue', the job's one queued copy", _Q,
          "keep the queued lock; a wait record beside the run lock and a fallback message",
          "the message ends (Retry); the run's end wakes it, or its fallback within a lease"),
