@@ -166,7 +166,9 @@ class Semaphore:
         self._refused_by = None if reply.acquired else refusals.get(id(reply))
         return reply
 
-    def _try(self, lock: ReentrantLock, refusals: dict[int, ReentrantLock] | None = None) -> AcquireReply:
+    def _try(
+        self, lock: ReentrantLock, refusals: dict[int, ReentrantLock] | None = None
+    ) -> AcquireReply:
         reply = lock.try_acquire(0.0)
         if reply.acquired:
             self._last = lock
