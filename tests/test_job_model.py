@@ -894,6 +894,10 @@ FOUND: dict[str, tuple[int, list[tuple[Any, ...]]]] = {
         _index(at="publish", limit=1, on_locked="retry", cooldown=COOLDOWN, debounce=DEBOUNCE),
         [("eager_call",), ("publish_by_name",)],
     ),
+    "queue-mode-duplicate-by-name": (
+        _index(at="queue", limit=1, on_locked="retry", debounce=DEBOUNCE),
+        [("publish",), ("publish_by_name",), ("deliver", 1)],
+    ),
     # a queued copy whose hold ran out while it waited out a cooldown was skipped as replaced
     "queued-copy-outwaits-its-hold": (
         _index(at="queue", limit=1, on_locked="skip", cooldown=COOLDOWN, debounce=DEBOUNCE),

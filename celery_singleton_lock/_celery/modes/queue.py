@@ -22,7 +22,6 @@ from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
 from ..config import Bound
 from ..hold import HoldState, holder_info, report_duplicate, store_skipped
 from ..lifecycle import AT_COMEBACK, AT_PUBLISH, AT_RETRY
-from ..parts import skip_replaced
 from ..rate import Waited
 from ..run import TaskRun
 from .base import RunMode
@@ -123,7 +122,9 @@ class QueueMode(PublishMode):
         if wait is not None:
             end_claim(bound.space.named(self.run_lock(message), self.limit), request.id, wait)
         if self.debounce is not None:
-            skip_replaced(task, request, key, reply.holder)
+            # replaced by a later call since it looked; else a duplicate (sent by name while
+            # the job had its queued copy) of the queued copy, as without lock_debounce
+            self.debounce.skip_if_replaced(task, request, queued)
         log.info(
             "skipped %s[%s]: task %s is this job's queued copy (lock %s)",
             task.name,
