@@ -367,10 +367,12 @@ def test_the_package_has_no_import_cycle() -> None:
 def test_importing_the_package_connects_no_celery_receiver() -> None:
     """In a fresh interpreter: every Celery signal's receivers before and after importing the
     package and every module of it that a user imports (compat's drop-ins, beat, metrics, the
-    testing helpers); a LockedTask made and bound to an app is what connects them."""
+    testing helpers), and loading its ``celery.commands`` entry point as the ``celery`` command
+    does for every run; a LockedTask made and bound to an app is what connects them."""
     code = textwrap.dedent(
         """
         import importlib
+        from importlib.metadata import entry_points
         from celery import Celery, signals
         from celery.utils.dispatch import Signal
 
@@ -391,6 +393,12 @@ def test_importing_the_package_connects_no_celery_receiver() -> None:
             "celery_singleton_lock.testing",
         ):
             importlib.import_module(module)
+        commands = [
+            ep.load()
+            for ep in entry_points(group="celery.commands")
+            if ep.dist is not None and ep.dist.name == "celery-singleton-lock"
+        ]
+        assert [c.name for c in commands] == ["locks"], commands
         after = receivers()
         print(sorted(name for name in after if after[name] != before[name]))
         from celery_singleton_lock import LockedTask
