@@ -92,6 +92,28 @@ def test_limit_three_runs_at_once(
     assert not any(s.held for s in _space(fault_app).named(name, 3).inspect())
 
 
+def test_release_lock_force_releases_every_slot_and_says_so(
+    fault_server: RedisServer,
+    fault_app: Celery,
+    fault_worker: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``release_lock(job)`` of a ``lock_limit=3`` job with three runs in flight: an operator's
+    force release of all three slots, logged as such with each holder."""
+    data = fault_server.client(db=DATA_DB)
+    limited = fault_app.tasks["fault.limited"]
+    job = new_job("limit-release")
+    calls = [limited.delay(job, 3.0) for _ in range(3)]
+    wait_until(lambda: len(records(data, "starts", job)) == 3, 20, "three runs to start")
+    with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.release"):
+        assert limited.release_lock(job) is True
+    assert not limited.is_locked(job)
+    said = [r.getMessage() for r in caplog.records if r.msg.startswith("release_lock:")]
+    assert len(said) == 1 and "force-released 3 lock(s) of fault.limited" in said[0], said
+    assert all(c.id in said[0] for c in calls), said
+    assert [c.get(timeout=20) for c in calls] == [c.id for c in calls]  # they ran on, unlocked
+
+
 @pytest.mark.slow
 def test_slots_of_a_killed_worker_come_back_within_one_lease(
     fault_server: RedisServer, fault_app: Celery, tmp_path: Path
