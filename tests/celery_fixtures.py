@@ -253,3 +253,31 @@ def celery_env(
         # collect the module's AsyncResults while their result backend still answers
         gc.collect()
         forget_results(app)
+
+
+# -- the package's commands, as a user's shell finds them ---------------------------------------
+
+
+def _entry_point(group: str, name: str) -> Any:
+    """The package's entry point ``name`` of ``group``, loaded (what the installed package
+    gives a shell: the tests reach its commands the same way, not through a private module)."""
+    from importlib.metadata import entry_points
+
+    (found,) = (
+        ep
+        for ep in entry_points(group=group, name=name)
+        if ep.dist is not None and ep.dist.name == "celery-singleton-lock"
+    )
+    return found.load()
+
+
+def locks_command() -> Any:
+    """``celery ... locks``: the ``click`` group the ``celery`` command adds (its
+    ``celery.commands`` entry point)."""
+    return _entry_point("celery.commands", "locks")
+
+
+def cli_main(argv: list[str]) -> None:
+    """``celery-singleton-lock ARGS`` (the console script, also ``python -m
+    celery_singleton_lock``), in this process."""
+    _entry_point("console_scripts", "celery-singleton-lock")(argv)

@@ -42,6 +42,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery_fixtures import cli_main
 from celery_procs import WorkerProcess, close_app, new_job, no_overlap, records, redis_base
 from faultapp import DATA_DB, LOCK_DB
 from lock_helpers import lease_end, server_time, wait_until
@@ -51,7 +52,6 @@ from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace, Ree
 from celery_singleton_lock._celery.hold import HoldState, holder_info
 from celery_singleton_lock._celery.parts import Cooldown
 from celery_singleton_lock._lock import DeadlineRetry
-from celery_singleton_lock._ops.cli import main as cli_main
 from celery_singleton_lock._ops.locks import find_locks
 from celery_singleton_lock.testing import RedisServer
 

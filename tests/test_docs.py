@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery_fixtures import Gates, app_task, celery_env, new_app
+from celery_fixtures import Gates, app_task, celery_env, cli_main, locks_command, new_app
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock, install
@@ -279,15 +279,14 @@ def test_every_cli_flag_the_docs_name_exists() -> None:
     its commands (or of ``python -m celery_singleton_lock``'s ``--url``)."""
     import click
 
-    from celery_singleton_lock._ops.cli import locks
-
+    locks = locks_command()
     ctx = click.Context(locks)
     commands = [locks.get_command(ctx, name) for name in locks.list_commands(ctx)]
     assert all(commands) and "web" in locks.list_commands(ctx)  # `web` too, imported when asked
     known = {
         opt
         for command in commands
-        for param in command.params  # type: ignore[union-attr]  # all checked above
+        for param in command.params
         for opt in getattr(param, "opts", [])
         if opt.startswith("--")
     }
@@ -454,16 +453,20 @@ def test_the_scripts_the_docs_list_are_lua_s_files() -> None:
     assert set(re.findall(r"`(\w+\.lua)`", bullet)) == shipped
 
 
-def test_the_sample_locks_list_is_the_cli_s_table() -> None:
-    """operating.md's sample `celery locks list` has the CLI's columns, in its order, and each
-    row fills them."""
-    from celery_singleton_lock._ops.cli import _COLUMNS
-
+def test_the_sample_locks_list_is_the_cli_s_table(
+    redis_server: RedisServer, redis_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """operating.md's sample `celery locks list` has the columns the command prints, in its
+    order, and each row fills them."""
+    assert LockSpace(redis_client).named("docs-sample").take("t1", 30).acquired
+    with pytest.raises(SystemExit):  # the command's exit, 0
+        cli_main(["list", "--url", redis_server.url])
+    columns = re.split(r"\s{2,}", capsys.readouterr().out.splitlines()[0])
     lines = _page("operating.md").splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("$ celery -A proj locks list"))
     header, *rows = lines[at + 1 : next(i for i in range(at + 1, len(lines)) if lines[i][0] == "$")]
-    assert re.split(r"\s{2,}", header) == [title for _, title in _COLUMNS]
-    assert rows and all(len(re.split(r"\s{2,}", row)) == len(_COLUMNS) for row in rows)
+    assert re.split(r"\s{2,}", header) == columns
+    assert rows and all(len(re.split(r"\s{2,}", row)) == len(columns) for row in rows)
 
 
 def test_the_api_reference_documents_the_public_names_only() -> None:
@@ -593,8 +596,7 @@ def test_the_prefix_with_url_is_lock_as_the_docs_say(
 ) -> None:
     """``--url`` without ``--prefix`` lists the prefix ``lock``, whatever the app's
     ``singleton_lock_prefix``; without ``--url`` the app's prefix. The help and the docs say so."""
-    from celery_singleton_lock._ops.cli import locks
-
+    locks = locks_command()
     url = redis_server.url
     assert LockSpace(redis_client).named("docs-plain").take("t1", 30).acquired
     assert LockSpace(redis_client, "custom").named("docs-custom").take("t2", 30).acquired
@@ -870,8 +872,7 @@ def test_the_locks_commands_take_the_options_operating_md_says() -> None:
     those it names takes ``--json``."""
     import click
 
-    from celery_singleton_lock._ops.cli import locks
-
+    locks = locks_command()
     text = _flat(_page("operating.md"))
     said = re.search(
         r"Every command takes `--url` and `--prefix`, and every one but ([^.]*?) takes `--json`",

@@ -34,10 +34,7 @@ from celery_singleton_lock._lock import LockSpace, commands, scripts
 from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [
-    pytest.mark.faults,
-    pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"),
-]
+pytestmark = pytest.mark.faults
 
 #: short enough to give up on a reply while the server sleeps, with one resend (as redis-py's
 #: default retry does) so a late run can meet a resent one
