@@ -281,3 +281,14 @@ def cli_main(argv: list[str]) -> None:
     """``celery-singleton-lock ARGS`` (the console script, also ``python -m
     celery_singleton_lock``), in this process."""
     _entry_point("console_scripts", "celery-singleton-lock")(argv)
+
+
+class _AnyTask(LockedTask):
+    """A locked task class of no app of its own: its public ``lock_space(app)`` is what every
+    locked task of ``app`` (with the default prefix) locks in."""
+
+
+def lock_space(app: Celery) -> Any:
+    """``app``'s locks under its ``singleton_lock_prefix``, on its lock client (``.client``), as
+    a locked task of ``app`` sees them (``LockedTask.lock_space``)."""
+    return _AnyTask.lock_space(app)
