@@ -253,3 +253,42 @@ def celery_env(
         # collect the module's AsyncResults while their result backend still answers
         gc.collect()
         forget_results(app)
+
+
+# -- the package's commands, as a user's shell finds them ---------------------------------------
+
+
+def _entry_point(group: str, name: str) -> Any:
+    """The package's entry point ``name`` of ``group``, loaded (what the installed package
+    gives a shell: the tests reach its commands the same way, not through a private module)."""
+    from importlib.metadata import entry_points
+
+    (found,) = (
+        ep
+        for ep in entry_points(group=group, name=name)
+        if ep.dist is not None and ep.dist.name == "celery-singleton-lock"
+    )
+    return found.load()
+
+
+def locks_command() -> Any:
+    """``celery ... locks``: the ``click`` group the ``celery`` command adds (its
+    ``celery.commands`` entry point)."""
+    return _entry_point("celery.commands", "locks")
+
+
+def cli_main(argv: list[str]) -> None:
+    """``celery-singleton-lock ARGS`` (the console script, also ``python -m
+    celery_singleton_lock``), in this process."""
+    _entry_point("console_scripts", "celery-singleton-lock")(argv)
+
+
+class _AnyTask(LockedTask):
+    """A locked task class of no app of its own: its public ``lock_space(app)`` is what every
+    locked task of ``app`` (with the default prefix) locks in."""
+
+
+def lock_space(app: Celery) -> Any:
+    """``app``'s locks under its ``singleton_lock_prefix``, on its lock client (``.client``), as
+    a locked task of ``app`` sees them (``LockedTask.lock_space``)."""
+    return _AnyTask.lock_space(app)

@@ -18,6 +18,14 @@ server.
 - ``browser``: a headless Chromium (``tests/browser_fixtures.py``) for the web page's tests.
 - ``policy``: set the module's app's ``singleton_lock_on_backend_error`` for one test.
 
+Tests reach the package through its public names (the CLI through its entry points:
+``celery_fixtures.locks_command`` and ``cli_main``; an app's lock client through
+``celery_fixtures.lock_space``). The lock layer's own white-box tests may import its private
+modules; they, and the tests not yet moved to public names, are listed in
+``tests/test_package.py`` (``LOCK_WHITE_BOX``, ``NOT_YET_PUBLIC``), which fails a test that
+imports a private module without being listed. Marks and warning filters shared by every
+module live in ``pyproject.toml``'s pytest configuration.
+
 A test that starts a ``celery worker`` or ``celery beat`` subprocess is marked ``slow``: the
 ``not slow`` subset (what CI runs against the oldest dependencies) starts none, and a test that
 does without the mark fails (:func:`_refuse_celery_processes`).

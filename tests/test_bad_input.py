@@ -14,9 +14,9 @@ import redis
 from celery import Celery
 from celery_fixtures import app_task, configure
 
-from celery_singleton_lock import LockedTask, ReentrantLock, install, reload_settings
+from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock, install, reload_settings
 from celery_singleton_lock._celery.config import LockConfig
-from celery_singleton_lock._lock import MAX_LEASE_SECONDS, LockSpace
+from celery_singleton_lock._lock import MAX_LEASE_SECONDS
 from celery_singleton_lock.testing import RedisServer
 
 HUGE = MAX_LEASE_SECONDS * 2

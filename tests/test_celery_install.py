@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, signals
-from celery_fixtures import BASE_CONF, CeleryEnv, Gates, app_task, new_app
+from celery_fixtures import BASE_CONF, CeleryEnv, Gates, app_task, lock_space, new_app
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask, install
@@ -151,12 +151,10 @@ def test_send_task_with_a_delay_holds_the_publish_lock_for_the_delay_too(
 def test_an_installed_app_is_not_kept_alive_by_the_package() -> None:
     # Per-app caches are weak, and the signal receivers hold no app: an app that its owner
     # dropped is collected (a new app that got its id() must never inherit its client).
-    from celery_singleton_lock._celery.config import LockConfig
-
     gone = Celery("csl_install_gone", set_as_current=False, broker="redis://127.0.0.1:1/0")
     install(gone, tasks={"gone.task": {"lock_at": "publish"}})
     gone.finalize()
-    assert LockConfig.of(gone).client is not None
+    assert lock_space(gone).client is not None
     ref = weakref.ref(gone)
     del gone
     gc.collect()

@@ -42,6 +42,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery_fixtures import cli_main
 from celery_procs import WorkerProcess, close_app, new_job, no_overlap, records, redis_base
 from faultapp import DATA_DB, LOCK_DB
 from lock_helpers import lease_end, server_time, wait_until
@@ -51,7 +52,6 @@ from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace, Ree
 from celery_singleton_lock._celery.hold import HoldState, holder_info
 from celery_singleton_lock._celery.parts import Cooldown
 from celery_singleton_lock._lock import DeadlineRetry
-from celery_singleton_lock._ops.cli import main as cli_main
 from celery_singleton_lock._ops.locks import find_locks
 from celery_singleton_lock.testing import RedisServer
 
@@ -90,6 +90,28 @@ def test_limit_three_runs_at_once(
     # every slot was let go as its run returned
     name = limited.locking.lock_name(limited.name, [job], {})
     assert not any(s.held for s in _space(fault_app).named(name, 3).inspect())
+
+
+def test_release_lock_force_releases_every_slot_and_says_so(
+    fault_server: RedisServer,
+    fault_app: Celery,
+    fault_worker: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``release_lock(job)`` of a ``lock_limit=3`` job with three runs in flight: an operator's
+    force release of all three slots, logged as such with each holder."""
+    data = fault_server.client(db=DATA_DB)
+    limited = fault_app.tasks["fault.limited"]
+    job = new_job("limit-release")
+    calls = [limited.delay(job, 3.0) for _ in range(3)]
+    wait_until(lambda: len(records(data, "starts", job)) == 3, 20, "three runs to start")
+    with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.release"):
+        assert limited.release_lock(job) is True
+    assert not limited.is_locked(job)
+    said = [r.getMessage() for r in caplog.records if r.msg.startswith("release_lock:")]
+    assert len(said) == 1 and "force-released 3 lock(s) of fault.limited" in said[0], said
+    assert all(c.id in said[0] for c in calls), said
+    assert [c.get(timeout=20) for c in calls] == [c.id for c in calls]  # they ran on, unlocked
 
 
 @pytest.mark.slow

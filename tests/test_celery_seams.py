@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from beatproj.harness import Beat, leader
 from celery import Celery
+from celery_fixtures import cli_main
 from celery_procs import new_job, records, redis_base
 from faultapp import DATA_DB, LOCK_DB
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockSpace, ReentrantLock
-from celery_singleton_lock._ops.cli import main as cli_main
 from celery_singleton_lock.testing import RedisServer
 
 pytestmark = [pytest.mark.timeout(120)]

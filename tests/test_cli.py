@@ -12,10 +12,10 @@ from typing import Any, cast
 
 import pytest
 from celery import Celery
+from celery_fixtures import locks_command
 from celery_procs import close_app
 
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock
-from celery_singleton_lock._ops.cli import locks
 from celery_singleton_lock.compat.singleton import Singleton
 from celery_singleton_lock.testing import RedisServer
 
@@ -173,7 +173,9 @@ def test_under_an_app_every_prefix_of_its_locked_tasks_is_covered(
     app.finalize()
 
     def run(*args: str) -> Any:
-        locks.main(args=[*args, "--json"], obj=SimpleNamespace(app=app), standalone_mode=False)
+        locks_command().main(
+            args=[*args, "--json"], obj=SimpleNamespace(app=app), standalone_mode=False
+        )
         return json.loads(capsys.readouterr().out)
 
     try:

@@ -34,8 +34,7 @@ from celery_fixtures import (
 from celery_procs import close_app, hanging_job
 from lock_helpers import wait_until
 
-from celery_singleton_lock import AlreadyQueuedError, MisconfiguredError
-from celery_singleton_lock._lock import LockSpace
+from celery_singleton_lock import AlreadyQueuedError, LockSpace, MisconfiguredError
 from celery_singleton_lock.compat.singleton import (
     CelerySingletonException,
     DuplicateTaskError,

@@ -28,9 +28,6 @@ from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLoc
 from celery_singleton_lock._lock.owner import default_owner
 from celery_singleton_lock._lock.runtime import get_heartbeat
 
-# an assertion that fails in a helper thread fails the test
-pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-
 FORK = multiprocessing.get_context("fork")
 
 

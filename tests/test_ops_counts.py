@@ -31,10 +31,9 @@ from lock_helpers import wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import LockBackendError, reload_settings
+from celery_singleton_lock import LockBackendError, LockSpace, reload_settings
 from celery_singleton_lock._celery import counts as writer
 from celery_singleton_lock._celery.config import LockConfig
-from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock._ops.counts import RecentCounts, recent_counts
 from celery_singleton_lock._ops.locks import find_limiters, find_locks
 from celery_singleton_lock.testing import RedisServer, free_port

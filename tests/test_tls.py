@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery_fixtures import BASE_CONF, Gates, app_task, running_worker
+from celery_fixtures import BASE_CONF, Gates, app_task, lock_space, running_worker
 from lock_helpers import wait_until, wake_subscribers
 from tls_helpers import TlsRedis, tls_redis
 
-from celery_singleton_lock import LockBackendError, LockedTask, ReentrantLock
-from celery_singleton_lock._celery.config import LockConfig, reload_settings
+from celery_singleton_lock import LockBackendError, LockedTask, ReentrantLock, reload_settings
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +81,7 @@ def test_the_settings_url_with_its_tls_options_in_the_query(tls: TlsRedis) -> No
         f"{tls.url(2)}?ssl_cert_reqs=required&ssl_ca_certs={tls.files.ca}"
     )
     try:
-        client = LockConfig.of(app).client
+        client = lock_space(app).client
         assert client.ping()
         assert client.connection_pool.connection_class is redis.SSLConnection
     finally:
@@ -136,7 +135,7 @@ def test_a_worker_on_a_tls_broker_locks_over_tls(tls_worker: TlsRedis) -> None:
     gates.open(k)
     assert first.get(timeout=10) == "ran"
     assert gates.runs[k] == 1
-    assert LockConfig.of(app).client.connection_pool.connection_class is redis.SSLConnection
+    assert lock_space(app).client.connection_pool.connection_class is redis.SSLConnection
 
 
 def test_a_publish_lock_over_tls_returns_the_first_job(tls_worker: TlsRedis) -> None:
@@ -159,6 +158,6 @@ def test_the_default_lock_client_without_broker_use_ssl_cannot_verify(
     bare.conf.broker_url = tls.url(0)
     try:
         with pytest.raises(redis.ConnectionError, match=r"(?i)certificate verify failed"):
-            LockConfig.of(bare).client.ping()
+            lock_space(bare).client.ping()
     finally:
         reload_settings(bare)

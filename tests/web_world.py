@@ -32,8 +32,8 @@ from celery import Celery
 from celery_procs import ROOT, WorkerProcess, close_app, new_job, redis_base
 from lock_helpers import wait_until
 
+from celery_singleton_lock import LockSpace
 from celery_singleton_lock._celery.modes.queue import QUEUED
-from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
 
 PREFIX = "lock"
