@@ -260,7 +260,7 @@ def fault_beat(tmp_path: Path) -> Iterator[Callable[..., Beat]]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long job model run (``model_long``: many examples per combination, tens of minutes)
+    """The long job model run (``model_long``: more examples per combination, a few minutes)
     runs only when asked for by name (``-m model_long``); the suite's own run keeps
     the fast share of the same test. Deselected, not skipped: nothing is hidden."""
     if "model_long" in (config.getoption("markexpr") or ""):
