@@ -30,7 +30,7 @@ import redis
 from celery import Celery
 from celery_procs import WorkerProcess, close_app, new_job, redis_base
 from faultapp import DATA_DB, LOCK_DB
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -42,7 +42,7 @@ from celery_singleton_lock._ops.counts import RecentCounts, recent_counts
 from celery_singleton_lock._ops.locks import find_limiters, find_locks
 from celery_singleton_lock.testing import RedisServer, free_port
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(START_TIMEOUT + 120)]
 
 
 @pytest.fixture(scope="module")

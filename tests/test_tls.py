@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
-from celery_fixtures import BASE_CONF, Gates, app_task, running_worker
+from celery_fixtures import BASE_CONF, Gates, app_task, new_app, running_worker
 from lock_helpers import wait_until, wake_subscribers
 from tls_helpers import TlsRedis, tls_redis
 
@@ -77,7 +76,7 @@ def test_a_server_the_client_does_not_trust_is_a_backend_error_that_says_so(
 
 
 def test_the_settings_url_with_its_tls_options_in_the_query(tls: TlsRedis) -> None:
-    app = Celery("tls_query", set_as_current=False)
+    app = new_app("tls_query")
     app.conf.singleton_lock_redis_url = (
         f"{tls.url(2)}?ssl_cert_reqs=required&ssl_ca_certs={tls.files.ca}"
     )
@@ -90,7 +89,7 @@ def test_the_settings_url_with_its_tls_options_in_the_query(tls: TlsRedis) -> No
 
 
 gates = Gates()
-app = Celery("tls_app", set_as_current=False)
+app = new_app("tls_app")
 
 
 @app_task(app, base=LockedTask, name="tls.run_once")
@@ -155,7 +154,7 @@ def test_the_default_lock_client_without_broker_use_ssl_cannot_verify(
 ) -> None:
     """The negative of the worker test above: the CA reaches the lock client only through
     ``broker_use_ssl``."""
-    bare = Celery("tls_bare", set_as_current=False)
+    bare = new_app("tls_bare")
     bare.conf.broker_url = tls.url(0)
     try:
         with pytest.raises(redis.ConnectionError, match=r"(?i)certificate verify failed"):
