@@ -42,10 +42,10 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery_fixtures import cli_main
+from celery_fixtures import cli_main, new_app
 from celery_procs import WorkerProcess, close_app, new_job, no_overlap, records, redis_base
 from faultapp import DATA_DB, LOCK_DB
-from lock_helpers import lease_end, server_time, wait_until
+from lock_helpers import START_TIMEOUT, lease_end, server_time, wait_until
 from redis.backoff import NoBackoff
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace, ReentrantLock
@@ -55,7 +55,7 @@ from celery_singleton_lock._lock import DeadlineRetry
 from celery_singleton_lock._ops.locks import find_locks
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(START_TIMEOUT + 120)]
 
 #: the worker's main process notices a dead pool child through the child's sentinel fd at once,
 #: or at worst at its next maintain_pool() (every 5 s); then it releases
@@ -463,7 +463,7 @@ def test_a_replaced_call_that_arrives_after_its_replacement_ran_is_still_skipped
 def test_bad_options_are_refused_when_the_class_is_made(
     options: dict[str, Any], error: type[Exception], says: str
 ) -> None:
-    app = Celery("bad-options", set_as_current=False)
+    app = new_app("bad-options")
     app.finalize()  # so that app.task makes the class now, not at first use
 
     def bad(job: str) -> None:
@@ -481,7 +481,7 @@ def test_bad_options_are_refused_when_the_class_is_made(
 @pytest.fixture
 def local_app(fault_server: RedisServer) -> Iterator[Celery]:
     """An app whose messages nobody consumes (its own queue): what a publish does only."""
-    app = Celery("limits-local", set_as_current=False)
+    app = new_app("limits-local")
     base = redis_base(fault_server.port)
     app.conf.update(
         broker_url=f"{base}/0",

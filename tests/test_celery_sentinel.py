@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery_fixtures import BASE_CONF, lock_space
+from celery_fixtures import BASE_CONF, lock_space, new_app
 from lock_helpers import wait_until
 from test_lock_deployments import SentinelProcess
 
@@ -98,7 +98,7 @@ def sentinel_set(
 
 
 def _app(name: str, **conf: Any) -> Celery:
-    app = Celery(name, set_as_current=False)
+    app = new_app(name)
     app.conf.update(BASE_CONF)
     # the master's socket timeout; each sentinel's is a quarter of it (three and the command
     # fit in it), which a hung first sentinel costs once

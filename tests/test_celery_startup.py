@@ -26,7 +26,7 @@ import redis
 from celery import Celery
 from celery_fixtures import Gates, app_task, configure, own_redis_server, running_worker
 from celery_procs import WorkerProcess, redis_base
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import LockBackendError, LockedTask
 from celery_singleton_lock.testing import RedisServer
@@ -54,7 +54,10 @@ def _env(server: RedisServer | None, extra: dict[str, Any]) -> dict[str, str]:
 
 
 def _run(
-    args: list[str], server: RedisServer | None, extra: dict[str, Any], timeout: float = 60
+    args: list[str],
+    server: RedisServer | None,
+    extra: dict[str, Any],
+    timeout: float = START_TIMEOUT,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args],

@@ -19,9 +19,16 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
-from celery import Celery
-from celery_fixtures import Gates, app_task, celery_env, cli_main, locks_command, new_app
-from lock_helpers import wait_until
+from celery_fixtures import (
+    Gates,
+    app_task,
+    celery_env,
+    cli_main,
+    locks_command,
+    new_app,
+    own_redis_server,
+)
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock, install
 from celery_singleton_lock._celery import conflict as run_module
@@ -166,7 +173,7 @@ def test_the_lock_key_example_works_for_every_call_form() -> None:
     and the documented one fits positional, keyword and left-out ``carrier`` alike."""
     text = _page("configuration.md")
     (block,) = [b for b in python_blocks(DOCS / "configuration.md") if "lock_key=" in b]
-    app = Celery("docs_lock_key", set_as_current=False)
+    app = new_app("docs_lock_key")
     namespace: dict[str, Any] = {"app": app, "LockedTask": LockedTask}
     exec(compile(block, "configuration.md lock_key block", "exec"), namespace)
     ship = namespace["ship"]
@@ -190,7 +197,7 @@ def test_the_lock_key_example_works_for_every_call_form() -> None:
 def test_the_setting_alone_does_not_lock_a_publisher() -> None:
     """configuration.md: a process that does not call install(app) (and starts no worker) keeps
     the setting's tasks plain, so it takes no lock at publish; install(app) locks them."""
-    app = Celery("docs_publisher", set_as_current=False, broker="redis://127.0.0.1:1/0")
+    app = new_app("docs_publisher", broker="redis://127.0.0.1:1/0")
     app.conf.singleton_lock_tasks = {"docs.report": {"lock_at": "publish"}}
 
     def report(day: str) -> None: ...
@@ -208,10 +215,8 @@ def test_the_setting_alone_does_not_lock_a_publisher() -> None:
 def test_an_eager_duplicate_ends_ignored_as_the_docs_say() -> None:
     """django.md and gotchas.md: with task_always_eager, a run-time duplicate's EagerResult is
     IGNORED (Celery's Ignore() as its info), not SKIPPED with the holder."""
-    with RedisServer() as server:
-        app = Celery(
-            "docs_eager", set_as_current=False, broker=f"redis://127.0.0.1:{server.port}/0"
-        )
+    with own_redis_server() as server:
+        app = new_app("docs_eager", broker=f"redis://127.0.0.1:{server.port}/0")
         app.conf.task_always_eager = True
         seen: list[Any] = []
 
@@ -600,7 +605,7 @@ def test_the_prefix_with_url_is_lock_as_the_docs_say(
     url = redis_server.url
     assert LockSpace(redis_client).named("docs-plain").take("t1", 30).acquired
     assert LockSpace(redis_client, "custom").named("docs-custom").take("t2", 30).acquired
-    app = Celery("docs_prefix", set_as_current=False, broker=url)
+    app = new_app("docs_prefix", broker=url)
     app.conf.singleton_lock_prefix = "custom"
 
     def listed(*args: str) -> list[str]:
@@ -638,7 +643,7 @@ def test_a_caller_s_countdown_replacing_the_debounce_is_documented() -> None:
 def _task_from_block(block: str) -> Any:
     """The task ``rebuild_index`` that ``block`` defines, as module ``proj.tasks`` would, on an
     app of its own (not shared with the next app: each block defines it anew)."""
-    real = Celery("docs_upgrading", set_as_current=False)
+    real = new_app("docs_upgrading")
     app = SimpleNamespace(task=lambda **options: real.task(shared=False, **options))
     namespace: dict[str, Any] = {"app": app, "LockedTask": LockedTask, "__name__": "proj.tasks"}
     exec(compile(block, "upgrading.md block", "exec"), namespace)
@@ -801,7 +806,11 @@ def test_a_missing_extra_s_error_says_how_to_install_it_while_not_on_pypi(extra:
     probe = f"import os, sys\ntry:\n{textwrap.indent(_HINT_PROBES[extra], '    ')}\n"
     probe += "except (ImportError, RuntimeError) as exc:\n    print(exc)\n"
     done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
     assert f"'/path/to/celery-singleton-lock[{extra}]' (its checkout)" in done.stdout

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from lock_helpers import START_TIMEOUT
 
 import celery_singleton_lock
 from celery_singleton_lock import LockBackendError, LockedTask, LockError, MisconfiguredError
@@ -120,7 +121,10 @@ def test_the_lock_layer_imports_where_celery_cannot_be_imported() -> None:
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(PACKAGE)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, str(PACKAGE)],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok ")
