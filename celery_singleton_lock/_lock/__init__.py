@@ -22,9 +22,8 @@ from .deadline import deadline as operation_deadline  # (the module has the same
 from .keys import LockKeys, RateKeys, check_prefix, escape_name, glob_escape
 from .observe import LockObserver, get_observer, set_observer
 from .owner import new_run_token
-from .rate import RateLimiter, inspect_rate
+from .rate import Rate, RateLimiter, RateReply, RateState, inspect_rate
 from .reentrant import ReentrantLock
-from .rule import Rate, RateReply, RateState
 from .semaphore import Semaphore
 from .space import (
     CLAIMED,
