@@ -74,9 +74,6 @@ class Lane:
         self._follow_master = follow_master
         self._stopped = False
         self._wake_at = 0.0
-        #: renewal pipelines sent and leases renewed (for benchmarks and operators)
-        self.round_trips = 0
-        self.renewed = 0
         self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
 
     @property
@@ -285,7 +282,6 @@ class Lane:
                     hold.keys.lock,
                     hold.owner,
                 )
-        self.renewed += renewed
         if renewed and observe.observer is not None:
             observe.observer.renewed(renewed)
 

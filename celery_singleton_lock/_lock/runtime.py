@@ -102,7 +102,6 @@ class LockRuntime:
         "_master",
         "_mutex",
         "_publish",
-        "_retired",
         "cancels",
         "contended",
         "holds",
@@ -121,8 +120,6 @@ class LockRuntime:
         self._publish: str | None = None
         pool = master_pool(client)
         self._master = None if pool is None else MasterFollower(pool)
-        #: round trips and renewals of the lanes that ended
-        self._retired = [0, 0]
         self._finalizer = weakref.finalize(client, self.close)
         self._finalizer.atexit = False
 
@@ -171,33 +168,7 @@ class LockRuntime:
                 return False
             if self._lane is lane:
                 self._lane = None
-            self._retired[0] += lane.round_trips
-            self._retired[1] += lane.renewed
             return True
-
-    def held(self) -> list[Hold]:
-        """Every hold being renewed now."""
-        lane = self._lane
-        if lane is None:
-            return []
-        with lane.cond:
-            return list(lane.holds.values())
-
-    @property
-    def has_lane(self) -> bool:
-        return self._lane is not None
-
-    @property
-    def round_trips(self) -> int:
-        """Renewal pipelines sent through the client so far."""
-        lane = self._lane
-        return self._retired[0] + (0 if lane is None else lane.round_trips)
-
-    @property
-    def renewed(self) -> int:
-        """Leases renewed through the client so far."""
-        lane = self._lane
-        return self._retired[1] + (0 if lane is None else lane.renewed)
 
     def publish_command(self, prefix: str) -> str:
         """``"spublish"`` on a Redis Cluster with sharded pub/sub, else ``"publish"``: probed
@@ -294,9 +265,6 @@ class LockRuntime:
             _last = None  # nothing keeps a runtime after its client
         with self._mutex:
             hub, self._hub = self._hub, None
-            _closed[0] += self.round_trips
-            _closed[1] += self.renewed
-            self._retired = [0, 0]
             if self._lane is not None:
                 self._lane.stop()
         if hub is not None:
@@ -309,62 +277,21 @@ _runtimes: weakref.WeakKeyDictionary[Any, LockRuntime] = weakref.WeakKeyDictiona
 #: a job asks several times (a WeakKeyDictionary lookup makes a weakref each time)
 _last: tuple[weakref.ref[Any], LockRuntime] | None = None
 _registry_lock = threading.Lock()
-#: round trips and renewals of the runtimes whose client went
-_closed = [0, 0]
 
 
 def publish_command(client: Any, prefix: str) -> str:
     return LockRuntime.of(client).publish_command(prefix)
 
 
-class Heartbeat:
-    """This process's renewal, added up over its clients' runtimes (a view: a forked child's
-    sees only the child's)."""
-
-    __slots__ = ()
-
-    @staticmethod
-    def _runtimes() -> list[LockRuntime]:
-        with _registry_lock:
-            return list(_runtimes.values())
-
-    def held(self) -> list[Hold]:
-        """Every hold being renewed now."""
-        return [hold for runtime in self._runtimes() for hold in runtime.held()]
-
-    @property
-    def lanes(self) -> int:
-        """How many clients have a lane (a thread) now."""
-        return sum(runtime.has_lane for runtime in self._runtimes())
-
-    @property
-    def round_trips(self) -> int:
-        """Renewal pipelines sent by this process so far."""
-        return _closed[0] + sum(runtime.round_trips for runtime in self._runtimes())
-
-    @property
-    def renewed(self) -> int:
-        """Leases renewed by this process so far."""
-        return _closed[1] + sum(runtime.renewed for runtime in self._runtimes())
-
-
-_heartbeat = Heartbeat()
-
-
-def get_heartbeat() -> Heartbeat:
-    return _heartbeat
-
-
 def _after_fork_in_child() -> None:
     # The parent's runtimes stay behind, never closed from here: their lanes are the parent's
     # threads, their holds and connections the parent's.
-    global _runtimes, _registry_lock, _closed, _last
+    global _runtimes, _registry_lock, _last
     _last = None
     for runtime in list(_runtimes.values()):
         runtime.abandon()
     _runtimes = weakref.WeakKeyDictionary()
     _registry_lock = threading.Lock()
-    _closed = [0, 0]
     _hold.after_fork_in_child()
     _owner.after_fork_in_child()
 
