@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, cast, overload
+from typing import Any, Literal, Protocol, TypedDict, Unpack, cast, overload
 
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -24,33 +24,26 @@ def _shown(seconds: float) -> str:
     return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
 
 
+class _Bounds(TypedDict, total=False):
+    """:func:`check_duration`'s keywords but ``allow_none`` (which decides its return type)."""
+
+    minimum: float
+    include_minimum: bool
+    maximum: float | None
+    none_means: str
+    example: str
+    too_long: str
+
+
 @overload
 def check_duration(
-    value: object,
-    parameter: str,
-    *,
-    minimum: float = ...,
-    include_minimum: bool = ...,
-    maximum: float | None = ...,
-    allow_none: Literal[False] = ...,
-    none_means: str = ...,
-    example: str = ...,
-    too_long: str = ...,
+    value: object, parameter: str, *, allow_none: Literal[False] = ..., **bounds: Unpack[_Bounds]
 ) -> float: ...
 
 
 @overload
 def check_duration(
-    value: object,
-    parameter: str,
-    *,
-    minimum: float = ...,
-    include_minimum: bool = ...,
-    maximum: float | None = ...,
-    allow_none: bool,
-    none_means: str = ...,
-    example: str = ...,
-    too_long: str = ...,
+    value: object, parameter: str, *, allow_none: bool, **bounds: Unpack[_Bounds]
 ) -> float | None: ...
 
 

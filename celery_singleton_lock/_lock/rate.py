@@ -22,7 +22,7 @@ from .checks import (
 )
 from .commands import backend_errors, text
 from .deadline import bounded
-from .keys import RateKeys, check_prefix, glob_escape
+from .keys import RateKeys, check_name, check_prefix, glob_escape
 
 _log = logging.getLogger("celery_singleton_lock.rate")
 
@@ -202,11 +202,9 @@ class RateLimiter:
         backend_timeout: float | None = None,
     ) -> None:
         check_client(client)
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"name must be a non-empty str, got {name!r}")
         #: the redis-py client (``Any``: ZREM is used too)
         self.client: Any = client
-        self.name = name
+        self.name = check_name(name)
         self.rate = Rate.parse(rate, "rate")
         self.prefix = check_prefix(prefix)
         self.backend_timeout = check_backend_timeout(backend_timeout)

@@ -14,7 +14,7 @@ from .checks import RedisClient, check_backend_timeout, check_client, check_leas
 from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
 from .deadline import bounded
 from .hold import Hold
-from .keys import LockKeys, check_prefix
+from .keys import LockKeys, check_name, check_prefix
 from .owner import default_owner, new_request_id
 from .runtime import LockRuntime
 
@@ -53,8 +53,7 @@ class ReentrantLock:
         backend_timeout: float | None = None,
     ) -> None:
         check_client(client)
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"name must be a non-empty str, got {name!r}")
+        check_name(name)
         check_lease_ms(ttl, "ttl")
         if owner is not None and (not isinstance(owner, str) or not owner):
             raise TypeError(f"owner must be a non-empty str or None, got {owner!r}")

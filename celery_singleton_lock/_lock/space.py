@@ -22,7 +22,7 @@ from . import commands, observe, scripts
 from .checks import RedisClient, by_node, check_backend_timeout, check_client, check_lease_ms
 from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, text
 from .deadline import bounded
-from .keys import LockKeys, check_prefix, escape_name, glob_escape
+from .keys import LockKeys, check_name, check_prefix, escape_name, glob_escape
 from .owner import new_request_id
 from .rate import Rate, RateLimiter, RateState, find_rate_limiters
 from .reentrant import ReentrantLock
@@ -229,10 +229,8 @@ class NamedLock:
     __slots__ = ("_space", "keys", "name", "permits")
 
     def __init__(self, space: LockSpace, name: str, permits: int = 1) -> None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"name must be a non-empty str, got {name!r}")
         self._space = space
-        self.name = name
+        self.name = check_name(name)
         self.permits = check_permits(permits)
         self.keys = tuple(permit_keys(space.prefix, name, self.permits))
 
