@@ -4,8 +4,8 @@ As Redisson's renewal scheduler and pub/sub service belong to a client, a client
 :class:`LockRuntime` owns the holds taken through it in this process, its renewal lane (one
 thread, started with the first renewed hold or background call, ended when idle), its wake-up
 subscriptions, its contended locks, the cancels of its lost acquires still pending, its publish
-command and, for a Sentinel client, when the master was last asked for. It holds its client
-weakly: when the client goes, its idle connections close and its lane ends.
+command and, for a Sentinel client, the master it follows (:class:`MasterFollower`). It holds
+its client weakly: when the client goes, its idle connections close and its lane ends.
 
 A fork is handled here, in one place: the child starts with no runtimes and new owner tokens,
 so it never renews, releases or waits through what its parent had.
@@ -13,6 +13,7 @@ so it never renews, releases or waits through what its parent had.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -21,13 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from redis.exceptions import RedisError
+from redis.sentinel import SentinelConnectionPool
+
 from . import hold as _hold
 from . import observe
 from . import owner as _owner
 from .hold import Hold, HoldRegistry
 from .keys import LockKeys
 from .renewal import Lane
-from .sentinel import MasterFollower, master_pool
 from .wakeup import KEEP_IDLE, Contended, WakeHub, probe_publish_command
 
 
@@ -88,6 +91,65 @@ class PendingCancels:
                 pending.remove(cancel)
                 if not pending:
                     del self.by_owner[key]
+
+
+log = logging.getLogger("celery_singleton_lock.sentinel")
+
+#: the longest an acquire trusts the master address it last checked, in seconds
+ACQUIRE_CHECK_INTERVAL = 1.0
+
+
+def master_pool(client: Any) -> Any:
+    """The client's Sentinel master pool, or ``None`` for any other client."""
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool) and pool.is_master:
+        return pool
+    return None
+
+
+class MasterFollower:
+    """Follows the master of one Sentinel master client, for connections already open.
+
+    redis-py's Sentinel pool asks Sentinel for the master only when a connection is made; an
+    open connection keeps talking to the old master until that server is demoted, some seconds
+    after Sentinel promoted a replica. Meanwhile the old master still takes writes: a holder
+    renewing there keeps a lease that no longer counts, while the new master's copy runs out
+    and a contender takes it. So Sentinel is asked before each renewal batch, and at most once
+    a second before an acquire; when the master moved, redis-py's pool closes its idle
+    connections, and the next command goes to the new master.
+    """
+
+    __slots__ = ("_checked_at", "_mutex", "_pool")
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._mutex = threading.Lock()
+        #: monotonic time Sentinel was last asked (None: never)
+        self._checked_at: float | None = None
+
+    def follow(self, max_age: float = 0.0) -> None:
+        """Ask Sentinel where the master is (unless asked within ``max_age`` seconds), and
+        move the client's idle connections there if it moved. A Sentinel that cannot answer
+        is logged, never raised: the commands go on to the master known so far."""
+        pool = self._pool  # redis-py's Sentinel module is not annotated
+        now = time.monotonic()
+        with self._mutex:
+            if max_age and self._checked_at is not None and now - self._checked_at < max_age:
+                return
+            self._checked_at = now
+        before = pool.master_address
+        try:
+            after = pool.get_master_address()
+        except RedisError as exc:
+            log.warning("could not ask Sentinel for the master of %s: %s", pool.service_name, exc)
+            return
+        if before is not None and after != before:
+            log.warning(
+                "Sentinel master of %s moved from %s to %s: the lock's connections follow it",
+                pool.service_name,
+                before,
+                after,
+            )
 
 
 class LockRuntime:
@@ -250,7 +312,7 @@ class LockRuntime:
                 sub.hub.leave(sub, woken=woken)
 
     def follow_master(self, max_age: float = 0.0) -> None:
-        """For a Sentinel client: follow the master if it moved (see :mod:`.sentinel`)."""
+        """For a Sentinel client: follow the master if it moved (see :class:`MasterFollower`)."""
         if self._master is not None:
             self._master.follow(max_age)
 
