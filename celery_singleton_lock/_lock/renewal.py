@@ -321,12 +321,9 @@ class Lane:
 
     def _send(self, client: Any, holds: Sequence[Hold]) -> list[int | Exception]:
         """One result per hold: 1 renewed, 0 gone, or the error that kept it from renewing.
-        Raises when the whole batch failed (a single server that did not answer).
-
-        On Redis Cluster a script touches one slot and redis-py refuses EVALSHA in a cluster
-        pipeline: the calls are grouped by slot, one pipeline per node through that node's
-        client; a call the node refuses (a slot that moved) goes again through the cluster
-        client, which follows the redirect."""
+        Raises when the whole batch failed (a single server that did not answer). On a Redis
+        Cluster a call's holds share a slot, one pipeline per node (:func:`by_node`), and a call
+        a node refuses (its slot moved) goes again through the cluster client."""
         if not is_cluster(client):
             groups = [holds[i : i + BATCH] for i in range(0, len(holds), BATCH)]
             results: dict[int, int | Exception] = {}

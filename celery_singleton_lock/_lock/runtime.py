@@ -20,7 +20,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 from redis.sentinel import SentinelConnectionPool
@@ -33,18 +33,8 @@ from .keys import LockKeys
 from .renewal import Lane
 from .wakeup import KEEP_IDLE, Contended, WakeHub, probe_publish_command
 
-
-class _Reply(Protocol):
-    """What :meth:`LockRuntime.wait_for` reads of an acquire's reply."""
-
-    @property
-    def acquired(self) -> bool: ...
-
-    @property
-    def lease_left(self) -> float: ...
-
-
-Reply = TypeVar("Reply", bound=_Reply)
+if TYPE_CHECKING:
+    from .commands import AcquireReply  # (commands imports this module)
 
 
 @dataclass(eq=False, slots=True)
@@ -273,9 +263,9 @@ class LockRuntime:
         self,
         channel: str,
         deadline: float | None,
-        attempt: Callable[[bool], Reply],
+        attempt: Callable[[bool], AcquireReply],
         quiet: bool = False,
-    ) -> Reply:
+    ) -> AcquireReply:
         """Call ``attempt`` until it acquires or ``deadline`` (monotonic; ``None``: none) passes,
         waiting in between for a release published on ``channel``, but never longer than the
         holder's lease left (a lost message costs no more). Reports a refusal (unless ``quiet``)

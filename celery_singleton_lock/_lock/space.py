@@ -6,10 +6,6 @@ holds kept elsewhere: taken for an owner another process goes on as, released or
 owner that is gone, inspected or force-released by an operator. Beside a lock it keeps records
 (:meth:`LockSpace.record_if_held`) and waiters: owners that left when refused and are woken
 by the release that ends a hold (lua/wait_*.lua).
-
-:meth:`LockSpace.inspect_many` reads many locks in few round trips: one INSPECT per lock (one
-hash tag), pipelined by node on a Redis Cluster; a call a node refuses (its slot moved) goes
-again through the cluster client, which follows the redirect.
 """
 
 from __future__ import annotations
