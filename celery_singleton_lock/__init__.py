@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from ._celery import LockedTask, install
-from ._celery.config import reload_settings
+from ._celery.config import close, reload_settings
 from ._errors import (
     AlreadyQueuedError,
     ChordDuplicateError,
@@ -75,6 +75,7 @@ __all__ = [
     "Semaphore",
     "TaskLockedError",
     "WaitReply",
+    "close",
     "install",
     "reload_settings",
 ]

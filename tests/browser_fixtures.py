@@ -8,8 +8,11 @@ through the system's chromedriver, with every network request the page made kept
   left the site's origin (:meth:`Browser.foreign_requests`).
 - :meth:`Browser.page_width`: how wide the page is (``scrollWidth``), at a 1280 px window.
 
-A missing browser is a failure that says how to install it, never a silent skip: the page is
-only checked when a browser draws it.
+Without a browser the tests marked ``browser`` are skipped, each saying what is missing and how
+to install it (:func:`skip_without_a_browser`, from ``conftest.py``): on a machine where
+``scripts/test`` could not install Chromium (no root, no sudo) the rest of the suite still
+passes. In CI (``CI=true``) they are never skipped: a missing browser fails them, saying the
+same, since the page is only checked when a browser draws it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +73,25 @@ def missing_browser() -> str | None:
     except ImportError:
         return "selenium is not installed: pip install -e '.[test]' (the test extra brings it)"
     return None
+
+
+def in_ci() -> bool:
+    """Whether this run is CI's (``CI=true``, as CI services set it for ``.ci/run``)."""
+    return os.environ.get("CI") == "true"
+
+
+def skip_without_a_browser(items: list[pytest.Item]) -> None:
+    """Mark the ``browser`` tests among ``items`` skipped, with what is missing and how to get
+    it, when there is no browser to drive, unless in CI (there they run, and fail saying so).
+    Marked before anything of theirs starts: no worker, beat or page is started for them."""
+    browser_tests = [item for item in items if item.get_closest_marker("browser") is not None]
+    if not browser_tests or in_ci():
+        return
+    problem = missing_browser()
+    if problem is not None:
+        skip = pytest.mark.skip(reason=f"no browser to drive: {problem}")
+        for item in browser_tests:
+            item.add_marker(skip)
 
 
 class Browser:
@@ -174,10 +197,11 @@ def open_browser(extra_args: tuple[str, ...] = ()) -> Iterator[Browser]:
 
 @pytest.fixture
 def browser() -> Iterator[Browser]:
-    """A fresh headless Chromium for the test (fails, never skips, without one)."""
+    """A fresh headless Chromium for the test; without one it fails saying what is missing (in
+    CI; elsewhere :func:`skip_without_a_browser` has skipped the test already)."""
     problem = missing_browser()
     if problem:
-        pytest.fail(problem, pytrace=False)
+        pytest.fail(f"{problem} (not skipped: CI=true)" if in_ci() else problem, pytrace=False)
     with open_browser() as made:
         yield made
 

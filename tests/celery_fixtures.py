@@ -6,6 +6,12 @@ Each ``tests/test_celery_*.py`` module defines its app and tasks at module level
 task names), then uses :func:`celery_env` from a module-scoped fixture: one server, one worker
 per module keeps the suite fast. Blocking task bodies use :class:`Gates` (the worker runs in
 this process with the ``threads`` pool, so a ``threading.Event`` reaches the body).
+
+A test makes its in-process apps with :func:`new_app` (or :func:`bare_app`; :func:`configure`
+counts too): every test ends with :func:`close_apps` (``tests/conftest.py``), which writes the
+recent counts those apps have not written yet, into the Redis the test used and while it still
+runs, and ends their writer threads: without it a count's write lands about a second later,
+in whatever the next test put on that server.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import gc
 import shutil
 import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +32,7 @@ from celery.contrib.testing.worker import start_worker
 from kombu.asynchronous import set_event_loop
 from lock_helpers import wait_until
 
-from celery_singleton_lock import LockedTask, reload_settings
+from celery_singleton_lock import LockedTask, close, reload_settings
 from celery_singleton_lock.testing import RedisServer
 
 DB_BROKER, DB_RESULTS, DB_LOCKS = 0, 1, 2
@@ -73,15 +80,50 @@ def app_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any]
     return cast("Callable[[Callable[..., Any]], Any]", app.task(**options))
 
 
-def new_app(main: str) -> Celery:
-    """An app for module-level task definitions; :func:`configure` points it at a server."""
-    return Celery(main, set_as_current=False)
+#: the apps made in this process by :func:`new_app`, configured by :func:`configure` or given
+#: to :func:`track`, held weakly: what :func:`close_apps` closes at the end of every test
+_apps: weakref.WeakSet[Celery] = weakref.WeakSet()
+
+
+def track(app: Celery) -> Celery:
+    """``app``, closed by :func:`close_apps` at the end of every test from now on."""
+    _apps.add(app)
+    return app
+
+
+def new_app(main: str, **options: Any) -> Celery:
+    """``Celery(main, set_as_current=False, **options)``, closed by :func:`close_apps` at the
+    end of every test: for module-level task definitions (:func:`configure` points it at a
+    server) and for a test's own app."""
+    options.setdefault("set_as_current", False)
+    return track(Celery(main, **options))
+
+
+def close_apps() -> None:
+    """Close (:func:`celery_singleton_lock.close`) every app made by :func:`new_app` or
+    configured by :func:`configure`: their recent counts written now, their writer threads
+    ended. Run as each test ends, before its fixtures stop or empty a server, and before
+    :func:`own_redis_server` stops its server.
+
+    An app whose Redis did not take its counts (the test stopped that server first: logged on
+    ``celery_singleton_lock.counts``) is no longer closed here: trying again at every later
+    test's end would only log it again, or write into a server that took the port since."""
+    for app in list(_apps):
+        if not close(app):
+            _apps.discard(app)
+
+
+def retire(app: Celery) -> None:
+    """Done with ``app`` for good (its server is about to stop): closed now, and no longer
+    closed by :func:`close_apps`, which would try its stopped server with a later count."""
+    close(app)
+    _apps.discard(app)
 
 
 def bare_app(server: RedisServer, main: str, **conf: Any) -> Celery:
     """An app with only a broker and a result backend on ``server`` (databases 0 and 1), and
     ``conf``: for settings that decide where the locks live."""
-    app = Celery(main, set_as_current=False)
+    app = new_app(main)
     base = f"redis://127.0.0.1:{server.port}"
     app.conf.update(broker_url=f"{base}/0", result_backend=f"{base}/1", **conf)
     return app
@@ -97,6 +139,7 @@ def configure(app: Celery, server: RedisServer, **conf: Any) -> None:
     settings.update(conf)
     app.conf.update(settings)
     reload_settings(app)
+    track(app)
 
 
 class Gates:
@@ -204,6 +247,7 @@ def own_redis_server() -> Iterator[RedisServer]:
     try:
         yield server
     finally:
+        close_apps()  # the counts of the apps on it written while it runs
         server.stop()
         shutil.rmtree(server.dir, ignore_errors=True)
 
@@ -253,3 +297,43 @@ def celery_env(
         # collect the module's AsyncResults while their result backend still answers
         gc.collect()
         forget_results(app)
+        retire(app)  # its last counts, before the server stops
+
+
+# -- the package's commands, as a user's shell finds them ---------------------------------------
+
+
+def _entry_point(group: str, name: str) -> Any:
+    """The package's entry point ``name`` of ``group``, loaded (what the installed package
+    gives a shell: the tests reach its commands the same way, not through a private module)."""
+    from importlib.metadata import entry_points
+
+    (found,) = (
+        ep
+        for ep in entry_points(group=group, name=name)
+        if ep.dist is not None and ep.dist.name == "celery-singleton-lock"
+    )
+    return found.load()
+
+
+def locks_command() -> Any:
+    """``celery ... locks``: the ``click`` group the ``celery`` command adds (its
+    ``celery.commands`` entry point)."""
+    return _entry_point("celery.commands", "locks")
+
+
+def cli_main(argv: list[str]) -> None:
+    """``celery-singleton-lock ARGS`` (the console script, also ``python -m
+    celery_singleton_lock``), in this process."""
+    _entry_point("console_scripts", "celery-singleton-lock")(argv)
+
+
+class _AnyTask(LockedTask):
+    """A locked task class of no app of its own: its public ``lock_space(app)`` is what every
+    locked task of ``app`` (with the default prefix) locks in."""
+
+
+def lock_space(app: Celery) -> Any:
+    """``app``'s locks under its ``singleton_lock_prefix``, on its lock client (``.client``), as
+    a locked task of ``app`` sees them (``LockedTask.lock_space``)."""
+    return _AnyTask.lock_space(app)

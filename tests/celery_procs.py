@@ -24,10 +24,8 @@ from typing import Any
 
 import faultapp
 import redis
-from celery_fixtures import forget_results
-from lock_helpers import wait_until
-
-from celery_singleton_lock._celery.config import LockConfig
+from celery_fixtures import forget_results, retire
+from lock_helpers import START_TIMEOUT, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,7 +69,7 @@ class WorkerProcess:
             cmd += ["-c", str(self.concurrency)]
         return cmd + list(self.args)
 
-    def start(self, timeout: float = 45.0) -> WorkerProcess:
+    def start(self, timeout: float = START_TIMEOUT) -> WorkerProcess:
         env = dict(os.environ)
         env.update(self.env)
         env[faultapp.URL_ENV] = self.base
@@ -193,9 +191,7 @@ def close_app(app: Any) -> None:
     """Close the test-process app while its redis-server still runs (see
     :func:`celery_fixtures.forget_results`)."""
     forget_results(app)
-    counter = LockConfig.of(app).counter_if_made
-    if counter is not None:  # its counts written, its thread stopped: not retried after
-        counter.close()
+    retire(app)  # its counts written, its thread ended: nothing lands on the server after
     app.close()
 
 

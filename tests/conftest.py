@@ -15,8 +15,20 @@ server.
   (``tests/faultapp.py``) on a redis-server of the module's own, and an in-process worker
   (threads pool) running its tasks from the ``fault`` queue.
 - ``fault_beat``: start ``celery beat`` processes of the fault tests' app (slow tests only).
-- ``browser``: a headless Chromium (``tests/browser_fixtures.py``) for the web page's tests.
+- ``browser``: a headless Chromium (``tests/browser_fixtures.py``) for the web page's tests;
+  without one they are skipped, saying what is missing, but in CI (``CI=true``).
 - ``policy``: set the module's app's ``singleton_lock_on_backend_error`` for one test.
+
+Tests reach the package through its public names (the CLI through its entry points:
+``celery_fixtures.locks_command`` and ``cli_main``; an app's lock client through
+``celery_fixtures.lock_space``). The lock layer's own white-box tests may import its private
+modules; they, and the tests not yet moved to public names, are listed in
+``tests/test_package.py`` (``LOCK_WHITE_BOX``, ``NOT_YET_PUBLIC``), which fails a test that
+imports a private module without being listed. Marks and warning filters shared by every
+module live in ``pyproject.toml``'s pytest configuration.
+Every test ends with the apps the tests made closed (``celery_fixtures.close_apps``), before its
+fixtures stop or empty a server: what an app counted is written by then, and never after into
+the next test's data.
 
 A test that starts a ``celery worker`` or ``celery beat`` subprocess is marked ``slow``: the
 ``not slow`` subset (what CI runs against the oldest dependencies) starts none, and a test that
@@ -40,9 +52,12 @@ from typing import Any
 import faultapp
 import pytest
 from beatproj.harness import LEADER_SCHEDULER, Beat
-from browser_fixtures import browser  # noqa: F401 - the browser tests' fixture
+from browser_fixtures import (
+    browser,  # noqa: F401 - the browser tests' fixture
+    skip_without_a_browser,
+)
 from celery import Celery
-from celery_fixtures import CeleryEnv, celery_env, running_worker
+from celery_fixtures import CeleryEnv, celery_env, close_apps, running_worker, track
 from celery_procs import close_app, redis_base
 
 from celery_singleton_lock import reload_settings
@@ -170,6 +185,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _running.remove(item)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """As a test ends, before its fixtures stop or empty a server: the apps the tests made
+    write their recent counts now, and their writer threads end (``celery_fixtures``). A count
+    is written about a second after it is made, by a thread of its app: left running, it
+    writes this test's counts into what the next test put on the same server."""
+    close_apps()
+
+
 # -- Celery apps on servers of their own ----------------------------------------------------
 
 
@@ -210,7 +234,7 @@ def fault_app(fault_server: RedisServer, request: pytest.FixtureRequest) -> Iter
     """The fault tests' app (``tests/faultapp.py``) on ``fault_server``; a module's
     ``make_fault_app`` (``faultapp.make_app`` and tasks of its own) makes it instead."""
     make = getattr(request.module, "make_fault_app", faultapp.make_app)
-    app = make(redis_base(fault_server.port))
+    app = track(make(redis_base(fault_server.port)))
     yield app
     close_app(app)
     gc.collect()  # the module's AsyncResults, while their result backend still answers
@@ -252,9 +276,13 @@ def fault_beat(tmp_path: Path) -> Iterator[Callable[..., Beat]]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long job model run (``model_long``: many examples per combination, tens of minutes)
+    """The long job model run (``model_long``: more examples per combination, a few minutes)
     runs only when asked for by name (``-m model_long``); the suite's own run keeps
-    the fast share of the same test. Deselected, not skipped: nothing is hidden."""
+    the fast share of the same test. Deselected, not skipped: nothing is hidden.
+
+    The browser tests are skipped, saying what is missing and how to install it, on a machine
+    without Chromium and its chromedriver, but in CI (``CI=true``), where they fail instead."""
+    skip_without_a_browser(items)
     if "model_long" in (config.getoption("markexpr") or ""):
         return
     long_runs = [item for item in items if item.get_closest_marker("model_long") is not None]

@@ -22,6 +22,15 @@ from celery_singleton_lock.testing import find_redis_server
 
 T = TypeVar("T")
 
+#: seconds a process may take to start (a Python interpreter importing Celery or Django, or a
+#: fresh venv's packages for the first time, then connecting) before a test gives up on it. The
+#: suite runs three test processes on a 2-CPU machine, often beside other work: at a load of 6
+#: or 7 a start that takes 2 s idle can take ten times that. A wait for a start, or for a
+#: subprocess that starts one, only bounds a hang: it returns as soon as the process is up, so
+#: a long bound costs nothing when all is well (a per-test timeout that covers such a wait is
+#: this plus the scenario's own time).
+START_TIMEOUT = 120.0
+
 
 def wait_until(
     predicate: Callable[[], T | Literal[False] | None],

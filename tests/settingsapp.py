@@ -1,15 +1,19 @@
-"""An app module that locks its tasks with the ``singleton_lock_tasks`` setting alone: it never
-imports celery_singleton_lock and never calls ``install()``. The ``celery`` command that runs it
-brings the package in (its ``locks`` command's entry point). ``CSL_SETTINGS_REDIS`` says where
-Redis is (``redis://host:port``); database 3 holds what the tasks record."""
+"""An app module that uses the package through a ``LockedTask`` only and never calls
+``install()``: its other tasks are locked by the ``singleton_lock_tasks`` setting alone, at its
+worker's start (the locked task bound to the app connects that start's receiver).
+``CSL_SETTINGS_REDIS`` says where Redis is (``redis://host:port``); database 3 holds what the
+tasks record. ``CSL_SETTINGS_EXTRA`` (a JSON object) adds settings, such as a misspelt one."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
 import redis
 from celery import Celery
+
+from celery_singleton_lock import LockedTask
 
 _redis = os.environ.get("CSL_SETTINGS_REDIS", "redis://127.0.0.1:1")
 
@@ -23,6 +27,7 @@ app.conf.update(
         "settingsapp.slow": {},
         "settingsapp.report": {"lock_at": "publish"},
     },
+    **json.loads(os.environ.get("CSL_SETTINGS_EXTRA", "{}")),
 )
 
 
@@ -39,5 +44,12 @@ def slow(key: str, seconds: float) -> str:
 
 @app.task(name="settingsapp.report")  # type: ignore[untyped-decorator]  # celery: unannotated
 def report(key: str) -> str:
+    _record(key)
+    return key
+
+
+@app.task(base=LockedTask, name="settingsapp.own")  # type: ignore[untyped-decorator]  # celery: unannotated
+def own(key: str) -> str:
+    """The app's own locked task: what makes it an app that uses the package."""
     _record(key)
     return key

@@ -35,11 +35,11 @@ from beatproj.harness import (
     sends_since,
 )
 from celery_procs import redis_base
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(START_TIMEOUT + 150)]
 
 LEASE = 2.0
 PERIOD = 2.0
@@ -62,7 +62,7 @@ def django_world(make_redis_server: Any, tmp_path: Path) -> Iterator[tuple[list[
         cwd=ROOT,
         env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
         check=True,
-        timeout=60,
+        timeout=START_TIMEOUT,
     )
     client = redis.Redis(port=server.port, db=LOCK_DB, socket_timeout=5)
     beats = [Beat(APP, tmp_path, n, env) for n in (1, 2)]
@@ -101,7 +101,7 @@ def test_database_scheduler_takeover_sends_no_tick_twice(
     django_world: tuple[list[Beat], Any], fault: str
 ) -> None:
     beats, client = django_world
-    first = wait_until(lambda: leader(beats, client, LOCK), 40, "a beat to lead")
+    first = wait_until(lambda: leader(beats, client, LOCK), START_TIMEOUT, "a beat to lead")
     standby = next(b for b in beats if b is not first)
     wait_until(lambda: len(all_sends(beats, ENTRY)) >= 3, 30, "three sends")
     while_leading = _last_send_and_record(beats, client)

@@ -28,11 +28,11 @@ from beatproj.harness import (
     sends_since,
 )
 from faultapp import LOCK_DB
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(START_TIMEOUT + 120)]
 
 LEASE = 2.0
 PERIOD = 1.0
@@ -56,7 +56,7 @@ def test_one_beat_sends_and_a_beat_leads_again(
     world: tuple[list[Beat], Any, RedisServer], fault: str
 ) -> None:
     beats, client, server = world
-    first = wait_until(lambda: leader(beats, client, LOCK), 30, "a beat to lead")
+    first = wait_until(lambda: leader(beats, client, LOCK), START_TIMEOUT, "a beat to lead")
     standby = next(b for b in beats if b is not first)
     wait_until(lambda: len(all_sends(beats, ENTRY)) >= 3, 20, "three sends")
 

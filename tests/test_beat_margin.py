@@ -26,11 +26,11 @@ import pytest
 import redis
 from beatproj.harness import SEND_LINE, Beat, holder, report
 from faultapp import LOCK_DB
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(START_TIMEOUT + 90)]
 
 ENTRY = "fault-tick"
 LOCK = "beat:faultapp"
@@ -60,7 +60,7 @@ def test_a_send_with_less_lease_left_than_the_margin_is_held_back(
     # and the first renewal is due 2 to 4 s after the takeover: out of the cut's way.
     lease = 12.0
     beat = fault_beat(make_redis_server(), lease, f"{SCHEDULERS}:ShortLeaseLeaderScheduler")
-    cut = wait_until(lambda: CUT.search(beat.log()), 30, "the leader to cut its lease")
+    cut = wait_until(lambda: CUT.search(beat.log()), START_TIMEOUT, "the leader to cut its lease")
     assert int(cut["left"]) < lease * 1000 / 4
     outcome = wait_until(
         lambda: _first_after(beat, cut.end(), HELD_BACK, SEND_LINE),
@@ -84,7 +84,7 @@ def test_a_leader_paused_between_the_record_and_the_send_sends_nothing(
     client = redis.Redis(port=server.port, db=LOCK_DB, socket_timeout=5)
     beat = fault_beat(server, lease, f"{SCHEDULERS}:PausingLeaderScheduler")
     try:
-        paused = wait_until(lambda: PAUSED.search(beat.log()), 30, "the leader to pause")
+        paused = wait_until(lambda: PAUSED.search(beat.log()), START_TIMEOUT, "the leader to pause")
         # Stopped, it renews nothing: its lease runs out in Redis.
         wait_until(lambda: not holder(client, LOCK), lease + 5, "the paused leader's lease to end")
         os.killpg(beat.pid, signal.SIGCONT)

@@ -16,11 +16,11 @@ import pytest
 import redis
 from beatproj.harness import Beat, close_pairs, leader, report
 from faultapp import LOCK_DB
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(START_TIMEOUT + 120)]
 
 LEASE = 2.0
 PERIOD = 1.0
@@ -41,7 +41,7 @@ def test_ticks_resume_within_a_lease_of_redis_answering_again(
     beat, server = one_beat
     client = redis.Redis(port=server.port, db=LOCK_DB, socket_timeout=5)
     try:
-        wait_until(lambda: leader([beat], client, LOCK), 30, "the beat to lead")
+        wait_until(lambda: leader([beat], client, LOCK), START_TIMEOUT, "the beat to lead")
         wait_until(lambda: len(beat.sends(ENTRY)) >= 3, 20, "three sends")
         assert server.process is not None
         if outage == "restart":

@@ -58,11 +58,11 @@ from beatproj.harness import (
     log_time,
 )
 from celery_procs import WorkerProcess, redis_base
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(START_TIMEOUT + 180)]
 
 APP = "tests.beatproj.redbeat_app"
 LOCK = "beat:rbproj"
@@ -154,7 +154,7 @@ def world(make_redis_server: Any, tmp_path: Path) -> Iterator[World]:
 @pytest.fixture
 def worker(world: World) -> Iterator[WorkerProcess]:
     proc = AppWorker(redis_base(world.server.port), world.tmp, env=world.env, pool="solo")
-    proc.start(60)
+    proc.start()
     try:
         yield proc
     finally:
@@ -256,7 +256,7 @@ def test_redbeat_send_with_too_little_lease_is_held_back_with_our_line(world: Wo
     lease = 12.0
     world.env[TTL_ENV] = str(lease)
     beat = world.start_beat(f"{SCHEDULERS}:ShortLeaseLeaderScheduler")
-    cut = wait_until(lambda: CUT.search(beat.log()), 60, "the leader to cut its lease")
+    cut = wait_until(lambda: CUT.search(beat.log()), START_TIMEOUT, "the leader to cut its lease")
 
     def after() -> str:
         return beat.log()[cut.end() :]
@@ -293,7 +293,9 @@ def test_a_wrapped_scheduler_that_publishes_by_itself_sends_nothing_after_a_paus
     world.env[WRAPPED_ENV] = f"{SCHEDULERS}:SelfPublishingScheduler"
     Path(world.env[PAUSE_CUE_ENV]).touch()
     beat = world.start_beat(f"{SCHEDULERS}:PauseOnCueLeaderScheduler")
-    wait_until(lambda: PAUSED.search(beat.log()), 60, "the leader to pause mid-send", 0.05)
+    wait_until(
+        lambda: PAUSED.search(beat.log()), START_TIMEOUT, "the leader to pause mid-send", 0.05
+    )
     wait_until(lambda: not holder(world.locks, LOCK), LEASE + 5, "its lease to end", 0.05)
     woke_at = len(beat.log())
     os.killpg(beat.pid, signal.SIGCONT)

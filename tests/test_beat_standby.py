@@ -16,11 +16,11 @@ import pytest
 import redis
 from beatproj.harness import Beat, holder, leader, report
 from faultapp import LOCK_DB
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(START_TIMEOUT + 90)]
 
 LEASE = 2.0
 LOCK = "beat:faultapp"
@@ -45,7 +45,7 @@ def test_standby_names_the_leader_at_info_and_says_when_it_leads(
     two_beats: tuple[list[Beat], Any],
 ) -> None:
     beats, client = two_beats
-    first = wait_until(lambda: leader(beats, client, LOCK), 30, "a beat to lead")
+    first = wait_until(lambda: leader(beats, client, LOCK), START_TIMEOUT, "a beat to lead")
     token = holder(client, LOCK)
     standby = next(b for b in beats if b is not first)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from celery_procs import WorkerProcess, close_app, no_overlap, records, redis_base
 from faultapp import BEAT_ENV, DATA_DB, LOCK_DB, make_app
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
@@ -41,7 +41,7 @@ def test_beat_task_due_every_second_never_overlaps_itself(tmp_path: Path) -> Non
                 args=("-B", "-s", str(tmp_path / "beat-schedule")),
             )
             with worker:
-                worker.wait_log(r"beat: Starting", 10)
+                worker.wait_log(r"beat: Starting", START_TIMEOUT)
                 # two runs ended, and beat's sends in between were skipped twice
                 wait_until(
                     lambda: (

@@ -19,14 +19,15 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery_fixtures import new_app
 from celery_procs import WorkerProcess, close_app, new_job, records, redis_base
 from faultapp import BROKER_DB, DATA_DB, LOCK_DB, RESULT_DB, _job_key
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import install
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(START_TIMEOUT + 120)]
 
 #: a queue no worker reads: the message waits there, holding what its publish took
 NOWHERE = "by-name-nowhere"
@@ -44,7 +45,7 @@ def worker(fault_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) 
 def names(fault_server: RedisServer) -> Iterator[Celery]:
     """A publisher that does not import the tasks: it knows their names and lock options."""
     base = redis_base(fault_server.port)
-    app = Celery("byname", set_as_current=False)
+    app = new_app("byname")
     app.conf.update(
         broker_url=f"{base}/{BROKER_DB}",
         result_backend=f"{base}/{RESULT_DB}",

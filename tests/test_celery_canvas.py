@@ -18,8 +18,12 @@ from celery.exceptions import ChordError
 from celery_fixtures import CeleryEnv, Gates, app_task, new_app
 from lock_helpers import wait_until
 
-from celery_singleton_lock import AlreadyQueuedError, LockedTask, TaskLockedError
-from celery_singleton_lock._celery.canvas import ChordDuplicateError
+from celery_singleton_lock import (
+    AlreadyQueuedError,
+    ChordDuplicateError,
+    LockedTask,
+    TaskLockedError,
+)
 
 gates = Gates()
 app = new_app("csl_canvas")

@@ -39,7 +39,7 @@ CELERY_ENV = {"concurrency": 2, "accept_content": ["json"]}
 def publisher(env: CeleryEnv) -> Iterator[Celery]:
     """Another service's app on the same broker and locks: it knows a task the worker does
     not, and sends with pickle, which the worker does not accept."""
-    pub = Celery("csl_dropped_pub", set_as_current=False)
+    pub = new_app("csl_dropped_pub")
     configure(pub, env.server, task_serializer="pickle")
     yield pub
     close_app(pub)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery_fixtures import app_task, configure
+from celery_fixtures import app_task, configure, new_app
 
 from celery_singleton_lock import LockedTask, TaskLockedError
 from celery_singleton_lock.testing import RedisServer
@@ -28,7 +28,7 @@ CHOICES = ["skip", "retry", "wait", "raise"]
 
 @pytest.fixture
 def app(redis_server: RedisServer) -> Iterator[Celery]:
-    made = Celery("eager", set_as_current=False)
+    made = new_app("eager")
     configure(made, redis_server)
     yield made
     made.close()

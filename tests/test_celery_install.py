@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from celery import Celery, signals
-from celery_fixtures import BASE_CONF, CeleryEnv, Gates, app_task, new_app
+from celery import signals
+from celery_fixtures import BASE_CONF, CeleryEnv, Gates, app_task, lock_space, new_app
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask, install
@@ -151,12 +151,10 @@ def test_send_task_with_a_delay_holds_the_publish_lock_for_the_delay_too(
 def test_an_installed_app_is_not_kept_alive_by_the_package() -> None:
     # Per-app caches are weak, and the signal receivers hold no app: an app that its owner
     # dropped is collected (a new app that got its id() must never inherit its client).
-    from celery_singleton_lock._celery.config import LockConfig
-
-    gone = Celery("csl_install_gone", set_as_current=False, broker="redis://127.0.0.1:1/0")
+    gone = new_app("csl_install_gone", broker="redis://127.0.0.1:1/0")
     install(gone, tasks={"gone.task": {"lock_at": "publish"}})
     gone.finalize()
-    assert LockConfig.of(gone).client is not None
+    assert lock_space(gone).client is not None
     ref = weakref.ref(gone)
     del gone
     gc.collect()
@@ -199,7 +197,7 @@ def test_another_app_s_message_is_not_locked_in_the_installed_app_s_redis(
     # Two apps in one process; only `app` is installed, and it knows a task of the same name
     # (Celery registers shared tasks in every app). A message that the other app publishes
     # must not take a lock in the installed app's Redis.
-    other = Celery("csl_install_other", set_as_current=False)
+    other = new_app("csl_install_other")
     other.conf.update(BASE_CONF)
     other.conf.update(
         broker_url=env.app.conf.broker_url,

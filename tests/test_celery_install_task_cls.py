@@ -3,8 +3,7 @@ task keeps its class's ``__call__`` (the body sees the app context) and holds th
 
 from __future__ import annotations
 
-from celery import Celery
-from celery_fixtures import CeleryEnv, app_task
+from celery_fixtures import CeleryEnv, app_task, new_app
 from test_celery_task_classes import (
     FlaskTask,
     flask_app,
@@ -15,7 +14,7 @@ from test_celery_task_classes import (
 
 from celery_singleton_lock import LockedTask, install
 
-app = Celery("csl_task_cls", set_as_current=False, task_cls=FlaskTask)
+app = new_app("csl_task_cls", task_cls=FlaskTask)
 
 
 @app_task(app, name="task_cls.installed")

@@ -42,20 +42,20 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery_fixtures import cli_main, new_app
 from celery_procs import WorkerProcess, close_app, new_job, no_overlap, records, redis_base
 from faultapp import DATA_DB, LOCK_DB
-from lock_helpers import lease_end, server_time, wait_until
+from lock_helpers import START_TIMEOUT, lease_end, server_time, wait_until
 from redis.backoff import NoBackoff
 
 from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace, ReentrantLock
 from celery_singleton_lock._celery.hold import HoldState, holder_info
 from celery_singleton_lock._celery.parts import Cooldown
 from celery_singleton_lock._lock import DeadlineRetry
-from celery_singleton_lock._ops.cli import main as cli_main
 from celery_singleton_lock._ops.locks import find_locks
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(START_TIMEOUT + 120)]
 
 #: the worker's main process notices a dead pool child through the child's sentinel fd at once,
 #: or at worst at its next maintain_pool() (every 5 s); then it releases
@@ -90,6 +90,28 @@ def test_limit_three_runs_at_once(
     # every slot was let go as its run returned
     name = limited.locking.lock_name(limited.name, [job], {})
     assert not any(s.held for s in _space(fault_app).named(name, 3).inspect())
+
+
+def test_release_lock_force_releases_every_slot_and_says_so(
+    fault_server: RedisServer,
+    fault_app: Celery,
+    fault_worker: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``release_lock(job)`` of a ``lock_limit=3`` job with three runs in flight: an operator's
+    force release of all three slots, logged as such with each holder."""
+    data = fault_server.client(db=DATA_DB)
+    limited = fault_app.tasks["fault.limited"]
+    job = new_job("limit-release")
+    calls = [limited.delay(job, 3.0) for _ in range(3)]
+    wait_until(lambda: len(records(data, "starts", job)) == 3, 20, "three runs to start")
+    with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.release"):
+        assert limited.release_lock(job) is True
+    assert not limited.is_locked(job)
+    said = [r.getMessage() for r in caplog.records if r.msg.startswith("release_lock:")]
+    assert len(said) == 1 and "force-released 3 lock(s) of fault.limited" in said[0], said
+    assert all(c.id in said[0] for c in calls), said
+    assert [c.get(timeout=20) for c in calls] == [c.id for c in calls]  # they ran on, unlocked
 
 
 @pytest.mark.slow
@@ -441,7 +463,7 @@ def test_a_replaced_call_that_arrives_after_its_replacement_ran_is_still_skipped
 def test_bad_options_are_refused_when_the_class_is_made(
     options: dict[str, Any], error: type[Exception], says: str
 ) -> None:
-    app = Celery("bad-options", set_as_current=False)
+    app = new_app("bad-options")
     app.finalize()  # so that app.task makes the class now, not at first use
 
     def bad(job: str) -> None:
@@ -459,7 +481,7 @@ def test_bad_options_are_refused_when_the_class_is_made(
 @pytest.fixture
 def local_app(fault_server: RedisServer) -> Iterator[Celery]:
     """An app whose messages nobody consumes (its own queue): what a publish does only."""
-    app = Celery("limits-local", set_as_current=False)
+    app = new_app("limits-local")
     base = redis_base(fault_server.port)
     app.conf.update(
         broker_url=f"{base}/0",

@@ -605,7 +605,9 @@ def test_self_lock_inside_a_run_and_none_outside(env: CeleryEnv) -> None:
     assert not api.is_locked(k)
 
 
-def test_is_locked_lock_holder_and_release_lock(env: CeleryEnv) -> None:
+def test_is_locked_lock_holder_and_release_lock(
+    env: CeleryEnv, caplog: pytest.LogCaptureFixture
+) -> None:
     k = _key()
     assert not hold.is_locked(k)
     assert hold.lock_holder(k) is None
@@ -613,7 +615,12 @@ def test_is_locked_lock_holder_and_release_lock(env: CeleryEnv) -> None:
     gates.wait_started(k)
     assert hold.is_locked(k)
     assert hold.lock_holder(k) == first.id
-    assert hold.release_lock(k) is True  # operator's force release
+    with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.release"):
+        assert hold.release_lock(k) is True  # operator's force release, while the run goes on
+    said = [r.getMessage() for r in caplog.records if r.name == "celery_singleton_lock.release"]
+    assert len(said) == 1, said  # says what it did: a force release, the holder, the run's fate
+    assert said[0].startswith("release_lock: force-released 1 lock(s) of opts.hold"), said
+    assert f"held by {first.id} (a run still inside goes on unlocked)" in said[0], said
     assert not hold.is_locked(k)
     assert hold.lock_holder(k) is None
     assert hold.release_lock(k) is False

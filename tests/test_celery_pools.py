@@ -46,7 +46,7 @@ from celery_procs import (
     redis_base,
 )
 from faultapp import DATA_DB, LOCK_DB, URL_ENV, data, make_app
-from lock_helpers import renewed_here, wait_until
+from lock_helpers import START_TIMEOUT, renewed_here, wait_until
 
 from celery_singleton_lock import LockedTask, LockLostError
 from celery_singleton_lock.testing import RedisServer
@@ -215,7 +215,7 @@ class PoolWorker(WorkerProcess):
         cmd[cmd.index("-Q") + 1] = self.queue
         return cmd
 
-    def start(self, timeout: float = 45.0) -> PoolWorker:
+    def start(self, timeout: float = START_TIMEOUT) -> PoolWorker:
         # WorkerProcess puts the repository first on PYTHONPATH, then the environment's: the
         # tests folder goes there, so that the worker imports this module as the tests do.
         with pytest.MonkeyPatch.context() as patch:

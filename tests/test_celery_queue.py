@@ -42,12 +42,12 @@ import pytest
 from celery import Celery
 from celery_procs import WorkerProcess, new_job, no_overlap, records, redis_base
 from faultapp import DATA_DB, LOCK_DB, PICKLE_ENV
-from lock_helpers import evalsha_calls, wait_until
+from lock_helpers import START_TIMEOUT, evalsha_calls, wait_until
 
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(START_TIMEOUT + 120)]
 
 
 #: the threads of the module's in-process worker (the conftest's ``fault_worker``)

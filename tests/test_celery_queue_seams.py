@@ -49,7 +49,7 @@ from faultapp import (
     data,
     make_app,
 )
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import LockedTask, RateLimited
 from celery_singleton_lock._celery.modes.wake import WAIT_HEADER
@@ -57,7 +57,7 @@ from celery_singleton_lock._celery.rate import RATE_HEADER
 from celery_singleton_lock.testing import RedisServer
 
 #: every test runs `celery worker` subprocesses
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(START_TIMEOUT + 180)]
 
 TESTS = Path(__file__).resolve().parent
 #: "1" in a worker subprocess of this module: build :data:`seam_app`
@@ -264,7 +264,7 @@ class SeamWorker(WorkerProcess):
         cmd[cmd.index("-Q") + 1] = self.queue
         return cmd
 
-    def start(self, timeout: float = 45.0) -> SeamWorker:
+    def start(self, timeout: float = START_TIMEOUT) -> SeamWorker:
         # The tests folder first on the worker's path: it imports this module as the tests do.
         with pytest.MonkeyPatch.context() as patch:
             previous = os.environ.get("PYTHONPATH")

@@ -27,16 +27,16 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery_fixtures import cli_main
 from celery_procs import WorkerProcess, new_job, redis_base
 from faultapp import DATA_DB, LOCK_DB
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import RateLimitExceededError
 from celery_singleton_lock._lock import RateKeys
-from celery_singleton_lock._ops.cli import main as cli_main
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(START_TIMEOUT + 120)]
 
 #: the threads of the module's in-process worker (the conftest's ``fault_worker``)
 WORKER_CONCURRENCY = 8

@@ -22,15 +22,15 @@ from typing import Any
 import pytest
 from beatproj.harness import Beat, leader
 from celery import Celery
+from celery_fixtures import cli_main
 from celery_procs import new_job, records, redis_base
 from faultapp import DATA_DB, LOCK_DB
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import LockSpace, ReentrantLock
-from celery_singleton_lock._ops.cli import main as cli_main
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(START_TIMEOUT + 120)]
 
 
 #: the threads of the module's in-process worker (the conftest's ``fault_worker``)
@@ -81,7 +81,7 @@ def test_purge_queued_frees_only_the_locks_of_messages_that_wait_unrun(
     # A plain lock under the same prefix, and the beat leader's.
     plain = ReentrantLock(locks, new_job("plain"), ttl=60, renew=False)
     assert plain.acquire(blocking=False)
-    wait_until(lambda: leader([beat], locks, "beat:faultapp"), 30, "the beat to lead")
+    wait_until(lambda: leader([beat], locks, "beat:faultapp"), START_TIMEOUT, "the beat to lead")
 
     _wait_state(fault_app, cooled.id, "SUCCESS")
     _wait_state(fault_app, retried.id, "RETRY")

@@ -20,11 +20,10 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery_fixtures import BASE_CONF
+from celery_fixtures import BASE_CONF, lock_space, new_app
 from lock_helpers import wait_until
 from test_lock_deployments import SentinelProcess
 
-from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock.testing import RedisServer
 
 #: the password of the default user, and the ACL user ``locks`` (with a character that a URL
@@ -99,7 +98,7 @@ def sentinel_set(
 
 
 def _app(name: str, **conf: Any) -> Celery:
-    app = Celery(name, set_as_current=False)
+    app = new_app(name)
     app.conf.update(BASE_CONF)
     # the master's socket timeout; each sentinel's is a quarter of it (three and the command
     # fit in it), which a hung first sentinel costs once
@@ -160,7 +159,7 @@ def test_the_locks_use_every_sentinel_of_the_url(
         # The first sentinel is down before the app's first lock: SIGSTOP hangs it (a connect
         # succeeds, no reply comes), SIGKILL refuses.
         os.kill(first.pid, getattr(signal, stop))
-        space = LockConfig.of(app).space()
+        space = lock_space(app)
         holder = space.lock("sentinel-job", ttl=LEASE, owner="holder")
         assert holder.acquire(blocking=False)
         assert group.client(group.master, db).hexists(holder.key, "holder")
@@ -198,7 +197,7 @@ def test_the_locks_use_every_sentinel_of_the_url(
         holder.release()
         assert contender.acquire(blocking=False)
         contender.release()
-        LockConfig.of(app).client.close()
+        lock_space(app).client.close()
 
 
 def _reading(pool: Any) -> tuple[list[tuple[str, int]], dict[str, Any]]:
@@ -249,7 +248,7 @@ def test_the_locks_read_a_sentinel_broker_url_as_the_broker_does(
             )
             with app.connection_for_write() as connection:  # kombu's, as the broker makes it
                 broker = _reading(connection.default_channel.client.connection_pool)
-            client = LockConfig.of(app).client
+            client = lock_space(app).client
             assert _reading(client.connection_pool) == broker == (sentinels, expected), url
             # one try per sentinel, a quarter of the master's timeout: three and the command
             # fit in it
@@ -258,7 +257,7 @@ def test_the_locks_read_a_sentinel_broker_url_as_the_broker_does(
                 assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.5
                 # (redis-py before 5.1 has no Retry.get_retries(): the attribute it reads)
                 assert kwargs["retry"]._retries == 0  # noqa: SLF001
-            lock = LockConfig.of(app).space().lock("spelling", ttl=LEASE)
+            lock = lock_space(app).lock("spelling", ttl=LEASE)
             assert lock.acquire(blocking=False)
             assert group.client(group.master, expected["db"]).exists(lock.key)
             lock.release()
@@ -295,13 +294,13 @@ def test_a_sentinel_url_the_locks_cannot_read_as_the_broker_does_names_the_setti
 ) -> None:
     app = _app("sentinel_wrong", broker_transport_options={"master_name": "mymaster"}, **conf)
     with pytest.raises(ValueError, match=message):
-        LockConfig.of(app).space()
+        lock_space(app)
 
 
 def test_a_sentinel_url_without_the_master_name_says_where_to_give_it() -> None:
     app = _app("sentinel_no_master", broker_url="sentinel://127.0.0.1:26379;sentinel://h2")
     with pytest.raises(ValueError, match=r"broker_url is a sentinel:// URL") as info:
-        LockConfig.of(app).space()
+        lock_space(app)
     assert "broker_transport_options = {'master_name': 'mymaster'}" in str(info.value)
     app = _app(
         "sentinel_own_no_master",
@@ -309,5 +308,5 @@ def test_a_sentinel_url_without_the_master_name_says_where_to_give_it() -> None:
         singleton_lock_redis_url="sentinel://127.0.0.1:26379;sentinel://h2",
     )
     with pytest.raises(ValueError, match=r"singleton_lock_redis_url is a sentinel:// URL") as info:
-        LockConfig.of(app).space()
+        lock_space(app)
     assert "singleton_lock_redis_options = {'master_name': 'mymaster'}" in str(info.value)

@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery_fixtures import BASE_CONF, DB_BROKER, app_task, own_redis_server, running_worker
+from celery_fixtures import (
+    BASE_CONF,
+    DB_BROKER,
+    app_task,
+    new_app,
+    own_redis_server,
+    running_worker,
+)
 
 from celery_singleton_lock import (
     LockBackendError,
@@ -36,7 +43,7 @@ def server() -> Iterator[RedisServer]:
 
 
 def _app(name: str, **conf: Any) -> Celery:
-    app = Celery(name, set_as_current=False)
+    app = new_app(name)
     app.conf.update(BASE_CONF)
     app.conf.update(conf)
     return app
@@ -186,7 +193,7 @@ def test_django_style_celery_namespace_settings(server: RedisServer) -> None:
         CELERY_SINGLETON_LOCK_QUEUE_TTL = 77
         CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
-    app = Celery("s_django", set_as_current=False)
+    app = new_app("s_django")
     app.config_from_object(DjangoSettings, namespace="CELERY")
     locks = server.client(db=9)
 
@@ -316,7 +323,7 @@ def test_settings_are_kept_per_app_and_go_with_it() -> None:
 
 
 def test_a_misspelt_setting_is_found_in_the_conf_mapping() -> None:
-    app = Celery("s_misspelt", set_as_current=False)
+    app = new_app("s_misspelt")
     app.config_from_object({"CELERY_SINGLETON_LOCK_TIMOUT": 5}, namespace="CELERY")
     problems = LockConfig.of(app).problems
     assert len(problems) == 1

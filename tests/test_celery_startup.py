@@ -1,15 +1,18 @@
 """Settings are checked where a mistake is cheap to fix, and named as the user wrote them:
 Django's system check, a worker's and beat's start (they refuse to start), the first publish of
 a process (it raises before anything is written). A misspelt setting name is reported with a
-suggestion. The ``singleton_lock_tasks`` setting locks its tasks in a worker started by the
-``celery`` command with no ``install()`` call anywhere. A run that fails before its body frees
-its job's publish lock. Real processes: ``manage.py check``, ``celery worker``, ``celery beat``.
+suggestion. The ``singleton_lock_tasks`` setting locks its tasks in the worker of an app that
+uses the package (a ``LockedTask``) with no ``install()`` call anywhere; the worker of an app
+that never uses it gets nothing from the package being installed. A run that fails before its
+body frees its job's publish lock. Real processes: ``manage.py check``, ``celery worker``,
+``celery beat``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +26,7 @@ import redis
 from celery import Celery
 from celery_fixtures import Gates, app_task, configure, own_redis_server, running_worker
 from celery_procs import WorkerProcess, redis_base
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import LockBackendError, LockedTask
 from celery_singleton_lock.testing import RedisServer
@@ -51,7 +54,10 @@ def _env(server: RedisServer | None, extra: dict[str, Any]) -> dict[str, str]:
 
 
 def _run(
-    args: list[str], server: RedisServer | None, extra: dict[str, Any], timeout: float = 60
+    args: list[str],
+    server: RedisServer | None,
+    extra: dict[str, Any],
+    timeout: float = START_TIMEOUT,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args],
@@ -149,14 +155,76 @@ def test_the_first_publish_with_a_wrong_setting_raises_before_writing(
 
 
 class SettingsAppWorker(WorkerProcess):
-    """A ``celery worker`` of tests/settingsapp.py, which never imports this package."""
+    """A ``celery worker`` of tests/settingsapp.py, which uses the package through a
+    ``LockedTask`` only and never calls ``install()``."""
+
+    module = "tests.settingsapp"
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "celery", "-A", "tests.settingsapp", "worker",
+            sys.executable, "-m", "celery", "-A", self.module, "worker",
             "-P", self.pool, "-c", str(self.concurrency), "-n", self.hostname,
             "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "info",
         ]  # fmt: skip
+
+
+class PlainAppWorker(SettingsAppWorker):
+    """A ``celery worker`` of tests/plainapp.py, which never uses the package, logging at DEBUG
+    with each line's logger name."""
+
+    module = "tests.plainapp"
+
+    def command(self) -> list[str]:
+        return [*super().command()[:-1], "debug"]
+
+
+@pytest.mark.slow  # a `celery worker` process
+def test_an_app_that_never_uses_the_package_is_not_changed_by_it(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """The ``celery`` command loads the package's ``locks`` command (an entry point) for every
+    run; that is all it does. A worker of an app that sets ``singleton_lock_tasks`` and a
+    misspelt ``singleton_lock_tll`` but never imports the package starts, runs the listed task
+    as a plain task, has none of the package's signal receivers, logs nothing from the
+    package's loggers and writes nothing to Redis but Celery's own keys."""
+    base = redis_base(server.port)
+    broker = server.client(db=0)
+    broker.flushdb()
+    publisher = Celery("plainapp-publisher", set_as_current=False)
+    publisher.conf.update(broker_url=f"{base}/0", result_backend=f"{base}/1")
+    env = {"CSL_PLAIN_REDIS": base}
+    with PlainAppWorker(base, tmp_path, pool="solo", env=env) as worker:
+        first = publisher.send_task("plainapp.report", (7,))
+        second = publisher.send_task("plainapp.report", (7,))
+        done = first.get(timeout=15)
+        assert second.get(timeout=15) == done  # the duplicate ran too: nothing locks it
+        log = worker.log()
+    publisher.close()
+    assert done == {"day": 7, "classes": [], "receivers": []}
+    assert "celery_singleton_lock" not in log, log
+    assert "singleton_lock_tll" not in log, log  # not read, so not reported
+    # the format is in use (a line of the package's would show its logger's name)
+    received = r"celery\.worker\.strategy\] Task plainapp\.report\[[-0-9a-f]+\] received"
+    assert re.search(received, log), log
+    assert not [k for k in broker.scan_iter() if not k.startswith((b"_kombu", b"unacked"))]
+
+
+@pytest.mark.slow  # a `celery worker` process
+def test_a_worker_of_an_app_using_only_locked_task_checks_its_settings(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """The same misspelt name in an app that uses the package (a ``LockedTask``, no
+    ``install()``) stops its worker, with the name it meant."""
+    env = {
+        "CSL_SETTINGS_REDIS": redis_base(server.port),
+        "CSL_SETTINGS_EXTRA": json.dumps({"singleton_lock_tll": 30}),
+    }
+    worker = SettingsAppWorker(redis_base(server.port), tmp_path, pool="solo", env=env)
+    with pytest.raises(AssertionError, match="worker exited with 1 at start") as stopped:
+        worker.start()
+    said = str(stopped.value)
+    assert said.count("the worker cannot start: singleton_lock_tll is not a") == 1, said
+    assert "did you mean singleton_lock_ttl" in said, said
 
 
 @pytest.mark.slow  # a `celery worker` process

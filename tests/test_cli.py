@@ -11,11 +11,11 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from celery import Celery
+from celery_fixtures import locks_command, new_app
 from celery_procs import close_app
+from lock_helpers import START_TIMEOUT
 
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock
-from celery_singleton_lock._ops.cli import locks
 from celery_singleton_lock.compat.singleton import Singleton
 from celery_singleton_lock.testing import RedisServer
 
@@ -27,7 +27,7 @@ def cli(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "celery_singleton_lock", "--url", server.url, *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_TIMEOUT,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
 
@@ -142,7 +142,7 @@ def test_purge_asks_before_it_acts(redis_server: RedisServer, redis_client: Any)
         input="n\n",
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_TIMEOUT,
     )
     assert refused.returncode != 0
     assert "no message is touched" in refused.stdout
@@ -164,7 +164,7 @@ def test_under_an_app_every_prefix_of_its_locked_tasks_is_covered(
     """A celery-singleton drop-in keeps its keys under ``SINGLETONLOCK_`` beside the app's
     ``lock``: `celery locks list` and `purge` cover both, ``show`` and ``release`` find a key
     or a name under either; ``--prefix`` picks one."""
-    app = Celery("cli_prefixes", set_as_current=False, broker=redis_server.url)
+    app = new_app("cli_prefixes", broker=redis_server.url)
 
     def job(x: int) -> None: ...
 
@@ -173,7 +173,9 @@ def test_under_an_app_every_prefix_of_its_locked_tasks_is_covered(
     app.finalize()
 
     def run(*args: str) -> Any:
-        locks.main(args=[*args, "--json"], obj=SimpleNamespace(app=app), standalone_mode=False)
+        locks_command().main(
+            args=[*args, "--json"], obj=SimpleNamespace(app=app), standalone_mode=False
+        )
         return json.loads(capsys.readouterr().out)
 
     try:

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 from celery_fixtures import (
     CeleryEnv,
     Gates,
@@ -286,7 +285,7 @@ def test_the_file_backend_is_refused_when_the_task_is_bound(redis_server: RedisS
 def test_bad_once_values_name_the_option(
     once: dict[str, Any], error: type[Exception], match: str
 ) -> None:
-    bare = Celery("csl_compat_once_bad", set_as_current=False)
+    bare = new_app("csl_compat_once_bad")
 
     @app_task(bare, base=QueueOnce, shared=False, name="bad.job", once=once)
     def job(x: int) -> None: ...

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery, current_app
+from celery import current_app
 from celery_fixtures import (
     CeleryEnv,
     Gates,
@@ -34,8 +34,7 @@ from celery_fixtures import (
 from celery_procs import close_app, hanging_job
 from lock_helpers import wait_until
 
-from celery_singleton_lock import AlreadyQueuedError, MisconfiguredError
-from celery_singleton_lock._lock import LockSpace
+from celery_singleton_lock import AlreadyQueuedError, LockSpace, MisconfiguredError
 from celery_singleton_lock.compat.singleton import (
     CelerySingletonException,
     DuplicateTaskError,
@@ -514,7 +513,7 @@ def test_a_backend_built_from_a_url_clears_any_prefix(redis_server: RedisServer)
 def test_bad_option_values_name_the_option(
     option: dict[str, Any], error: type[Exception], match: str
 ) -> None:
-    bare = Celery("csl_compat_bad", set_as_current=False)
+    bare = new_app("csl_compat_bad")
 
     @app_task(bare, base=Singleton, shared=False, name="bad.job", **option)
     def job(x: int) -> None: ...

@@ -8,6 +8,7 @@ import ast
 import importlib
 import importlib.util
 import json
+import pkgutil
 import re
 import subprocess
 import sys
@@ -18,14 +19,20 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
-from celery import Celery
-from celery_fixtures import Gates, app_task, celery_env, new_app
-from lock_helpers import wait_until
+from celery_fixtures import (
+    Gates,
+    app_task,
+    celery_env,
+    cli_main,
+    locks_command,
+    new_app,
+    own_redis_server,
+)
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock, install
 from celery_singleton_lock._celery import conflict as run_module
 from celery_singleton_lock._celery.hold import HEADER, PERMITS_HEADER, PREFIX_HEADER
-from celery_singleton_lock._celery.install import is_installed
 from celery_singleton_lock._celery.options import options_table
 from celery_singleton_lock._celery.taskkey import MAX_PART, task_lock_name
 from celery_singleton_lock.testing import RedisServer
@@ -166,7 +173,7 @@ def test_the_lock_key_example_works_for_every_call_form() -> None:
     and the documented one fits positional, keyword and left-out ``carrier`` alike."""
     text = _page("configuration.md")
     (block,) = [b for b in python_blocks(DOCS / "configuration.md") if "lock_key=" in b]
-    app = Celery("docs_lock_key", set_as_current=False)
+    app = new_app("docs_lock_key")
     namespace: dict[str, Any] = {"app": app, "LockedTask": LockedTask}
     exec(compile(block, "configuration.md lock_key block", "exec"), namespace)
     ship = namespace["ship"]
@@ -190,7 +197,7 @@ def test_the_lock_key_example_works_for_every_call_form() -> None:
 def test_the_setting_alone_does_not_lock_a_publisher() -> None:
     """configuration.md: a process that does not call install(app) (and starts no worker) keeps
     the setting's tasks plain, so it takes no lock at publish; install(app) locks them."""
-    app = Celery("docs_publisher", set_as_current=False, broker="redis://127.0.0.1:1/0")
+    app = new_app("docs_publisher", broker="redis://127.0.0.1:1/0")
     app.conf.singleton_lock_tasks = {"docs.report": {"lock_at": "publish"}}
 
     def report(day: str) -> None: ...
@@ -198,7 +205,6 @@ def test_the_setting_alone_does_not_lock_a_publisher() -> None:
     app.task(name="docs.report", shared=False)(report)
     app.finalize()
     assert not isinstance(app.tasks["docs.report"], LockedTask)
-    assert not is_installed(app)
     install(app)
     assert isinstance(app.tasks["docs.report"], LockedTask)
     assert app.tasks["docs.report"].lock_at == "publish"
@@ -209,10 +215,8 @@ def test_the_setting_alone_does_not_lock_a_publisher() -> None:
 def test_an_eager_duplicate_ends_ignored_as_the_docs_say() -> None:
     """django.md and gotchas.md: with task_always_eager, a run-time duplicate's EagerResult is
     IGNORED (Celery's Ignore() as its info), not SKIPPED with the holder."""
-    with RedisServer() as server:
-        app = Celery(
-            "docs_eager", set_as_current=False, broker=f"redis://127.0.0.1:{server.port}/0"
-        )
+    with own_redis_server() as server:
+        app = new_app("docs_eager", broker=f"redis://127.0.0.1:{server.port}/0")
         app.conf.task_always_eager = True
         seen: list[Any] = []
 
@@ -280,15 +284,14 @@ def test_every_cli_flag_the_docs_name_exists() -> None:
     its commands (or of ``python -m celery_singleton_lock``'s ``--url``)."""
     import click
 
-    from celery_singleton_lock._ops.cli import locks
-
+    locks = locks_command()
     ctx = click.Context(locks)
     commands = [locks.get_command(ctx, name) for name in locks.list_commands(ctx)]
     assert all(commands) and "web" in locks.list_commands(ctx)  # `web` too, imported when asked
     known = {
         opt
         for command in commands
-        for param in command.params  # type: ignore[union-attr]  # all checked above
+        for param in command.params
         for opt in getattr(param, "opts", [])
         if opt.startswith("--")
     }
@@ -455,23 +458,26 @@ def test_the_scripts_the_docs_list_are_lua_s_files() -> None:
     assert set(re.findall(r"`(\w+\.lua)`", bullet)) == shipped
 
 
-def test_the_sample_locks_list_is_the_cli_s_table() -> None:
-    """operating.md's sample `celery locks list` has the CLI's columns, in its order, and each
-    row fills them."""
-    from celery_singleton_lock._ops.cli import _COLUMNS
-
+def test_the_sample_locks_list_is_the_cli_s_table(
+    redis_server: RedisServer, redis_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """operating.md's sample `celery locks list` has the columns the command prints, in its
+    order, and each row fills them."""
+    assert LockSpace(redis_client).named("docs-sample").take("t1", 30).acquired
+    with pytest.raises(SystemExit):  # the command's exit, 0
+        cli_main(["list", "--url", redis_server.url])
+    columns = re.split(r"\s{2,}", capsys.readouterr().out.splitlines()[0])
     lines = _page("operating.md").splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("$ celery -A proj locks list"))
     header, *rows = lines[at + 1 : next(i for i in range(at + 1, len(lines)) if lines[i][0] == "$")]
-    assert re.split(r"\s{2,}", header) == [title for _, title in _COLUMNS]
-    assert rows and all(len(re.split(r"\s{2,}", row)) == len(_COLUMNS) for row in rows)
+    assert re.split(r"\s{2,}", header) == columns
+    assert rows and all(len(re.split(r"\s{2,}", row)) == len(columns) for row in rows)
 
 
 def test_the_api_reference_documents_the_public_names_only() -> None:
     """api.md documents every name of ``celery_singleton_lock.__all__`` and, besides, only names
     of the public modules (``beat``, ``metrics``, ``testing``, ``web`` and its mounts), each one
-    they export. An entry
-    written under a private path must be an object that the package exports."""
+    they export, each under its public path (never a private module's)."""
     import celery_singleton_lock
 
     public = {getattr(celery_singleton_lock, name): name for name in celery_singleton_lock.__all__}
@@ -488,8 +494,7 @@ def test_the_api_reference_documents_the_public_names_only() -> None:
             for part in parts[depth:]:
                 obj = getattr(obj, part)
             break
-        if any(p.startswith("_") for p in parts):
-            assert obj in public, f"api.md documents {path}, which is not exported"
+        assert not any(p.startswith("_") for p in parts), f"api.md documents {path}: private"
         if obj in public:
             documented.add(public[obj])
         elif isinstance(obj, ModuleType):
@@ -507,6 +512,19 @@ def test_the_api_reference_documents_the_public_names_only() -> None:
         members = re.findall(r"^        - (\w+)$", block.split(":::", 2)[1], re.M)
         exported = importlib.import_module(f"celery_singleton_lock.{module}").__all__
         assert members and set(members) <= set(exported), (module, members)
+
+
+def test_no_module_of_the_package_is_named_as_a_public_name() -> None:
+    """The API reference's builder reads ``celery_singleton_lock.install`` as a module when one
+    is named ``install`` on the function's import path (``_celery/install.py`` was): it
+    documented the module in the function's place, so api.md had to name a private path."""
+    import celery_singleton_lock
+
+    modules = {
+        info.name.rsplit(".", 1)[-1]
+        for info in pkgutil.walk_packages(celery_singleton_lock.__path__, "celery_singleton_lock.")
+    }
+    assert not modules & set(celery_singleton_lock.__all__)
 
 
 def test_the_memory_figure_is_the_bound_the_test_asserts() -> None:
@@ -583,12 +601,11 @@ def test_the_prefix_with_url_is_lock_as_the_docs_say(
 ) -> None:
     """``--url`` without ``--prefix`` lists the prefix ``lock``, whatever the app's
     ``singleton_lock_prefix``; without ``--url`` the app's prefix. The help and the docs say so."""
-    from celery_singleton_lock._ops.cli import locks
-
+    locks = locks_command()
     url = redis_server.url
     assert LockSpace(redis_client).named("docs-plain").take("t1", 30).acquired
     assert LockSpace(redis_client, "custom").named("docs-custom").take("t2", 30).acquired
-    app = Celery("docs_prefix", set_as_current=False, broker=url)
+    app = new_app("docs_prefix", broker=url)
     app.conf.singleton_lock_prefix = "custom"
 
     def listed(*args: str) -> list[str]:
@@ -626,7 +643,7 @@ def test_a_caller_s_countdown_replacing_the_debounce_is_documented() -> None:
 def _task_from_block(block: str) -> Any:
     """The task ``rebuild_index`` that ``block`` defines, as module ``proj.tasks`` would, on an
     app of its own (not shared with the next app: each block defines it anew)."""
-    real = Celery("docs_upgrading", set_as_current=False)
+    real = new_app("docs_upgrading")
     app = SimpleNamespace(task=lambda **options: real.task(shared=False, **options))
     namespace: dict[str, Any] = {"app": app, "LockedTask": LockedTask, "__name__": "proj.tasks"}
     exec(compile(block, "upgrading.md block", "exec"), namespace)
@@ -789,7 +806,11 @@ def test_a_missing_extra_s_error_says_how_to_install_it_while_not_on_pypi(extra:
     probe = f"import os, sys\ntry:\n{textwrap.indent(_HINT_PROBES[extra], '    ')}\n"
     probe += "except (ImportError, RuntimeError) as exc:\n    print(exc)\n"
     done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
     assert f"'/path/to/celery-singleton-lock[{extra}]' (its checkout)" in done.stdout
@@ -860,8 +881,7 @@ def test_the_locks_commands_take_the_options_operating_md_says() -> None:
     those it names takes ``--json``."""
     import click
 
-    from celery_singleton_lock._ops.cli import locks
-
+    locks = locks_command()
     text = _flat(_page("operating.md"))
     said = re.search(
         r"Every command takes `--url` and `--prefix`, and every one but ([^.]*?) takes `--json`",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from celery_fixtures import new_app
 
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock
 from celery_singleton_lock._celery.config import LockConfig
@@ -65,13 +65,13 @@ def _space_lease(value: Any) -> None:
 
 
 def _setting(value: Any) -> None:
-    app = Celery("durations", set_as_current=False)
+    app = new_app("durations")
     app.conf.singleton_lock_ttl = value
     LockConfig.of(app).check()
 
 
 def _option(value: Any) -> None:
-    app = Celery("durations", set_as_current=False)
+    app = new_app("durations")
     app.finalize()
 
     def job() -> None: ...

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 import redis
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(2 * START_TIMEOUT + 60)]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,12 +97,17 @@ def test_two_delays_of_an_installed_lazy_app_task_run_once(
         cwd=module_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        assert wait_until(lambda: b"ready." in (module_dir / "worker.log").read_bytes(), 60), (
+
+        def ready() -> bool:
+            return b"ready." in (module_dir / "worker.log").read_bytes()
+
+        assert wait_until(ready, START_TIMEOUT, "the worker to be ready"), (
             module_dir / "worker.log"
         ).read_text()
         published = subprocess.run(
             [sys.executable, "publish.py"],
-            cwd=module_dir, env=env, capture_output=True, text=True, timeout=60, check=True,
+            cwd=module_dir, env=env, capture_output=True, text=True, timeout=START_TIMEOUT,
+            check=True,
         )  # fmt: skip
         first, second, third = json.loads(published.stdout.strip().splitlines()[-1])
         # Deduplicated at publish: the second .delay() returned the first job.
@@ -138,13 +143,12 @@ def test_a_task_defined_before_or_after_finalize_is_deduplicated_at_its_first_pu
 ) -> None:
     """No worker needed: the publisher alone must return the first job for the duplicate,
     whether the app was finalized before the task was defined or not at all yet."""
-    from celery import Celery
-    from celery_fixtures import app_task, configure
+    from celery_fixtures import app_task, configure, new_app
 
     from celery_singleton_lock import install
 
     server = make_redis_server()
-    app = Celery("lazy2", set_as_current=False)
+    app = new_app("lazy2")
     configure(app, server, singleton_lock_tasks={"lazy2.sync": {"lock_at": "publish"}})
     install(app)
     if when == "after finalize":

@@ -18,7 +18,7 @@ from celery_procs import WorkerProcess, close_app, new_job, redis_base, task_sta
 from faultapp import LOCK_DB, RESULT_DB, make_app
 from lock_helpers import wait_until
 
-from celery_singleton_lock._lock import LockSpace
+from celery_singleton_lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(600)]

@@ -40,7 +40,6 @@ from celery_singleton_lock.testing import RedisServer
 pytestmark = [
     pytest.mark.faults,
     pytest.mark.timeout(90),
-    pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"),
 ]
 
 FORK = multiprocessing.get_context("fork")

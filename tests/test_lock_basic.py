@@ -29,9 +29,6 @@ from celery_singleton_lock._lock import scripts as _scripts
 from celery_singleton_lock._lock.commands import ReleaseReply
 from celery_singleton_lock._lock.keys import LockKeys
 
-# an assertion that fails in a helper thread fails the test
-pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-
 FORK = multiprocessing.get_context("fork")
 
 

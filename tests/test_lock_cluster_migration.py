@@ -30,7 +30,6 @@ pytestmark = [
     pytest.mark.cluster,
     pytest.mark.slow,
     pytest.mark.timeout(180),
-    pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"),
 ]
 
 

@@ -20,9 +20,6 @@ from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock._lock.scripts import ACQUIRE
 
-# an assertion that fails in a helper thread fails the test
-pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-
 FORK = multiprocessing.get_context("fork")
 #: a push wake-up takes well under a millisecond; this bound leaves room for a loaded machine
 #: and is still far below the leases of these tests, which a missed push would cost

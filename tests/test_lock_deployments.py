@@ -27,9 +27,6 @@ from celery_singleton_lock import LockBackendError, LockSpace, RateLimiter, Reen
 from celery_singleton_lock._lock.runtime import LockRuntime, publish_command
 from celery_singleton_lock.testing import RedisServer, find_redis_server, free_port
 
-# an assertion that fails in a helper thread fails the test
-pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-
 #: redis-py retries a refused login (with backoff, for seconds): these tests want the answer now
 NO_RETRY = Retry(NoBackoff(), 0)
 

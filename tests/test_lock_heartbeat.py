@@ -28,9 +28,6 @@ from lock_helpers import (
 from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock
 from celery_singleton_lock._lock.owner import default_owner
 
-# an assertion that fails in a helper thread fails the test
-pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-
 FORK = multiprocessing.get_context("fork")
 
 

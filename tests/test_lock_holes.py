@@ -17,7 +17,7 @@ import pytest
 import redis
 import redis.asyncio
 from celery import Celery
-from celery_fixtures import app_task, configure
+from celery_fixtures import app_task, configure, lock_space
 from kombu.exceptions import OperationalError
 from lock_helpers import debug_command_args, server_stalled, settled, wait_until
 from redis.backoff import NoBackoff
@@ -29,15 +29,11 @@ from celery_singleton_lock import (
     LockNotOwnedError,
     ReentrantLock,
 )
-from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._lock import LockSpace, commands, scripts
 from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock.testing import RedisServer
 
-pytestmark = [
-    pytest.mark.faults,
-    pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"),
-]
+pytestmark = pytest.mark.faults
 
 #: short enough to give up on a reply while the server sleeps, with one resend (as redis-py's
 #: default retry does) so a late run can meet a resent one
@@ -174,7 +170,7 @@ def test_a_publish_whose_lock_reply_is_lost_does_not_drop_the_job(
     direct = redis.Redis(port=server.port)
     # Connected, and the script loaded, before the stall (see above; a NOSCRIPT reply would
     # make the acquire fail before it ran).
-    scripts.ACQUIRE.load(LockConfig.of(publish_app).client)
+    scripts.ACQUIRE.load(lock_space(publish_app).client)
     sleeper = _stall(server.port, 1.5)
     with pytest.raises(LockBackendError):
         report.delay("monday")

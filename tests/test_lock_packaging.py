@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock._errors import install_hint
 from celery_singleton_lock.testing import RedisServer
@@ -120,7 +120,7 @@ def test_the_wheel_installs_and_takes_a_lock(
         print("ok", scripts, fence)
         """
     )
-    out = _run(python, "-c", snippet, cwd=tmp_path, timeout=60)
+    out = _run(python, "-c", snippet, cwd=tmp_path, timeout=START_TIMEOUT)
     assert out.startswith("ok ")
     assert str(venv.resolve()) in out
 
@@ -263,7 +263,7 @@ def test_the_wheel_alone_runs_a_worker_on_a_redis_broker(
 
     publish: subprocess.CompletedProcess[str] | None = None
     with _worker(installed_wheel, tmp_path, "wheelapp") as (worker, out_path, err_path):
-        ready = _wait_ready(worker, (out_path, err_path), timeout=60)
+        ready = _wait_ready(worker, (out_path, err_path), timeout=START_TIMEOUT)
         if ready:
             publish = subprocess.run(
                 [str(installed_wheel.python), "-c", PUBLISHER],
@@ -304,7 +304,7 @@ def test_the_web_extra_is_what_the_locks_page_needs(
     celery = str(installed_wheel.bin / "celery")
     command = [celery, "-A", "wheelapp", "locks", "web", "--port", "0"]
     without = subprocess.run(
-        command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60
+        command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=START_TIMEOUT
     )
     assert without.returncode != 0
     assert install_hint("web") in " ".join(without.stderr.split()), without.stderr

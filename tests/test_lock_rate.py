@@ -22,9 +22,6 @@ from celery_singleton_lock import LockSpace, Rate, RateLimiter, RateReply, Reent
 from celery_singleton_lock._lock import RateKeys, scripts
 from celery_singleton_lock.testing import RedisServer
 
-# an assertion that fails in a helper thread fails the test
-pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-
 FORK = multiprocessing.get_context("fork")
 #: what float seconds parsed from "<sec>.<usec>" may be off by
 EPSILON = 1e-6

@@ -33,9 +33,6 @@ from celery_singleton_lock import (
 from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock.testing import RedisServer
 
-# an assertion that fails in a helper thread fails the test
-pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-
 FORK = multiprocessing.get_context("fork")
 
 

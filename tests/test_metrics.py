@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import LockBackendError, ReentrantLock
-from celery_singleton_lock._lock import LockSpace, set_observer
+from celery_singleton_lock import LockBackendError, LockSpace, ReentrantLock
+from celery_singleton_lock._lock import set_observer
 from celery_singleton_lock.metrics import LockMetrics
 from celery_singleton_lock.testing import RedisServer, free_port
 

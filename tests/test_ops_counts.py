@@ -10,12 +10,15 @@ the pool children count and write), read back by :func:`recent_counts`.
   shutdown, which writes what is left: the same shutdown writes them with the setting on);
 * a write that Redis fails keeps the counts, written once the server is back;
 * a settings reload keeps the counter with the client, or writes its counts at once;
+* ``close(app)`` writes what the app counted and ends its writer thread (a later count starts
+  one again);
 * the counts' keys are never a lock nor a limiter to ``locks list``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,19 +30,18 @@ import redis
 from celery import Celery
 from celery_procs import WorkerProcess, close_app, new_job, redis_base
 from faultapp import DATA_DB, LOCK_DB
-from lock_helpers import server_time, wait_until
+from lock_helpers import START_TIMEOUT, server_time, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import LockBackendError, reload_settings
+from celery_singleton_lock import LockBackendError, LockSpace, close, reload_settings
 from celery_singleton_lock._celery import counts as writer
 from celery_singleton_lock._celery.config import LockConfig
-from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock._ops.counts import RecentCounts, recent_counts
 from celery_singleton_lock._ops.locks import find_limiters, find_locks
 from celery_singleton_lock.testing import RedisServer, free_port
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(START_TIMEOUT + 120)]
 
 
 @pytest.fixture(scope="module")
@@ -253,3 +255,57 @@ def test_a_reload_keeps_the_counts_with_the_client_or_writes_them(server: RedisS
         assert recent_counts(locks, prefix).refusals["cooldown"] == 2
     finally:
         close_app(app)
+
+
+def _writers() -> set[threading.Thread]:
+    """The counts writer threads alive in this process (of every app)."""
+    return {t for t in threading.enumerate() if t.name == "celery-singleton-lock-counts"}
+
+
+def test_close_writes_the_counts_and_ends_the_writer(server: RedisServer) -> None:
+    """``close(app)``: what the app counted is in Redis when it returns (not a writer's
+    interval later), and the thread that writes it has ended; a later count starts another,
+    which writes as before. An app that never counted closes with nothing to write."""
+    app = faultapp.make_app(redis_base(server.port))
+    app.conf.singleton_lock_prefix = prefix = new_job("close")  # counts of this test's own
+    locks = server.client(db=LOCK_DB)
+    try:
+        close(app)  # nothing counted yet (no client made): nothing to do
+        task = app.tasks["fault.limited"]
+        before = _writers()
+        writer.count(task, "refusals:limit")
+        writer.count(task, "duplicates:skipped")
+        (first,) = _writers() - before  # started by the first count
+        assert close(app) is True  # Redis took them
+        assert not first.is_alive()
+        counted = recent_counts(locks, prefix)
+        assert (counted.refusals["limit"], counted.duplicates["skipped"]) == (1, 1)
+
+        writer.count(task, "refusals:limit")
+        (second,) = _writers() - before
+        wait_until(lambda: recent_counts(locks, prefix).refusals["limit"] == 2, 10, "the write")
+        close(app)
+        close(app)  # again: nothing left to do
+        assert not second.is_alive()
+        assert recent_counts(locks, prefix).refusals["limit"] == 2
+    finally:
+        close_app(app)
+
+
+def test_close_says_when_redis_did_not_take_the_counts() -> None:
+    """``close(app)`` against a stopped Redis: ``False``, the counts kept; once Redis is back,
+    the next ``close`` writes them and says so."""
+    own = RedisServer().start()
+    app = faultapp.make_app(redis_base(own.port))
+    try:
+        task = app.tasks["fault.limited"]
+        task.locking.bound(app).config.client.ping()  # the app's client, made while it is up
+        writer.count(task, "refusals:limit")
+        own.stop()
+        assert close(app) is False
+        own.start()
+        assert close(app) is True
+        assert recent_counts(own.client(db=LOCK_DB)).refusals["limit"] == 1
+    finally:
+        close_app(app)
+        own.stop()

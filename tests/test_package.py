@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from lock_helpers import START_TIMEOUT
 
 import celery_singleton_lock
 from celery_singleton_lock import LockBackendError, LockedTask, LockError, MisconfiguredError
@@ -120,7 +121,10 @@ def test_the_lock_layer_imports_where_celery_cannot_be_imported() -> None:
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(PACKAGE)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, str(PACKAGE)],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok ")
@@ -367,10 +371,12 @@ def test_the_package_has_no_import_cycle() -> None:
 def test_importing_the_package_connects_no_celery_receiver() -> None:
     """In a fresh interpreter: every Celery signal's receivers before and after importing the
     package and every module of it that a user imports (compat's drop-ins, beat, metrics, the
-    testing helpers); a LockedTask made and bound to an app is what connects them."""
+    testing helpers), and loading its ``celery.commands`` entry point as the ``celery`` command
+    does for every run; a LockedTask made and bound to an app is what connects them."""
     code = textwrap.dedent(
         """
         import importlib
+        from importlib.metadata import entry_points
         from celery import Celery, signals
         from celery.utils.dispatch import Signal
 
@@ -391,6 +397,12 @@ def test_importing_the_package_connects_no_celery_receiver() -> None:
             "celery_singleton_lock.testing",
         ):
             importlib.import_module(module)
+        commands = [
+            ep.load()
+            for ep in entry_points(group="celery.commands")
+            if ep.dist is not None and ep.dist.name == "celery-singleton-lock"
+        ]
+        assert [c.name for c in commands] == ["locks"], commands
         after = receivers()
         print(sorted(name for name in after if after[name] != before[name]))
         from celery_singleton_lock import LockedTask
@@ -412,3 +424,78 @@ def test_importing_the_package_connects_no_celery_receiver() -> None:
     imported, made = done.stdout.splitlines()
     assert imported == "[]"
     assert "task_revoked" in made and "worker_init" in made  # a locked task connects them
+
+
+# -- which tests may import a private module -------------------------------------------------
+
+#: the lock layer's own white-box tests (and their helpers): they test the insides of
+#: ``celery_singleton_lock._lock`` (its scripts, keys, runtime, heartbeat) and may import them
+LOCK_WHITE_BOX = frozenset(
+    {
+        "lock_helpers.py",
+        "test_faults_lock.py",
+        "test_lock_basic.py",
+        "test_lock_cluster_migration.py",
+        "test_lock_contention.py",
+        "test_lock_deployments.py",
+        "test_lock_faults.py",
+        "test_lock_heartbeat.py",
+        "test_lock_holes.py",
+        "test_lock_model.py",
+        "test_lock_packaging.py",
+        "test_lock_rate.py",
+        "test_lock_runtime.py",
+        "test_lock_semaphore.py",
+        "test_lock_waiters.py",
+    }
+)
+
+#: the other tests that still import a private module: each is to move to public names (or to
+#: a fixture of the tests' own); none may join the list
+NOT_YET_PUBLIC = frozenset(
+    {
+        "celery_procs.py",
+        "faultapp.py",
+        "test_bad_input.py",
+        "test_celery_dropped.py",
+        "test_celery_hung_redis.py",
+        "test_celery_limits.py",
+        "test_celery_options.py",
+        "test_celery_queue_seams.py",
+        "test_celery_rate.py",
+        "test_celery_settings.py",
+        "test_celery_task_classes.py",
+        "test_combinations.py",
+        "test_docs.py",
+        "test_durations.py",
+        "test_hot_paths.py",
+        "test_job_model.py",
+        "test_lifecycle.py",
+        "test_metrics.py",
+        "test_ops_batch.py",
+        "test_ops_counts.py",
+        "test_package.py",
+        "test_production.py",
+        "web_helpers.py",
+        "web_world.py",
+        "webproj/serve.py",
+    }
+)
+
+_PRIVATE_IMPORT = re.compile(
+    r"^\s*(?:from celery_singleton_lock(?:\.\w+)*\._\w*|import celery_singleton_lock(?:\.\w+)*\._"
+    r"|from celery_singleton_lock(?:\.\w+)* import _)",
+    re.M,
+)
+
+
+def test_tests_import_private_modules_only_where_listed() -> None:
+    """A test reaches the package through its public names, as a user does; the lock layer's
+    white-box tests are the exception, and the tests not yet moved are listed."""
+    tests = ROOT / "tests"
+    found = {
+        path.relative_to(tests).as_posix()
+        for path in tests.rglob("*.py")
+        if _PRIVATE_IMPORT.search(path.read_text(encoding="utf-8"))
+    }
+    assert found <= LOCK_WHITE_BOX | NOT_YET_PUBLIC, sorted(found - LOCK_WHITE_BOX - NOT_YET_PUBLIC)

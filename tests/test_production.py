@@ -34,7 +34,7 @@ import pytest
 import redis
 from celery_procs import ROOT, WorkerProcess, close_app, redis_base
 from cluster_helpers import Migration, redis_cluster
-from lock_helpers import server_version, wait_until, wake_subscribers
+from lock_helpers import START_TIMEOUT, server_version, wait_until, wake_subscribers
 from redis.cluster import RedisCluster
 from web_helpers import served
 
@@ -287,11 +287,13 @@ def _celery(base: str, *args: str, **popen: Any) -> Any:
     command = [sys.executable, "-m", "celery", "-A", "tests.aclapp", *args]
     if popen:
         return subprocess.Popen(command, cwd=ROOT, env=env, **popen)
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=START_TIMEOUT
+    )
 
 
 @pytest.mark.slow  # a `celery worker` and a `celery beat` process (CI runs it on Redis 6.2 too)
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(2 * START_TIMEOUT + 240)
 def test_a_celery_worker_and_beat_run_under_the_documented_acl_user(
     server: RedisServer, tmp_path: Path
 ) -> None:
@@ -364,7 +366,7 @@ def test_a_celery_worker_and_beat_run_under_the_documented_acl_user(
             "-s", str(tmp_path / "schedule"), "-l", "info",
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        wait_until(lambda: int(data.get("ticks") or 0) >= 2, 60, "beat's ticks")
+        wait_until(lambda: int(data.get("ticks") or 0) >= 2, START_TIMEOUT, "beat's ticks")
         beat.send_signal(signal.SIGTERM)
         beat.wait(30)
     finally:

@@ -11,16 +11,15 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery_fixtures import DB_LOCKS, app_task, configure
+from celery_fixtures import DB_LOCKS, app_task, configure, new_app
 from celery_procs import close_app
 from web_helpers import Client, served, table_rows, text_of
 
-from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock
-from celery_singleton_lock._lock import RateLimiter
+from celery_singleton_lock import LockedTask, LockSpace, RateLimiter, ReentrantLock
 from celery_singleton_lock.testing import RedisServer
 from celery_singleton_lock.web import TokenAccess, make_app
 
-app = Celery("webtest", set_as_current=False)
+app = new_app("webtest")
 
 
 @app_task(app, base=LockedTask, name="webt.debounced", lock_at="publish", lock_debounce=60)

@@ -12,8 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
-from celery_fixtures import DB_LOCKS, configure
+from celery_fixtures import DB_LOCKS, configure, new_app
 from celery_procs import close_app
 from lock_helpers import wait_until
 from web_helpers import Client, served
@@ -46,7 +45,7 @@ def web(request: pytest.FixtureRequest, hung_server: RedisServer) -> Iterator[Lo
     if request.param == "url":
         yield make_app(url=f"{hung_server.url}/{DB_LOCKS}", access=access, refresh=0)
         return
-    app = Celery("webhung", set_as_current=False)
+    app = new_app("webhung")
     configure(app, hung_server)
     try:
         yield make_app(app, access=access, refresh=0)

@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from browser_fixtures import WIDTH, Browser, attribute, element_text, open_browser
 from celery_procs import new_job, redis_base
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 from web_page import Session, cell, clean, field, lock_rows, open_confirm, pid_of, seconds_in
 from web_world import BEAT_KEY, PARKED, TOKEN, WebServer, World, locks_world, populate
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(3 * START_TIMEOUT + 240)]
 
 #: a job name with no break in it: its key is longer than any table cell is wide
 LONG_JOB = "unbroken-" + "k" * 110

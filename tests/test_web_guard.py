@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from celery_fixtures import DB_LOCKS
 from celery_procs import ROOT
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 from web_helpers import Client, served
 
 from celery_singleton_lock import LockSpace
@@ -152,7 +152,7 @@ def test_a_short_token_is_refused_at_start(redis_server: RedisServer) -> None:
     url = f"redis://127.0.0.1:{redis_server.port}/{DB_LOCKS}"
     done = subprocess.run(
         [sys.executable, "-m", "celery_singleton_lock", "--url", url, "web", "--port", "0"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=START_TIMEOUT,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "CELERY_SINGLETON_LOCK_WEB_TOKEN" in done.stderr and "16" in done.stderr
@@ -164,7 +164,7 @@ def test_a_bad_allowed_host_is_refused_at_start(redis_server: RedisServer) -> No
         [sys.executable, "-m", "celery_singleton_lock", "--url", url, "web", "--port", "0",
          "--allowed-host", "https://locks.example.com/path"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-        timeout=60,
+        timeout=START_TIMEOUT,
     )  # fmt: skip
     assert done.returncode == 2 and "--allowed-host" in done.stderr, done.stderr
     assert "must be a host name as a proxy sends it" in done.stderr, done.stderr

@@ -15,9 +15,9 @@ from typing import Any
 import flask
 import pytest
 from celery import Celery
-from celery_fixtures import DB_LOCKS, configure
+from celery_fixtures import DB_LOCKS, configure, new_app
 from celery_procs import ROOT, close_app
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 from web_helpers import Client, served, table_rows, text_of
 
 from celery_singleton_lock import LockSpace
@@ -44,7 +44,7 @@ def locks(redis_server: RedisServer) -> Iterator[Any]:
 
 @pytest.fixture
 def celery_app(redis_server: RedisServer) -> Iterator[Celery]:
-    made = Celery("webmount", set_as_current=False)
+    made = new_app("webmount")
     configure(made, redis_server)
     yield made
     close_app(made)
@@ -122,7 +122,7 @@ def django_site(redis_server: RedisServer, tmp_path: Path) -> Iterator[str]:
             assert proc.poll() is None, log.read_text()
             return found and found.group(1)
 
-        yield f"http://127.0.0.1:{wait_until(port, 60, 'the Django project to serve')}/"
+        yield f"http://127.0.0.1:{wait_until(port, START_TIMEOUT, 'the Django project to serve')}/"
     finally:
         proc.terminate()
         proc.wait(10)
@@ -174,7 +174,7 @@ def _serve(args: list[str], tmp_path: Path, **env: str) -> Iterator[tuple[str, P
             assert proc.poll() is None, log.read_text()
             return found and found.group(1)
 
-        yield wait_until(url, 60, "the locks page to be served"), log
+        yield wait_until(url, START_TIMEOUT, "the locks page to be served"), log
     finally:
         proc.terminate()
         proc.wait(10)

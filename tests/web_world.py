@@ -30,10 +30,10 @@ import redis
 from beatproj.harness import LEADER_SCHEDULER, Beat
 from celery import Celery
 from celery_procs import ROOT, WorkerProcess, close_app, new_job, redis_base
-from lock_helpers import wait_until
+from lock_helpers import START_TIMEOUT, wait_until
 
+from celery_singleton_lock import LockSpace
 from celery_singleton_lock._celery.modes.queue import QUEUED
-from celery_singleton_lock._lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
 
 PREFIX = "lock"
@@ -77,7 +77,7 @@ class WebServer:
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         try:
-            wait_until(self._answers, 30, f"the web page at {self.url}", 0.05)
+            wait_until(self._answers, START_TIMEOUT, f"the web page at {self.url}", 0.05)
         except BaseException:
             self.stop()
             raise
@@ -184,7 +184,8 @@ def populate(world: World, long_job: str = "") -> None:
 
     wait_until(lambda: first.id in ran(), 30, "the rated job's start")
     rated.delay(jobs["rated"], 1)  # refused: one start a minute
-    wait_until(lambda: world.space.inspect(BEAT_KEY).holder, 30, "a beat to lead")
+    # the beat started with the world: its start may be what is left to wait for
+    wait_until(lambda: world.space.inspect(BEAT_KEY).holder, START_TIMEOUT, "a beat to lead")
 
 
 def finish(world: World) -> None:

@@ -7,12 +7,13 @@ client), ``options`` (the task options), ``taskkey`` (a call's lock name), ``loc
 class's locking), ``hold`` (a hold's state, the message's lock headers), ``modes`` (one object
 per ``lock_at``), ``parts`` (cooldown, debounce), ``conflict`` (``lock_on_locked``), ``run`` (a
 run's lock), ``worker`` (the main process's releases), ``canvas``, ``wiring``, ``task``
-(``LockedTask``), ``install``.
+(``LockedTask``), ``installer`` (``install()``: no module is named as a public function, which
+the API reference's builder would document in its place).
 """
 
 from __future__ import annotations
 
-from .install import install
+from .installer import install
 from .task import LockedTask
 
 __all__ = ["LockedTask", "install"]

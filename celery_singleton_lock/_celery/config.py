@@ -19,7 +19,7 @@ from .._lock import LockSpace
 from .counts import RecentCounter
 from .settings import SETTINGS, given, read
 
-__all__ = ["Bound", "LockConfig", "peek", "reload_settings"]
+__all__ = ["Bound", "LockConfig", "close", "peek", "reload_settings"]
 
 #: what an app's lock client is made from: ours and the broker's settings
 _CLIENT_INPUTS = (
@@ -203,6 +203,30 @@ def reload_settings(app: Any) -> None:
         previous = _configs.pop(app, None)
         if previous is not None:
             _replaced[app] = previous
+
+
+def close(app: Any) -> bool:
+    """Write the recent counts of ``app`` not written yet (setting ``singleton_lock_counts``)
+    now, and end the thread of this process that writes them: none is written after this
+    returns, until the app's next count starts that thread again (the app can still be used,
+    as a redis-py client after its ``close()``).
+
+    Call it where you are done with an app while the process goes on, next to ``app.close()``
+    (Celery offers no hook on that): the app of a test, before the test's Redis is emptied or
+    stopped (else its counts land there about a second later, in the next test's data), or an
+    app made per tenant. A worker and a process that exits write theirs without it. Locks held
+    through the app stay held.
+
+    Returns whether Redis took the counts (``True`` when there were none): a write it refuses
+    is logged on ``celery_singleton_lock.counts``, its counts kept for the app's next count."""
+    with _registry:
+        configs = [_configs.get(app), _replaced.get(app)]
+    written = True
+    for config in configs:
+        counter = config.counter_if_made if config is not None else None
+        if counter is not None:
+            written = counter.close() and written
+    return written
 
 
 def peek(app: Any, name: str) -> Any:

@@ -40,7 +40,8 @@ def lock_retry_delay(retries: int, holder_lease: float) -> float:
 
 
 class Conflict:
-    """``lock_on_locked="skip"``: the duplicate's body does not run; it ends ``SKIPPED``."""
+    """``lock_on_locked="skip"``: the duplicate's body does not run; it ends ``SKIPPED`` (not a
+    ready state: ``.get()`` on its id waits out its timeout), the holder in its meta."""
 
     #: seconds to block for the lock before giving up (``None``: try once)
     wait_timeout: float | None = None

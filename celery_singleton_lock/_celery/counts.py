@@ -11,7 +11,9 @@ after their minute: never a lock's ``<prefix>:{name}`` nor a limiter's ``<prefix
 A write that Redis fails keeps its counts for the next try (those of minutes older than the
 retention are dropped: their keys would be gone already). A forked child (a prefork pool
 process) starts with an empty buffer and no thread (its parent writes its own); a worker
-process writes what is left at its shutdown (``wiring``).
+process writes what is left at its shutdown (``wiring``), and
+:func:`celery_singleton_lock.close` writes an app's at once and ends its thread (an app made
+and dropped while the process runs: a test's, one per tenant).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ FLUSH_INTERVAL = 1.0
 MAX_BACKOFF = 60.0
 #: how long a minute's hash lives after that minute ends
 RETENTION_S = 2 * 3600
+#: longest wait of :meth:`RecentCounter.close` for a write the thread has under way (a write
+#: is bounded by the client's socket timeout, a few seconds, and redis-py's retries)
+CLOSE_WAIT = 30.0
 #: the field of a lock lost while its run held it
 LOST = "lost"
 
@@ -100,13 +105,19 @@ class RecentCounter:
         with self._mutex:
             return dict(self._pending)
 
-    def close(self) -> None:
-        """Stop the writer thread and write what is pending, once (a Redis that fails it
-        keeps it: a later count starts the thread again)."""
+    def close(self) -> bool:
+        """Stop the writer thread and write what is pending, once; whether Redis took it (a
+        Redis that fails it keeps it: a later count starts the thread again). Once this
+        returns, the thread writes nothing more: a write it had under way has ended (waited
+        for up to :data:`CLOSE_WAIT` s), and it has ended too."""
+        if self._pid != os.getpid():
+            self._reset()  # a forked child: the parent's thread and counts are not its own
         with self._mutex:
-            self._thread = None
+            thread, self._thread = self._thread, None
             self._wake.notify_all()
-        self.flush()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(CLOSE_WAIT)
+        return self.flush()
 
     def flush(self) -> bool:
         """Write what was counted; whether Redis took it (else it stays pending, logged on
@@ -151,9 +162,10 @@ class RecentCounter:
             with self._mutex:
                 while not self._pending and self._thread is me:
                     self._wake.wait()
-                if self._thread is not me:  # replaced: a fork's child runs no copy of it
-                    return
-            time.sleep(backoff)
+                # the interval between two writes, cut short by close()
+                self._wake.wait_for(lambda: self._thread is not me, backoff)
+                if self._thread is not me:  # closed (it writes what is pending itself) or
+                    return  # replaced: a fork's child runs no copy of it
             backoff = FLUSH_INTERVAL if self.flush() else min(backoff * 2, MAX_BACKOFF)
 
     def _at_exit(self) -> None:

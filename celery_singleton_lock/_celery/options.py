@@ -257,8 +257,9 @@ class LockOptions:
         default="skip",
         metadata=_about(
             '`"skip"`',
-            'run-time duplicate: `"skip"`, `"retry"`, `"raise"` `TaskLockedError(task_id)`, or '
-            '`"wait"`',
+            'run-time duplicate: `"skip"` (it ends `SKIPPED` with the holder in `.info`; not a '
+            "ready state, so `.get()` on its id waits out its timeout: read `.state`), "
+            '`"retry"`, `"raise"` `TaskLockedError(task_id)`, or `"wait"`',
             _choice("skip", "retry", "raise", "wait"),
         ),
     )

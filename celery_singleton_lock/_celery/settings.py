@@ -202,8 +202,9 @@ SETTINGS: dict[str, Setting] = {
             {},
             "`{}`",
             "`{task name: options}`, as `install(app, tasks=...)`: read by `install(app)`, and "
-            "by a worker or beat started with the `celery` command even without that call "
-            "(publish-time dedup needs `install(app)` in the processes that publish)",
+            "by a worker or beat whose app has a `LockedTask` even without that call "
+            "(publish-time dedup needs `install(app)` in the processes that publish); an app "
+            "that neither calls `install(app)` nor has a `LockedTask` never reads it",
             _mapping,
         ),
         Setting(

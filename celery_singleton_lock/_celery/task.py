@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, ClassVar
@@ -38,6 +39,8 @@ from .worker import LOCKED_REQUEST, with_locked_request
 
 __all__ = ["LockedTask"]
 
+log_release = logging.getLogger("celery_singleton_lock.release")
+
 
 class LockedTask(Task):  # type: ignore[misc]  # celery ships no type information
     """A Celery task that never runs twice at once for the same arguments.
@@ -47,6 +50,11 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     (the options table of the README and of the docs' Configuration page is made from that
     definition). They are checked when the class is made: a wrong value, a combination that
     makes no sense or a misspelt ``lock_*`` name raises, naming the task and the option.
+
+    A run-time duplicate (``lock_on_locked="skip"``, the default) never runs its body: it ends
+    ``SKIPPED``, with ``{"holder", "lock", "reason"}`` as its result's ``info``. ``SKIPPED`` is
+    not one of Celery's ready states, so ``.get()`` on its id waits out its timeout (for ever
+    without one): read ``.state`` and follow ``.info["holder"]`` instead.
 
     Inside a run, ``self.lock`` is the held :class:`ReentrantLock` (with ``lock_limit`` above
     1, the slot the run holds; ``None`` when none). A subclass may override the extension
@@ -147,14 +155,28 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         return next((s.holder for s in states if s.held), None)
 
     def release_lock(self, *args: Any, **kwargs: Any) -> bool:
-        """Operator's force release of this job's lock (every slot of it, and its queued lock
-        with ``lock_at="queue"``), whoever holds it; wakes waiters. Returns whether a lock was
+        """An operator's **force release** of this job's lock, whoever holds it: every one of
+        its ``lock_limit`` slots, its queued lock with ``lock_at="queue"``, a cooldown. Waiters
+        are woken. A run that holds the lock is not stopped: it goes on unlocked (its heartbeat
+        logs the lease as lost), and a duplicate may then start beside it. Not for a task's own
+        code: a run's lock is released when the run ends. Logged at WARNING on
+        ``celery_singleton_lock.release``, with the holders. Returns whether a lock was
         released."""
         name = self._lock_name(args, kwargs)  # first: arguments that do not fit raise
         app = self._get_app()
         space = self.locking.space(app)
-        states = self.locking.states(app, name)
-        return sum(space.force_release(s.keys.lock) for s in states if s.held) > 0
+        held = [s for s in self.locking.states(app, name) if s.held]
+        released = [s for s in held if space.force_release(s.keys.lock)]  # each one, always
+        if released:
+            log_release.warning(
+                "release_lock: force-released %d lock(s) of %s %s held by %s (a run still "
+                "inside goes on unlocked)",
+                len(released),
+                self.name,
+                name,
+                ", ".join(sorted({s.holder or "-" for s in released})),
+            )
+        return bool(released)
 
     @property
     def rate_turn(self) -> RateReply | None:

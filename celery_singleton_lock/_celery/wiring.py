@@ -1,12 +1,14 @@
-"""Every Celery signal receiver of the package, connected in one place, by the calls that need
-them: a :class:`LockedTask` class being made and :func:`install` call :func:`connect`; the
-``celery`` command's ``locks`` entry point (which Celery imports for every ``celery ...`` run)
-calls :func:`on_start` hooks only at a worker's or beat's start. Importing the package connects
-nothing. Each receiver has a ``dispatch_uid``: connecting again changes nothing.
+"""Every Celery signal receiver of the package, connected in one place, by the uses that need
+them: a :class:`LockedTask` bound to an app and :func:`install` call :func:`connect`. Nothing
+else connects any: importing the package does not, nor does the ``celery`` command's ``locks``
+entry point (which Celery imports for every ``celery ...`` run, so a worker or beat of an app
+that never uses the package is not changed by it being installed). Each receiver has a
+``dispatch_uid``: connecting again changes nothing.
 
-At a worker's or beat's start the settings are read again and checked (a wrong value or a
-misspelt name stops it with the reason, before any job depends on it), and the metrics are
-served when ``singleton_lock_metrics_port`` is set.
+At the start of a worker or beat whose app uses the package, the settings are read again and
+checked (a wrong value or a misspelt name stops it with the reason, before any job depends on
+it), the ``singleton_lock_tasks`` setting's tasks are locked when nothing called
+:func:`install`, and the metrics are served when ``singleton_lock_metrics_port`` is set.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ __all__ = ["START_HOOKS", "connect", "django_check", "on_start"]
 log = logging.getLogger("celery_singleton_lock.startup")
 
 #: ``hook(app, what)`` called at a worker's or beat's start once its settings are checked
-#: (``install`` adds the one that locks ``singleton_lock_tasks``)
+#: (``install`` adds the one that locks ``singleton_lock_tasks``: it imports this module, so
+#: this one cannot import it)
 START_HOOKS: list[Callable[[Any, str], None]] = []
 
 _connected = threading.Event()
@@ -38,7 +41,8 @@ _connecting = threading.Lock()
 
 def on_start(sender: Any = None, **_: Any) -> None:
     """``worker_init`` / ``beat_init``: the settings this process runs with are those of its
-    start, read again now and checked; then the start hooks."""
+    start, read again now and checked; then the ``singleton_lock_tasks`` setting's tasks are
+    locked (when the app module did not call :func:`install`)."""
     app = getattr(sender, "app", None)
     if app is None:
         return

@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from .._celery.install import connect_command_hooks
 from .._lock import LockSpace, Rate, RateKeys, RateLimiter, RateState
 from . import locks as ops
 from .target import prefix_option, target, url_option
@@ -251,9 +250,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args and args[0].startswith("--url="):
         args = [*args[1:2], args[0], *args[2:]]
     locks.main(args=args, prog_name="python -m celery_singleton_lock")
-
-
-# The `celery` command imports this module for its `locks` command (an entry point: for every
-# `celery ...` run). What that changes, and only at a worker's or beat's start: the settings are
-# checked, and the `singleton_lock_tasks` setting's tasks are locked without an install() call.
-connect_command_hooks()

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from celery_singleton_lock._lock import LockSpace
+from celery_singleton_lock import LockSpace
 
 ROOT = Path(__file__).resolve().parents[2]
 LEADER_SCHEDULER = "celery_singleton_lock.beat:LeaderScheduler"

@@ -29,7 +29,7 @@ from .hold import HEADER
 from .options import validate_options
 from .task import LockedTask
 
-__all__ = ["connect_command_hooks", "install", "is_installed"]
+__all__ = ["install", "is_installed"]
 
 log = logging.getLogger("celery_singleton_lock.install")
 
@@ -233,8 +233,10 @@ def _before_publish(
 
 
 def _lock_configured_tasks(app: Any, what: str) -> None:
-    """A worker or beat started by the ``celery`` command locks the ``singleton_lock_tasks``
-    setting's tasks, even where the app module never calls :func:`install`."""
+    """At the start of a worker or beat whose app uses the package (a :class:`LockedTask` is
+    bound to it, which connects the start's receiver): lock the ``singleton_lock_tasks``
+    setting's tasks, even where the app module never calls :func:`install`. An app that never
+    uses the package gets nothing from it, even with the setting."""
     tasks = LockConfig.of(app).tasks
     if not tasks or is_installed(app):
         return
@@ -253,12 +255,6 @@ def _lock_configured_tasks(app: Any, what: str) -> None:
         )
 
 
-def connect_command_hooks() -> None:
-    """For the ``celery`` command (its ``locks`` entry point): a worker's or beat's start
-    checks the settings and locks ``singleton_lock_tasks`` (idempotent)."""
-    if _lock_configured_tasks not in wiring.START_HOOKS:
-        wiring.START_HOOKS.append(_lock_configured_tasks)
-    for signal in (signals.worker_init, signals.beat_init):
-        signal.connect(
-            wiring.on_start, weak=False, dispatch_uid=f"celery_singleton_lock.{signal.name}"
-        )
+# Run by every worker's or beat's start check; that check is connected only by a use of the
+# package (a LockedTask bound to the app, install()), never by importing it.
+wiring.START_HOOKS.append(_lock_configured_tasks)
