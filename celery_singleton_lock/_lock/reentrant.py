@@ -89,25 +89,14 @@ class ReentrantLock:
         self._never_lost: threading.Event | None = None
 
     @classmethod
-    def checked(
-        cls,
-        client: Any,
-        keys: LockKeys,
-        *,
-        ttl: float,
-        owner: str,
-        info: str,
-        run_token: str,
-        state: str,
-        backend_timeout: float | None,
-    ) -> ReentrantLock:
+    def checked(cls, client: Any, keys: LockKeys, ttl: float, owner: str,
+                texts: tuple[str, str, str],
+                backend_timeout: float | None) -> ReentrantLock:  # fmt: skip
         """A renewed lock without a default wait, of arguments its caller checked already
         (:meth:`LockSpace.checked_lock`): ``__init__`` less its checks, for the layers above
-        that make one lock per job."""
+        that make one lock per job (``texts`` as :meth:`_set` takes them)."""
         lock = cls.__new__(cls)
-        cls._set(
-            lock, client, keys, ttl, owner, True, None, backend_timeout, (info, run_token, state)
-        )
+        cls._set(lock, client, keys, ttl, owner, True, None, backend_timeout, texts)
         return lock
 
     @property

@@ -116,15 +116,9 @@ class LockSpace:
             return self.lock(
                 name, ttl=ttl, owner=owner, info=info, run_token=run_token, state=state
             )
+        keys, texts = LockKeys.for_name(self.prefix, name), (info, run_token, state)
         return ReentrantLock.checked(
-            self.client,
-            LockKeys.for_name(self.prefix, name),
-            ttl=float(ttl),
-            owner=owner,
-            info=info,
-            run_token=run_token,
-            state=state,
-            backend_timeout=self.backend_timeout,
+            self.client, keys, float(ttl), owner, texts, self.backend_timeout
         )
 
     def semaphore(self, name: str, permits: int, *, ttl: float, **options: Any) -> Semaphore:
