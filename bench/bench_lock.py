@@ -79,7 +79,8 @@ import redis
 
 import celery_singleton_lock
 from celery_singleton_lock import RateLimiter, ReentrantLock
-from celery_singleton_lock._lock.runtime import get_heartbeat
+from celery_singleton_lock._lock import set_observer
+from celery_singleton_lock._lock.runtime import LockRuntime
 
 try:
     import redis_lock  # type: ignore[import-untyped]  # python-redis-lock
@@ -388,7 +389,8 @@ def section_uncontended(client: Any, names: Names, rounds: int, cycles: int) -> 
     # renew=True must really put the hold under the heartbeat, or this is not the case to bench
     probe_lock = make_lock("csl", client, names, "uncontended-csl")
     probe_lock.acquire()
-    renewed = any(h.keys.lock == probe_lock.key for h in get_heartbeat().held())
+    lane = LockRuntime.of(client)._lane  # noqa: SLF001  # the lock's insides: no public view
+    renewed = lane is not None and any(h.keys.lock == probe_lock.key for h in lane.holds.values())
     probe_lock.release()
     if not renewed:
         raise RuntimeError("a renew=True hold is not under the heartbeat: not the case to bench")
@@ -945,12 +947,35 @@ def section_handoff(url: str, names: Names, rounds: int, slow_rounds: int) -> di
 # -- 4. many held locks renewed ------------------------------------------------------------------
 
 
+class _Renewals:
+    """The heartbeat's renewals as the lock reports them (an observer of nothing else):
+    ``rounds`` renewal batches (one pipeline each: one round trip on a single server) and
+    ``leases`` renewed."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.leases = 0
+
+    def renewed(self, leases: int) -> None:
+        self.rounds += 1
+        self.leases += leases
+
+    def acquired(self, reentered: bool) -> None: ...
+    def refused(self) -> None: ...
+    def waited(self, seconds: float) -> None: ...
+    def released(self, held_seconds: float) -> None: ...
+    def renewal_failed(self) -> None: ...
+    def lost(self) -> None: ...
+    def backend_error(self) -> None: ...
+
+
 def section_renewal(
     client: Any, names: Names, count: int, ttl: float, periods: int, own_server: bool
 ) -> dict[str, Any]:
     from celery_singleton_lock._lock import renewal as _renewal
 
-    hb = get_heartbeat()
+    hb = _Renewals()
+    before = set_observer(hb)
     locks = [
         ReentrantLock(client, f"held-{i}", ttl=ttl, renew=True, prefix=names.prefix)
         for i in range(count)
@@ -963,22 +988,23 @@ def section_renewal(
     try:
         period = ttl / 3
         # Start counting once the first renewal is through, then watch whole periods.
-        renewed0 = hb.renewed
+        renewed0 = hb.leases
         deadline = time.monotonic() + 2 * ttl
-        while hb.renewed - renewed0 < count and time.monotonic() < deadline:
+        while hb.leases - renewed0 < count and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(period / 2)  # mid-period: no renewal in flight
-        rt1, renewed1 = hb.round_trips, hb.renewed
+        rt1, renewed1 = hb.rounds, hb.leases
         s1 = commandstats(client)
         t1 = time.monotonic()
         time.sleep(periods * period)
-        rt2, renewed2 = hb.round_trips, hb.renewed
+        rt2, renewed2 = hb.rounds, hb.leases
         s2 = commandstats(client)
         window = time.monotonic() - t1
         lost = sum(1 for lock in locks if lock.lost.is_set())
         for lock in locks:
             lock.ensure_held()  # raises if a lease ran out
     finally:
+        set_observer(before)
         for lock in locks:
             if lock.hold_count:
                 lock.release()

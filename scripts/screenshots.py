@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 from browser_fixtures import missing_browser, open_browser  # noqa: E402
-from lock_helpers import wait_until  # noqa: E402
+from lock_helpers import server_time, wait_until  # noqa: E402
 from web_world import World, locks_world, populate  # noqa: E402
 
 OUT = ROOT / "docs" / "img"
@@ -31,7 +31,7 @@ def aged(world: World, key: str, seconds: float) -> bool:
     """Whether ``key`` has been held ``seconds`` by Redis's clock (the screenshot shows ages
     that read as a running system's, not all 0.0 s)."""
     state = world.space.inspect(key)
-    return state.since is not None and world.space.server_time() - state.since >= seconds
+    return state.since is not None and server_time(world.space.client) - state.since >= seconds
 
 
 def main() -> int:

@@ -35,7 +35,6 @@ from celery.worker.control import inspect_command
 
 from celery_singleton_lock import LockedTask, LockLostError, RateLimited
 from celery_singleton_lock._celery.rate import Waited
-from celery_singleton_lock._lock.runtime import get_heartbeat
 from celery_singleton_lock.compat.once import QueueOnce
 from celery_singleton_lock.compat.singleton import Singleton
 
@@ -386,13 +385,12 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     def threads(self: Any, job: str, seconds: float = 0.0) -> dict[str, Any]:
         start = _enter(self, job)
         _sleep(seconds)
-        heartbeat = get_heartbeat()
+        threads = _thread_names()
         reply = {
             "pid": os.getpid(),
-            "threads": _thread_names(),
-            # this process renews through lanes of its own (a forked child's, not inherited)
-            "heartbeat_pid": os.getpid() if heartbeat.lanes else None,
-            "heartbeat_holds": len(heartbeat.held()),
+            "threads": threads,
+            # this process renews through a lane of its own (a forked child's, not inherited)
+            "heartbeat_pid": os.getpid() if "celery-singleton-lock-heartbeat" in threads else None,
         }
         _leave(self, job, start)
         return reply

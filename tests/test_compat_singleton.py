@@ -580,3 +580,20 @@ def test_the_json_encoder_class_keys_arguments_the_lock_cannot(
         redis.Redis(port=redis_server.port, db=9).flushdb()
         redis.Redis(port=redis_server.port, db=0).flushdb()
         close_app(bare)
+
+
+def test_the_module_paths_celery_singleton_users_write_import() -> None:
+    """celery-singleton's modules, with only ``celery_singleton`` changed in the import: its
+    ``backends`` (the base class of a custom backend), ``exceptions``, ``config`` and ``util``."""
+    from celery_singleton_lock.compat.singleton.backends import (
+        BaseBackend,
+        RedisBackend,
+        get_backend,
+    )
+    from celery_singleton_lock.compat.singleton.config import Config
+    from celery_singleton_lock.compat.singleton.exceptions import DuplicateTaskError as Duplicate
+    from celery_singleton_lock.compat.singleton.util import generate_lock
+
+    assert issubclass(RedisBackend, BaseBackend) and get_backend is backends.get_backend
+    assert Duplicate is DuplicateTaskError and issubclass(Duplicate, CelerySingletonException)
+    assert Config is config.Config and generate_lock is util.generate_lock

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from lock_helpers import wait_until
+from lock_helpers import renewed_holds, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -26,7 +26,7 @@ from celery_singleton_lock import (
     LockTimeoutError,
     ReentrantLock,
 )
-from celery_singleton_lock._lock.runtime import LockRuntime, get_heartbeat
+from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock.testing import free_port
 
 pytestmark = pytest.mark.faults
@@ -181,7 +181,7 @@ def test_the_heartbeat_survives_an_outage_and_sets_lost(
         with pytest.raises(LockLostError):
             lock.ensure_held()
         # The heartbeat gives the lock up (with an ERROR) while Redis is still away.
-        wait_until(lambda: all(h.keys.lock != lock.key for h in get_heartbeat().held()), 3)
+        wait_until(lambda: all(h.keys.lock != lock.key for h in renewed_holds()), 3)
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
     records = [r for r in caplog.records if "lock:{outage}" in r.getMessage()]

@@ -20,13 +20,13 @@ from lock_helpers import (
     hold_counts,
     hold_forever_worker,
     lease_end,
+    renewed_holds,
     wait_until,
     wake_subscribers,
 )
 
 from celery_singleton_lock import LockLostError, LockNotOwnedError, ReentrantLock
 from celery_singleton_lock._lock.owner import default_owner
-from celery_singleton_lock._lock.runtime import get_heartbeat
 
 FORK = multiprocessing.get_context("fork")
 
@@ -63,7 +63,7 @@ def test_heartbeat_keeps_the_lock_for_many_leases_and_stops_at_release(
 
     lock.release()
     assert redis_client.exists(lock.key) == 0
-    assert all(hold.keys.lock != lock.key for hold in get_heartbeat().held())
+    assert all(hold.keys.lock != lock.key for hold in renewed_holds())
     # Nothing brings it back: watch for three leases (and take it with renew=False meanwhile,
     # so a stray renewal would show up as a lease that grows).
     intruder = ReentrantLock(redis_client, "kept", ttl=3 * lease, renew=False, owner="other")
@@ -256,7 +256,7 @@ def _child_after_fork(lock: ReentrantLock, port: int, parent_owner: str, results
             "hold_count": lock.hold_count,
             "fence": lock.fence,
             "owner_differs": default_owner() != parent_owner and lock.owner != parent_owner,
-            "heartbeat_holds": len(get_heartbeat().held()),
+            "heartbeat_holds": len(renewed_holds()),
             "heartbeat_threads": [
                 t.name for t in threading.enumerate() if t.name.startswith("celery-singleton")
             ],
@@ -270,7 +270,7 @@ def _child_after_fork(lock: ReentrantLock, port: int, parent_owner: str, results
         own = ReentrantLock(client, "child's own", ttl=0.5)
         report["own"] = own.acquire(blocking=False)
         report["own_holders"] = hold_counts(client, own.key)
-        report["own_heartbeat"] = [h.keys.lock for h in get_heartbeat().held()]
+        report["own_heartbeat"] = [h.keys.lock for h in renewed_holds()]
         time.sleep(1.5)  # three leases: the child's heartbeat must keep it
         report["own_still_held"] = hold_counts(client, own.key) == {own.owner: 1}
         own.release()

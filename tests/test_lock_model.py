@@ -40,8 +40,8 @@ from celery_singleton_lock._lock import commands, scripts
 from celery_singleton_lock._lock.commands import ALL_HOLDS
 from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock._lock.owner import new_request_id
-from celery_singleton_lock._lock.permits import permit_keys
 from celery_singleton_lock._lock.scripts import META_RETENTION_MS
+from celery_singleton_lock._lock.semaphore import permit_keys
 from celery_singleton_lock.testing import RedisServer
 
 NAMES = ["a", "}b"]

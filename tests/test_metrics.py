@@ -21,7 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock import LockBackendError, LockSpace, ReentrantLock
-from celery_singleton_lock._lock import get_observer, set_observer
+from celery_singleton_lock._lock import set_observer
 from celery_singleton_lock.metrics import LockMetrics
 from celery_singleton_lock.testing import RedisServer, free_port
 
@@ -30,8 +30,7 @@ from celery_singleton_lock.testing import RedisServer, free_port
 def metrics() -> Iterator[tuple[LockMetrics, CollectorRegistry]]:
     registry = CollectorRegistry()
     counting = LockMetrics(registry)
-    before = get_observer()
-    set_observer(counting)
+    before = set_observer(counting)
     try:
         yield counting, registry
     finally:

@@ -10,13 +10,15 @@ from typing import Any
 import pytest
 import redis
 from cluster_helpers import redis_cluster
+from lock_helpers import server_time
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from celery_singleton_lock import LockBackendError
 from celery_singleton_lock._celery.hold import holder_info
-from celery_singleton_lock._lock import LockSpace, batch
+from celery_singleton_lock._lock import LockSpace
+from celery_singleton_lock._lock.space import INSPECT_BATCH
 from celery_singleton_lock._ops.locks import LockView, find_locks, views_of
 from celery_singleton_lock.testing import free_port
 
@@ -33,7 +35,7 @@ def _take(client: Any, n: int) -> None:
 
 def _one_by_one(client: Any) -> list[LockView]:
     space = LockSpace(client)
-    return views_of((space.inspect(k.lock) for k in space.find()), space.server_time())
+    return views_of((space.inspect(k.lock) for k in space.find()), server_time(client))
 
 
 def _same(views: list[LockView]) -> list[tuple[Any, ...]]:
@@ -43,7 +45,7 @@ def _same(views: list[LockView]) -> list[tuple[Any, ...]]:
 
 
 def test_batches_read_what_one_by_one_reads(redis_client: Any) -> None:
-    n = batch.BATCH * 2 + 7  # three batches, the last one short
+    n = INSPECT_BATCH * 2 + 7  # three batches, the last one short
     _take(redis_client, n)
     redis_client.hset("lock:{t.batch:1}:wait", "x", "not a lock")  # a record hash: left out
     views = find_locks(redis_client)

@@ -30,7 +30,7 @@ import redis
 from celery import Celery
 from celery_procs import WorkerProcess, close_app, new_job, redis_base
 from faultapp import DATA_DB, LOCK_DB
-from lock_helpers import START_TIMEOUT, wait_until
+from lock_helpers import START_TIMEOUT, server_time, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -147,7 +147,7 @@ def test_duplicates_and_refusals_are_counted(
 
 def test_only_the_window_is_counted(server: RedisServer) -> None:
     client = server.client(db=LOCK_DB)
-    minute = int(LockSpace(client).server_time() // 60)
+    minute = int(server_time(client) // 60)
     for ago, n in ((0, 1), (59, 2), (60, 4), (90, 8)):
         client.hincrby(writer.counts_key("window", minute - ago), "refusals:limit", n)
     assert recent_counts(client, "window").refusals["limit"] == 3

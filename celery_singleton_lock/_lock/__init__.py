@@ -7,24 +7,22 @@ period, and their typed replies.
 
 Modules, bottom up: ``keys``, ``owner`` (tokens), ``checks`` (arguments, the client),
 ``deadline`` (one deadline per operation), ``scripts`` (lua/), ``observe`` (what it reports),
-``hold``, ``renewal`` (a client's renewal lane), ``wakeup`` (push wake-ups), ``sentinel``,
-``runtime`` (all of those for one client and process), ``commands`` (one script call each),
-``reentrant``, ``permits``, ``semaphore``, ``rule`` and ``rate``
-(a rate limiter), ``space``.
+``hold``, ``renewal`` (a client's renewal lane), ``wakeup`` (push wake-ups), ``runtime`` (all of
+those for one client and process, a Sentinel master followed), ``commands`` (one script call
+each), ``reentrant``, ``semaphore``, ``rate`` (a rate limiter), ``space``.
 """
 
 from __future__ import annotations
 
-from .checks import MAX_LEASE_SECONDS, RedisClient, check_duration, is_cluster
+from .checks import MAX_LEASE_SECONDS, check_duration, is_cluster
 from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, text
 from .deadline import DeadlineRetry, time_left
 from .deadline import deadline as operation_deadline  # (the module has the same name)
 from .keys import LockKeys, RateKeys, check_prefix, escape_name, glob_escape
-from .observe import LockObserver, get_observer, set_observer
+from .observe import LockObserver, set_observer
 from .owner import new_run_token
-from .rate import RateLimiter, inspect_rate
+from .rate import Rate, RateLimiter, RateReply, RateState, inspect_rate
 from .reentrant import ReentrantLock
-from .rule import Rate, RateReply, RateState
 from .semaphore import Semaphore
 from .space import (
     CLAIMED,
@@ -54,7 +52,6 @@ __all__ = [
     "RateReply",
     "RateState",
     "RecordReply",
-    "RedisClient",
     "ReentrantLock",
     "ReleaseReply",
     "Semaphore",
@@ -63,7 +60,6 @@ __all__ = [
     "check_duration",
     "check_prefix",
     "escape_name",
-    "get_observer",
     "glob_escape",
     "inspect_rate",
     "is_cluster",

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Literal, Protocol, cast, overload
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, TypedDict, Unpack, cast, overload
 
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -23,33 +24,26 @@ def _shown(seconds: float) -> str:
     return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
 
 
+class _Bounds(TypedDict, total=False):
+    """:func:`check_duration`'s keywords but ``allow_none`` (which decides its return type)."""
+
+    minimum: float
+    include_minimum: bool
+    maximum: float | None
+    none_means: str
+    example: str
+    too_long: str
+
+
 @overload
 def check_duration(
-    value: object,
-    parameter: str,
-    *,
-    minimum: float = ...,
-    include_minimum: bool = ...,
-    maximum: float | None = ...,
-    allow_none: Literal[False] = ...,
-    none_means: str = ...,
-    example: str = ...,
-    too_long: str = ...,
+    value: object, parameter: str, *, allow_none: Literal[False] = ..., **bounds: Unpack[_Bounds]
 ) -> float: ...
 
 
 @overload
 def check_duration(
-    value: object,
-    parameter: str,
-    *,
-    minimum: float = ...,
-    include_minimum: bool = ...,
-    maximum: float | None = ...,
-    allow_none: bool,
-    none_means: str = ...,
-    example: str = ...,
-    too_long: str = ...,
+    value: object, parameter: str, *, allow_none: bool, **bounds: Unpack[_Bounds]
 ) -> float | None: ...
 
 
@@ -185,3 +179,16 @@ def is_cluster(client: object) -> bool:
     """Whether ``client`` is redis-py's cluster client: a script's keys are then in one slot,
     and a pipeline of scripts goes node by node."""
     return hasattr(client, "keyslot") and hasattr(client, "get_nodes")
+
+
+def by_node(client: Any, keys: Sequence[str]) -> list[tuple[Any, list[int]]]:
+    """The indexes of ``keys`` grouped by the node of a cluster ``client`` that serves each, with
+    that node's own client (redis-py refuses EVALSHA in a cluster pipeline: a node's does not);
+    all of them with ``client`` itself for any other client."""
+    if not is_cluster(client):
+        return [(client, list(range(len(keys))))]
+    nodes: dict[str, tuple[Any, list[int]]] = {}
+    for index, key in enumerate(keys):
+        node = client.get_node_from_key(key)
+        nodes.setdefault(node.name, (node.redis_connection, []))[1].append(index)
+    return list(nodes.values())

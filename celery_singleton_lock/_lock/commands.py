@@ -19,9 +19,8 @@ from . import observe, scripts
 from .deadline import budget
 from .keys import LockKeys
 from .owner import new_request_id
-from .runtime import LockRuntime, PendingCancel, publish_command
+from .runtime import ACQUIRE_CHECK_INTERVAL, LockRuntime, PendingCancel, publish_command
 from .scripts import META_RETENTION_MS
-from .sentinel import ACQUIRE_CHECK_INTERVAL
 
 #: ``release(..., drop=ALL_HOLDS)`` drops every hold of the owner (lua/release.lua's 0)
 ALL_HOLDS = 0

@@ -18,6 +18,13 @@ def check_prefix(prefix: object, parameter: str = "prefix") -> str:
     return prefix
 
 
+def check_name(name: object) -> str:
+    """``name`` (of a lock or a rate limiter) when it is a non-empty str."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    return name
+
+
 def escape_name(name: str) -> str:
     """``name`` as it appears inside the braces of its keys: ``%`` and ``}`` percent-escaped
     (every other character as it is, so the keys of most names read as the names do)."""

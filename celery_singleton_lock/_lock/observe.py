@@ -39,11 +39,9 @@ class LockObserver(Protocol):
 observer: LockObserver | None = None
 
 
-def set_observer(new: LockObserver | None) -> None:
-    """Install ``new`` as the process's observer (``None``: report nothing)."""
+def set_observer(new: LockObserver | None) -> LockObserver | None:
+    """Install ``new`` as the process's observer (``None``: report nothing); the one it
+    replaces."""
     global observer
-    observer = new
-
-
-def get_observer() -> LockObserver | None:
-    return observer
+    old, observer = observer, new
+    return old

@@ -14,7 +14,7 @@ from .checks import RedisClient, check_backend_timeout, check_client, check_leas
 from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
 from .deadline import bounded
 from .hold import Hold
-from .keys import LockKeys, check_prefix
+from .keys import LockKeys, check_name, check_prefix
 from .owner import default_owner, new_request_id
 from .runtime import LockRuntime
 
@@ -53,8 +53,7 @@ class ReentrantLock:
         backend_timeout: float | None = None,
     ) -> None:
         check_client(client)
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"name must be a non-empty str, got {name!r}")
+        check_name(name)
         check_lease_ms(ttl, "ttl")
         if owner is not None and (not isinstance(owner, str) or not owner):
             raise TypeError(f"owner must be a non-empty str or None, got {owner!r}")
@@ -90,25 +89,14 @@ class ReentrantLock:
         self._never_lost: threading.Event | None = None
 
     @classmethod
-    def checked(
-        cls,
-        client: Any,
-        keys: LockKeys,
-        *,
-        ttl: float,
-        owner: str,
-        info: str,
-        run_token: str,
-        state: str,
-        backend_timeout: float | None,
-    ) -> ReentrantLock:
+    def checked(cls, client: Any, keys: LockKeys, ttl: float, owner: str,
+                texts: tuple[str, str, str],
+                backend_timeout: float | None) -> ReentrantLock:  # fmt: skip
         """A renewed lock without a default wait, of arguments its caller checked already
         (:meth:`LockSpace.checked_lock`): ``__init__`` less its checks, for the layers above
-        that make one lock per job."""
+        that make one lock per job (``texts`` as :meth:`_set` takes them)."""
         lock = cls.__new__(cls)
-        cls._set(
-            lock, client, keys, ttl, owner, True, None, backend_timeout, (info, run_token, state)
-        )
+        cls._set(lock, client, keys, ttl, owner, True, None, backend_timeout, texts)
         return lock
 
     @property

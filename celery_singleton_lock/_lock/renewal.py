@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import observe, scripts
-from .checks import is_cluster
+from .checks import by_node, is_cluster
 from .deadline import bounded
 from .hold import Hold
 from .scripts import META_RETENTION_MS
@@ -75,9 +74,6 @@ class Lane:
         self._follow_master = follow_master
         self._stopped = False
         self._wake_at = 0.0
-        #: renewal pipelines sent and leases renewed (for benchmarks and operators)
-        self.round_trips = 0
-        self.renewed = 0
         self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
 
     @property
@@ -286,7 +282,6 @@ class Lane:
                     hold.keys.lock,
                     hold.owner,
                 )
-        self.renewed += renewed
         if renewed and observe.observer is not None:
             observe.observer.renewed(renewed)
 
@@ -326,35 +321,28 @@ class Lane:
 
     def _send(self, client: Any, holds: Sequence[Hold]) -> list[int | Exception]:
         """One result per hold: 1 renewed, 0 gone, or the error that kept it from renewing.
-        Raises when the whole batch failed (a single server that did not answer).
-
-        On Redis Cluster a script touches one slot and redis-py refuses EVALSHA in a cluster
-        pipeline: the calls are grouped by slot, one pipeline per node through that node's
-        client; a call the node refuses (a slot that moved) goes again through the cluster
-        client, which follows the redirect."""
+        Raises when the whole batch failed (a single server that did not answer). On a Redis
+        Cluster a call's holds share a slot, one pipeline per node (:func:`by_node`), and a call
+        a node refuses (its slot moved) goes again through the cluster client."""
         if not is_cluster(client):
             groups = [holds[i : i + BATCH] for i in range(0, len(holds), BATCH)]
             results: dict[int, int | Exception] = {}
-            for group, reply in zip(groups, self._pipelined(client, groups), strict=True):
+            for group, reply in zip(groups, _pipelined(client, groups), strict=True):
                 if isinstance(reply, Exception):
                     raise reply
                 results.update((id(hold), int(ok)) for hold, ok in zip(group, reply, strict=True))
             return [results[id(hold)] for hold in holds]
-        slots: dict[int, list[Hold]] = {}
-        for hold in holds:
-            slots.setdefault(client.keyslot(hold.keys.lock), []).append(hold)
-        nodes: dict[str, tuple[Any, list[Sequence[Hold]]]] = {}
-        for in_slot in slots.values():
-            node = client.get_node_from_key(in_slot[0].keys.lock)
-            groups = nodes.setdefault(node.name, (node.redis_connection, []))[1]
-            groups += [in_slot[i : i + BATCH] for i in range(0, len(in_slot), BATCH)]
         results = {}
-        for node_client, node_groups in nodes.values():
+        for node_client, indexes in by_node(client, [hold.keys.lock for hold in holds]):
+            slots: dict[int, list[Hold]] = {}
+            for i in indexes:
+                slots.setdefault(client.keyslot(holds[i].keys.lock), []).append(holds[i])
+            groups = [s[i : i + BATCH] for s in slots.values() for i in range(0, len(s), BATCH)]
             try:
-                replies: list[Any] = self._pipelined(node_client, node_groups)
+                replies: list[Any] = _pipelined(node_client, groups)
             except Exception as exc:
-                replies = [exc] * len(node_groups)
-            for group, reply in zip(node_groups, replies, strict=True):
+                replies = [exc] * len(groups)
+            for group, reply in zip(groups, replies, strict=True):
                 if isinstance(reply, Exception):
                     try:
                         reply = scripts.RENEW(client, *_renew_args(group))
@@ -364,23 +352,10 @@ class Lane:
                     results[id(hold)] = ok if isinstance(ok, Exception) else int(ok)
         return [results[id(hold)] for hold in holds]
 
-    def _pipelined(self, client: Any, groups: Sequence[Sequence[Hold]]) -> list[Any]:
-        """One RENEW call per group in one pipeline (one round trip); reloads on NOSCRIPT."""
 
-        def send() -> list[Any]:
-            pipe = client.pipeline(transaction=False)
-            for group in groups:
-                scripts.RENEW.queue(pipe, *_renew_args(group))
-            self.round_trips += 1
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-            return replies
-
-        replies = send()
-        if any(isinstance(r, NoScriptError) for r in replies):
-            scripts.RENEW.load(client)
-            self.round_trips += 1
-            replies = send()
-        return replies
+def _pipelined(client: Any, groups: Sequence[Sequence[Hold]]) -> list[Any]:
+    """One RENEW call per group in one pipeline (one round trip)."""
+    return scripts.RENEW.pipelined(client, [_renew_args(group) for group in groups])
 
 
 def _renew_args(group: Sequence[Hold]) -> tuple[list[str], list[Any]]:

@@ -4,8 +4,8 @@ As Redisson's renewal scheduler and pub/sub service belong to a client, a client
 :class:`LockRuntime` owns the holds taken through it in this process, its renewal lane (one
 thread, started with the first renewed hold or background call, ended when idle), its wake-up
 subscriptions, its contended locks, the cancels of its lost acquires still pending, its publish
-command and, for a Sentinel client, when the master was last asked for. It holds its client
-weakly: when the client goes, its idle connections close and its lane ends.
+command and, for a Sentinel client, the master it follows (:class:`MasterFollower`). It holds
+its client weakly: when the client goes, its idle connections close and its lane ends.
 
 A fork is handled here, in one place: the child starts with no runtimes and new owner tokens,
 so it never renews, releases or waits through what its parent had.
@@ -13,13 +13,17 @@ so it never renews, releases or waits through what its parent had.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+from redis.sentinel import SentinelConnectionPool
 
 from . import hold as _hold
 from . import observe
@@ -27,21 +31,10 @@ from . import owner as _owner
 from .hold import Hold, HoldRegistry
 from .keys import LockKeys
 from .renewal import Lane
-from .sentinel import MasterFollower, master_pool
 from .wakeup import KEEP_IDLE, Contended, WakeHub, probe_publish_command
 
-
-class _Reply(Protocol):
-    """What :meth:`LockRuntime.wait_for` reads of an acquire's reply."""
-
-    @property
-    def acquired(self) -> bool: ...
-
-    @property
-    def lease_left(self) -> float: ...
-
-
-Reply = TypeVar("Reply", bound=_Reply)
+if TYPE_CHECKING:
+    from .commands import AcquireReply  # (commands imports this module)
 
 
 @dataclass(eq=False, slots=True)
@@ -90,6 +83,65 @@ class PendingCancels:
                     del self.by_owner[key]
 
 
+log = logging.getLogger("celery_singleton_lock.sentinel")
+
+#: the longest an acquire trusts the master address it last checked, in seconds
+ACQUIRE_CHECK_INTERVAL = 1.0
+
+
+def master_pool(client: Any) -> Any:
+    """The client's Sentinel master pool, or ``None`` for any other client."""
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool) and pool.is_master:
+        return pool
+    return None
+
+
+class MasterFollower:
+    """Follows the master of one Sentinel master client, for connections already open.
+
+    redis-py's Sentinel pool asks Sentinel for the master only when a connection is made; an
+    open connection keeps talking to the old master until that server is demoted, some seconds
+    after Sentinel promoted a replica. Meanwhile the old master still takes writes: a holder
+    renewing there keeps a lease that no longer counts, while the new master's copy runs out
+    and a contender takes it. So Sentinel is asked before each renewal batch, and at most once
+    a second before an acquire; when the master moved, redis-py's pool closes its idle
+    connections, and the next command goes to the new master.
+    """
+
+    __slots__ = ("_checked_at", "_mutex", "_pool")
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._mutex = threading.Lock()
+        #: monotonic time Sentinel was last asked (None: never)
+        self._checked_at: float | None = None
+
+    def follow(self, max_age: float = 0.0) -> None:
+        """Ask Sentinel where the master is (unless asked within ``max_age`` seconds), and
+        move the client's idle connections there if it moved. A Sentinel that cannot answer
+        is logged, never raised: the commands go on to the master known so far."""
+        pool = self._pool  # redis-py's Sentinel module is not annotated
+        now = time.monotonic()
+        with self._mutex:
+            if max_age and self._checked_at is not None and now - self._checked_at < max_age:
+                return
+            self._checked_at = now
+        before = pool.master_address
+        try:
+            after = pool.get_master_address()
+        except RedisError as exc:
+            log.warning("could not ask Sentinel for the master of %s: %s", pool.service_name, exc)
+            return
+        if before is not None and after != before:
+            log.warning(
+                "Sentinel master of %s moved from %s to %s: the lock's connections follow it",
+                pool.service_name,
+                before,
+                after,
+            )
+
+
 class LockRuntime:
     """The lock's state and threads for one Redis client in this process."""
 
@@ -102,7 +154,6 @@ class LockRuntime:
         "_master",
         "_mutex",
         "_publish",
-        "_retired",
         "cancels",
         "contended",
         "holds",
@@ -121,8 +172,6 @@ class LockRuntime:
         self._publish: str | None = None
         pool = master_pool(client)
         self._master = None if pool is None else MasterFollower(pool)
-        #: round trips and renewals of the lanes that ended
-        self._retired = [0, 0]
         self._finalizer = weakref.finalize(client, self.close)
         self._finalizer.atexit = False
 
@@ -171,33 +220,7 @@ class LockRuntime:
                 return False
             if self._lane is lane:
                 self._lane = None
-            self._retired[0] += lane.round_trips
-            self._retired[1] += lane.renewed
             return True
-
-    def held(self) -> list[Hold]:
-        """Every hold being renewed now."""
-        lane = self._lane
-        if lane is None:
-            return []
-        with lane.cond:
-            return list(lane.holds.values())
-
-    @property
-    def has_lane(self) -> bool:
-        return self._lane is not None
-
-    @property
-    def round_trips(self) -> int:
-        """Renewal pipelines sent through the client so far."""
-        lane = self._lane
-        return self._retired[0] + (0 if lane is None else lane.round_trips)
-
-    @property
-    def renewed(self) -> int:
-        """Leases renewed through the client so far."""
-        lane = self._lane
-        return self._retired[1] + (0 if lane is None else lane.renewed)
 
     def publish_command(self, prefix: str) -> str:
         """``"spublish"`` on a Redis Cluster with sharded pub/sub, else ``"publish"``: probed
@@ -240,9 +263,9 @@ class LockRuntime:
         self,
         channel: str,
         deadline: float | None,
-        attempt: Callable[[bool], Reply],
+        attempt: Callable[[bool], AcquireReply],
         quiet: bool = False,
-    ) -> Reply:
+    ) -> AcquireReply:
         """Call ``attempt`` until it acquires or ``deadline`` (monotonic; ``None``: none) passes,
         waiting in between for a release published on ``channel``, but never longer than the
         holder's lease left (a lost message costs no more). Reports a refusal (unless ``quiet``)
@@ -279,7 +302,7 @@ class LockRuntime:
                 sub.hub.leave(sub, woken=woken)
 
     def follow_master(self, max_age: float = 0.0) -> None:
-        """For a Sentinel client: follow the master if it moved (see :mod:`.sentinel`)."""
+        """For a Sentinel client: follow the master if it moved (see :class:`MasterFollower`)."""
         if self._master is not None:
             self._master.follow(max_age)
 
@@ -294,9 +317,6 @@ class LockRuntime:
             _last = None  # nothing keeps a runtime after its client
         with self._mutex:
             hub, self._hub = self._hub, None
-            _closed[0] += self.round_trips
-            _closed[1] += self.renewed
-            self._retired = [0, 0]
             if self._lane is not None:
                 self._lane.stop()
         if hub is not None:
@@ -309,62 +329,21 @@ _runtimes: weakref.WeakKeyDictionary[Any, LockRuntime] = weakref.WeakKeyDictiona
 #: a job asks several times (a WeakKeyDictionary lookup makes a weakref each time)
 _last: tuple[weakref.ref[Any], LockRuntime] | None = None
 _registry_lock = threading.Lock()
-#: round trips and renewals of the runtimes whose client went
-_closed = [0, 0]
 
 
 def publish_command(client: Any, prefix: str) -> str:
     return LockRuntime.of(client).publish_command(prefix)
 
 
-class Heartbeat:
-    """This process's renewal, added up over its clients' runtimes (a view: a forked child's
-    sees only the child's)."""
-
-    __slots__ = ()
-
-    @staticmethod
-    def _runtimes() -> list[LockRuntime]:
-        with _registry_lock:
-            return list(_runtimes.values())
-
-    def held(self) -> list[Hold]:
-        """Every hold being renewed now."""
-        return [hold for runtime in self._runtimes() for hold in runtime.held()]
-
-    @property
-    def lanes(self) -> int:
-        """How many clients have a lane (a thread) now."""
-        return sum(runtime.has_lane for runtime in self._runtimes())
-
-    @property
-    def round_trips(self) -> int:
-        """Renewal pipelines sent by this process so far."""
-        return _closed[0] + sum(runtime.round_trips for runtime in self._runtimes())
-
-    @property
-    def renewed(self) -> int:
-        """Leases renewed by this process so far."""
-        return _closed[1] + sum(runtime.renewed for runtime in self._runtimes())
-
-
-_heartbeat = Heartbeat()
-
-
-def get_heartbeat() -> Heartbeat:
-    return _heartbeat
-
-
 def _after_fork_in_child() -> None:
     # The parent's runtimes stay behind, never closed from here: their lanes are the parent's
     # threads, their holds and connections the parent's.
-    global _runtimes, _registry_lock, _closed, _last
+    global _runtimes, _registry_lock, _last
     _last = None
     for runtime in list(_runtimes.values()):
         runtime.abandon()
     _runtimes = weakref.WeakKeyDictionary()
     _registry_lock = threading.Lock()
-    _closed = [0, 0]
     _hold.after_fork_in_child()
     _owner.after_fork_in_child()
 

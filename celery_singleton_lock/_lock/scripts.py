@@ -18,6 +18,9 @@ from redis.exceptions import NoScriptError
 
 from .deadline import expired, time_left
 
+#: one script call's keys and arguments
+Call = tuple[Sequence[str], Sequence[Any]]
+
 #: How long the meta hash (fence, request ids, void marks) outlives a lock or its lease, ms.
 META_RETENTION_MS = 60_000
 
@@ -58,9 +61,24 @@ class Script:
             client.script_load(self.source)
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
-    def queue(self, pipe: Any, keys: Sequence[str], args: Sequence[Any]) -> None:
-        """Add a call to a pipeline; the caller reloads on NOSCRIPT (:meth:`load`)."""
-        pipe.evalsha(self.sha, len(keys), *keys, *args)
+    def pipelined(
+        self, client: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """One call per ``(keys, args)`` of ``calls`` in one pipeline (one round trip); a reply
+        may be the error of its own call. On NOSCRIPT the script is loaded and all sent again."""
+
+        def send() -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(self.sha, len(keys), *keys, *args)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+            return replies
+
+        replies = send()
+        if any(isinstance(reply, NoScriptError) for reply in replies):
+            client.script_load(self.source)
+            replies = send()
+        return replies
 
     def load(self, client: Any) -> None:
         client.script_load(self.source)

@@ -11,27 +11,27 @@ by the release that ends a hold (lua/wait_*.lua).
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from . import batch, commands, observe, scripts
-from .checks import RedisClient, check_backend_timeout, check_client, check_lease_ms
-from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, seconds, text
+from . import commands, observe, scripts
+from .checks import RedisClient, by_node, check_backend_timeout, check_client, check_lease_ms
+from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, text
 from .deadline import bounded
-from .keys import LockKeys, check_prefix, escape_name, glob_escape
+from .keys import LockKeys, check_name, check_prefix, escape_name, glob_escape
 from .owner import new_request_id
-from .permits import check_permits, owned_by, permit_keys, release_owned, take
-from .rate import RateLimiter, find_rate_limiters
+from .rate import Rate, RateLimiter, RateState, find_rate_limiters
 from .reentrant import ReentrantLock
-from .rule import Rate, RateState
-from .semaphore import Semaphore
+from .semaphore import Semaphore, check_permits, owned_by, permit_keys, release_owned, take_permit
 
 #: :meth:`NamedLock.claim_waiter`'s answers: claimed; the waiter waits no more; another
 #: wake-up claimed it (or it waits again with another token); the waiter was replaced
 CLAIMED, WAIT_OVER, CLAIMED_ELSEWHERE, WAIT_REPLACED = 1, 0, 2, 3
 #: the kind of records (:meth:`LockKeys.records`) a lock's waiters keep beside it
 WAITERS = "wait"
+#: inspect calls per pipeline: 10,000 locks in 20 round trips, and one reply (a few kB a lock
+#: at most) well under what a connection buffers
+INSPECT_BATCH = 500
 
 
 class RecordReply(NamedTuple):
@@ -72,7 +72,7 @@ class LockSpace:
         self, client: RedisClient, prefix: str = "lock", *, backend_timeout: float | None = None
     ) -> None:
         check_client(client)
-        #: the redis-py client (``Any``: SCAN and TIME are used too)
+        #: the redis-py client (``Any``: SCAN and HGETALL are used too)
         self.client: Any = client
         self.prefix = check_prefix(prefix)
         self.backend_timeout = check_backend_timeout(backend_timeout)
@@ -84,26 +84,23 @@ class LockSpace:
         return LockKeys.for_name(self.prefix, name)
 
     def keys_of(self, key_or_name: str) -> LockKeys:
-        """The keys of a lock given by its Redis key (``prefix:{name}``, a permit's
-        ``prefix:{name}:s<k>``) or by its name."""
+        """The keys of a lock given by its Redis key (a permit's too) or by its name."""
         if key_or_name.startswith(f"{self.prefix}:{{"):
             with contextlib.suppress(ValueError):  # a name that looks like a key
                 return LockKeys.from_lock_key(key_or_name)
         return self.keys(key_or_name)
 
     def lock(self, name: str, *, ttl: float, **options: Any) -> ReentrantLock:
-        """A renewed :class:`ReentrantLock` on ``name`` in this space (``options``: its
-        ``owner``, ``info``, ``run_token``, ``state``)."""
+        """A renewed :class:`ReentrantLock` on ``name`` in this space (``options``: its own)."""
         options.update(prefix=self.prefix, backend_timeout=self.backend_timeout)
         return ReentrantLock(self.client, name, ttl=ttl, **options)
 
     def checked_lock(
         self, name: str, *, ttl: float, owner: str, info: str, run_token: str, state: str
     ) -> ReentrantLock:
-        """:meth:`lock` for one job of a task class: the space's client, prefix and bound were
-        checked as it was made and ``ttl`` is checked once per value, so a lock per job costs
-        its keys only. ``name`` and ``owner`` must be non-empty strings, ``info``, ``run_token``
-        and ``state`` strings (anything else goes through :meth:`lock`'s checks)."""
+        """:meth:`lock` for one job of a task class, at the cost of its keys only: the space was
+        checked as it was made, ``ttl`` once per value; other arguments get :meth:`lock`'s
+        checks unless they are the strings they must be."""
         if ttl is not self._checked_ttl:
             check_lease_ms(ttl, "ttl")
             self._checked_ttl = ttl
@@ -119,15 +116,9 @@ class LockSpace:
             return self.lock(
                 name, ttl=ttl, owner=owner, info=info, run_token=run_token, state=state
             )
+        keys, texts = LockKeys.for_name(self.prefix, name), (info, run_token, state)
         return ReentrantLock.checked(
-            self.client,
-            LockKeys.for_name(self.prefix, name),
-            ttl=float(ttl),
-            owner=owner,
-            info=info,
-            run_token=run_token,
-            state=state,
-            backend_timeout=self.backend_timeout,
+            self.client, keys, float(ttl), owner, texts, self.backend_timeout
         )
 
     def semaphore(self, name: str, permits: int, *, ttl: float, **options: Any) -> Semaphore:
@@ -142,8 +133,7 @@ class LockSpace:
         )
 
     def rate_limiters(self) -> Iterator[RateState]:
-        """Every rate limiter under this prefix, by SCAN, as :meth:`RateLimiter.inspect` sees
-        it (the rule last used on each)."""
+        """Every rate limiter under this prefix (SCAN), as :meth:`RateLimiter.inspect` sees it."""
         return find_rate_limiters(self.client, self.prefix, self.backend_timeout)
 
     def named(self, name: str, permits: int = 1) -> NamedLock:
@@ -157,10 +147,21 @@ class LockSpace:
 
     def inspect_many(self, keys: Sequence[LockKeys]) -> list[LockState]:
         """:meth:`inspect` of each lock of ``keys`` (from :meth:`find`), in order, pipelined in
-        batches: a few round trips for thousands of locks (per node on a Cluster). Each lock is
-        read atomically; the list as a whole is no one snapshot."""
-        with bounded(self.backend_timeout):
-            return batch.inspect_many(self.client, keys, self.prefix)
+        batches. Each lock is read atomically; the list as a whole is no one snapshot."""
+        client, replies = self.client, [None] * len(keys)
+        subject = f"the locks under prefix {self.prefix!r}"
+        with bounded(self.backend_timeout), backend_errors("inspect", "", subject):
+            for node_client, indexes in by_node(client, [one.lock for one in keys]):
+                for start in range(0, len(indexes), INSPECT_BATCH):
+                    chunk = indexes[start : start + INSPECT_BATCH]
+                    calls = [(keys[i].pair, ()) for i in chunk]
+                    answered = scripts.INSPECT.pipelined(node_client, calls)
+                    for i, reply in zip(chunk, answered, strict=True):
+                        replies[i] = reply
+            for i, reply in enumerate(replies):
+                if isinstance(reply, Exception):  # sent again alone: a slot may have moved
+                    replies[i] = scripts.INSPECT(client, keys[i].pair, ())
+        return [commands.lock_state(one, reply) for one, reply in zip(keys, replies, strict=True)]
 
     def force_release(
         self, key_or_name: str, *, holder: str | None = None, states: Collection[str] = ()
@@ -177,9 +178,8 @@ class LockSpace:
         by SCAN (``count``: the keys each SCAN call looks at); a lock may appear twice while
         the keyspace is rehashed."""
         with backend_errors("scan", "", f"for the locks under prefix {self.prefix!r}"):
-            # The pattern is escaped as a name is, so the '}' after it ends the name; the '*'
-            # after it matches a permit's ':s<k>' (and hashes that are not locks: left out).
-            # The prefix is matched literally: 'a*' must not find the locks of 'ab'.
+            # The pattern is escaped as a name is (the '}' after it ends the name), the prefix
+            # literally ('a*' must not find the locks of 'ab'); '*' matches a permit's ':s<k>'.
             match = f"{glob_escape(self.prefix)}:{{{escape_name(pattern)}}}*"
             for raw in self.client.scan_iter(match=match, count=count):
                 with contextlib.suppress(ValueError):
@@ -203,22 +203,13 @@ class LockSpace:
         args = (owner, field, value, round(max(min_lease, 0.0) * 1000), keep_ms)
         with bounded(self.backend_timeout), backend_errors("record", name):
             code, pttl = scripts.RECORD_IF_HELD(self.client, (keys.lock, keys.records(kind)), args)
-        return RecordReply(int(code) == 1, int(code) != 0, seconds(pttl))
+        return RecordReply(int(code) == 1, int(code) != 0, commands.seconds(pttl))
 
     def records(self, name: str, kind: str) -> dict[str, str]:
         """The ``kind`` records beside lock ``name`` (see :meth:`record_if_held`)."""
         with bounded(self.backend_timeout), backend_errors("read the records of", name):
             raw = self.client.hgetall(self.keys(name).records(kind))
         return {text(field): text(value) for field, value in raw.items()}
-
-    def server_time(self) -> float:
-        """The server's clock in Unix seconds (the local clock for a Redis Cluster client,
-        whose nodes answer one by one)."""
-        try:
-            unix, micros = self.client.time()
-            return float(unix) + float(micros) / 1e6
-        except Exception:  # a cluster answers per node; the local clock is close enough
-            return time.time()
 
 
 class NamedLock:
@@ -228,21 +219,18 @@ class NamedLock:
     __slots__ = ("_space", "keys", "name", "permits")
 
     def __init__(self, space: LockSpace, name: str, permits: int = 1) -> None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"name must be a non-empty str, got {name!r}")
         self._space = space
-        self.name = name
+        self.name = check_name(name)
         self.permits = check_permits(permits)
         self.keys = tuple(permit_keys(space.prefix, name, self.permits))
 
     def _owned(self, owner: str) -> list[int]:
-        """The permits ``owner`` holds (one round trip; none with one permit)."""
+        """The permits ``owner`` holds (a round trip with several permits)."""
         return [0] if self.permits == 1 else owned_by(self._space.client, self.keys, owner)
 
     def take(self, owner: str, lease: float, *, info: str = "", state: str = "") -> AcquireReply:
-        """Take or re-enter the lock (a permit) for ``owner`` with a lease of ``lease`` seconds;
-        another process acting as ``owner`` re-enters it. ``state`` labels the hold (on a
-        re-entry, ``""`` keeps its label)."""
+        """Take or re-enter the lock (a permit) for ``owner`` for ``lease`` seconds. ``state``
+        labels the hold (on a re-entry, ``""`` keeps its label)."""
         lease_ms = check_lease_ms(lease)
         client, keys = self._space.client, self.keys
 
@@ -255,7 +243,7 @@ class NamedLock:
             if len(keys) == 1:
                 reply = attempt(0)
             else:
-                reply = take(attempt, len(keys), owned_by(client, keys, owner))
+                reply = take_permit(attempt, len(keys), owned_by(client, keys, owner))
         if observe.observer is not None:
             if reply.acquired:
                 observe.observer.acquired(reply.hold_count > 1)
@@ -267,9 +255,8 @@ class NamedLock:
         self, owner: str, *, holds: int | None = None, retry_for: float = 0.0
     ) -> ReleaseReply:
         """Drop ``holds`` holds of ``owner`` (``None``: every one) on the permit it holds.
-        ``retry_for``: when Redis fails, raise :class:`LockBackendError` and also send the
-        release again in the background for up to that many seconds (to every permit, when it
-        failed while the owner's permit was looked for)."""
+        ``retry_for``: when Redis fails, also send the release again in the background for up
+        to that many seconds (to every permit, when the owner's could not be found)."""
         if holds is not None and (type(holds) is not int or holds < 1):
             raise ValueError(f"holds must be an int >= 1, or None for every hold, got {holds!r}")
         drop, client = holds or commands.ALL_HOLDS, self._space.client
@@ -279,9 +266,8 @@ class NamedLock:
             return release_owned(client, self.keys, owner, drop, retry_for)
 
     def park(self, owner: str, lease: float, *, info: str = "", state: str = "") -> bool:
-        """Keep ``owner``'s hold for ``lease`` seconds, unrenewed, its run token cleared, for a
-        later process of the owner (relabelled ``state`` unless empty); ``False`` when the
-        owner did not hold it."""
+        """Keep ``owner``'s hold for a later process of the owner (see
+        :meth:`ReentrantLock.park`); ``False`` when the owner did not hold it."""
         lease_ms = check_lease_ms(lease)
         client = self._space.client
         with bounded(self._space.backend_timeout):
@@ -299,29 +285,25 @@ class NamedLock:
         note: tuple[str, str] | None = None,
     ) -> bool:
         """:meth:`LockSpace.force_release` of each permit (of the one ``holder`` holds, when
-        given); whether any was released. ``note``: ``(kind, value)``, with ``holder``: a
-        note about that hold written in the same step (read by :meth:`note`), kept for as long
-        as the hold had lease left."""
-        client = self._space.client
-        written = None
+        given); whether any was released. ``note``: ``(kind, value)`` about ``holder``'s hold,
+        written in the same step and kept as long as the hold had lease left."""
+        client, written = self._space.client, None
         if note is not None:
             if not holder:
                 raise ValueError("a note is about one holder's hold: give the holder")
             written = (self.keys[0].note(note[0], holder), note[1])
         with bounded(self._space.backend_timeout):
             permits = self._owned(holder) if holder else range(self.permits)
+            who = holder or ""
             done = [
-                commands.force_release(
-                    client, self.keys[i], holder or "", states=states, note=written
-                )
+                commands.force_release(client, self.keys[i], who, states=states, note=written)
                 for i in permits
             ]
         return any(done)
 
     def note(self, kind: str, owner: str) -> str | None:
-        """The note of ``kind`` a release left about ``owner``'s hold (see
-        :meth:`force_release`), or ``None``: one ``HGET`` (a note is a hash of one field, ``v``,
-        written and read with the commands the documented ACL rule allows)."""
+        """The note of ``kind`` a release left about ``owner``'s hold, or ``None`` (a note is a
+        hash of one field, ``v``: commands the documented ACL rule allows)."""
         with bounded(self._space.backend_timeout), backend_errors("read a note beside", self.name):
             value = self._space.client.hget(self.keys[0].note(kind, owner), "v")
         return None if value is None else text(value)
@@ -359,7 +341,7 @@ class NamedLock:
         code, pttl = self._waiters(
             scripts.WAIT_PARK, "write a waiter beside", locks, waiter, record, keep_ms, flag
         )
-        return WaitReply(int(code) == 1, seconds(pttl))
+        return WaitReply(int(code) == 1, commands.seconds(pttl))
 
     def claim_waiter(self, waiter: str, token: str, mark: str) -> tuple[int, str]:
         """Claim the wait ``token`` of ``waiter`` for the wake-up ``mark``: :data:`CLAIMED`

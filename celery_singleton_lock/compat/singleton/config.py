@@ -8,7 +8,7 @@ from typing import Any
 
 from ... import LockedTask, LockSpace, MisconfiguredError
 from .._shared import dotted, seconds
-from .backends.redis import DEFAULT_KEY_PREFIX, RedisBackend
+from .backends import DEFAULT_KEY_PREFIX, RedisBackend
 
 __all__ = ["Config"]
 

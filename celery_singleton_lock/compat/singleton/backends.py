@@ -1,24 +1,48 @@
-"""celery-singleton's ``RedisBackend``, on this package's lock."""
+"""celery-singleton's ``backends`` module: ``BaseBackend`` (for code that names it),
+``RedisBackend`` on this package's lock, and ``get_backend(config)``, the app's backend."""
 
 from __future__ import annotations
 
 import itertools
 import re
-from typing import Any
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from .... import LockSpace
-from ..._shared import seconds
-from .base import BaseBackend
+from ... import LockSpace
+from .._shared import seconds
 
-__all__ = ["DEFAULT_KEY_PREFIX", "RedisBackend"]
+if TYPE_CHECKING:
+    from .config import Config
+
+__all__ = ["DEFAULT_KEY_PREFIX", "BaseBackend", "RedisBackend", "get_backend"]
 
 #: celery-singleton's ``singleton_key_prefix``, kept: migrated keys stay where operators look
 DEFAULT_KEY_PREFIX = "SINGLETONLOCK_"
 
 #: the lease of ``lock(expiry=None)`` (celery-singleton's "never"): every lock here has one
 UNSET_EXPIRY = 3600.0
+
+
+class BaseBackend(ABC):
+    """What celery-singleton asks of a lock store, by lock name."""
+
+    @abstractmethod
+    def lock(self, lock: str, task_id: str, expiry: float | None = None) -> bool:
+        """Take ``lock`` for ``task_id`` for ``expiry`` seconds; whether it was taken."""
+
+    @abstractmethod
+    def unlock(self, lock: str) -> None:
+        """Free ``lock``, whoever holds it."""
+
+    @abstractmethod
+    def get(self, lock: str) -> str | None:
+        """The task id holding ``lock``, or ``None``."""
+
+    @abstractmethod
+    def clear(self, key_prefix: str) -> None:
+        """Free every lock under ``key_prefix``."""
 
 
 class RedisBackend(BaseBackend):
@@ -59,3 +83,10 @@ class RedisBackend(BaseBackend):
                 for key in batch:
                     pipe.delete(key)
                 pipe.execute()
+
+
+def get_backend(config: Config) -> RedisBackend:
+    """The app's backend: the lock client and prefix its ``Singleton`` tasks use. Another
+    ``singleton_backend_class`` raises :class:`~celery_singleton_lock.MisconfiguredError`."""
+    config.check_backend_class()
+    return RedisBackend(space=config.space())
