@@ -2,9 +2,10 @@
 
 A reentrant, hash-based Redis lock (:class:`ReentrantLock`), renewed by one heartbeat thread
 per process, woken by push, fenced; on it a Celery ``Task`` base class (:class:`LockedTask`)
-and :func:`install` for tasks that cannot use it. :class:`LockSpace` and its
-:class:`NamedLock` act on locks held elsewhere. Every type a public method returns is
-importable from here; anything else is private.
+and :func:`install` for tasks that cannot use it. :class:`LockSpace` acts on locks held
+elsewhere, :class:`RateLimiter` admits N starts per period. Every type a public method returns
+is importable from here or, for the lock's typed replies and states, from
+:mod:`celery_singleton_lock.lock`; anything else is private.
 """
 
 from __future__ import annotations
@@ -26,22 +27,7 @@ from ._errors import (
     RateLimitExceededError,
     TaskLockedError,
 )
-from ._lock import (
-    AcquireReply,
-    LockKeys,
-    LockSpace,
-    LockState,
-    NamedLock,
-    Rate,
-    RateLimiter,
-    RateReply,
-    RateState,
-    RecordReply,
-    ReentrantLock,
-    ReleaseReply,
-    Semaphore,
-    WaitReply,
-)
+from ._lock import LockSpace, RateLimiter, ReentrantLock, Semaphore
 
 try:
     __version__ = version("celery-singleton-lock")
@@ -49,32 +35,22 @@ except PackageNotFoundError:  # pragma: no cover - imported from a checkout, not
     __version__ = "0+unknown"
 
 __all__ = [
-    "AcquireReply",
     "AlreadyQueuedError",
     "ChordDuplicateError",
     "LockBackendError",
     "LockError",
-    "LockKeys",
     "LockLostError",
     "LockNotOwnedError",
     "LockSpace",
-    "LockState",
     "LockTimeoutError",
     "LockedTask",
     "MisconfiguredError",
-    "NamedLock",
-    "Rate",
     "RateLimitExceededError",
     "RateLimited",
     "RateLimiter",
-    "RateReply",
-    "RateState",
-    "RecordReply",
     "ReentrantLock",
-    "ReleaseReply",
     "Semaphore",
     "TaskLockedError",
-    "WaitReply",
     "close",
     "install",
     "reload_settings",

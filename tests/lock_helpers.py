@@ -15,9 +15,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import LockKeys, ReentrantLock
+from celery_singleton_lock import ReentrantLock
 from celery_singleton_lock._lock import runtime
 from celery_singleton_lock._lock.runtime import publish_command
+from celery_singleton_lock.lock import LockKeys
 from celery_singleton_lock.testing import find_redis_server
 
 T = TypeVar("T")

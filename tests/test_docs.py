@@ -479,8 +479,11 @@ def test_the_api_reference_documents_the_public_names_only() -> None:
     of the public modules (``beat``, ``metrics``, ``testing``, ``web`` and its mounts), each one
     they export, each under its public path (never a private module's)."""
     import celery_singleton_lock
+    import celery_singleton_lock.lock
 
     public = {getattr(celery_singleton_lock, name): name for name in celery_singleton_lock.__all__}
+    lock_types = celery_singleton_lock.lock
+    public.update({getattr(lock_types, name): name for name in lock_types.__all__})
     text = _page("api.md")
     documented = set()
     for path in re.findall(r"^::: ([\w.]+)$", text, re.M):
@@ -506,7 +509,7 @@ def test_the_api_reference_documents_the_public_names_only() -> None:
                 "celery_singleton_lock.web.django.make_urlpatterns",
                 "celery_singleton_lock.web.django.add_to_admin",
             }, path
-    assert documented == set(celery_singleton_lock.__all__)
+    assert documented == set(celery_singleton_lock.__all__) | set(lock_types.__all__)
     for module in ("metrics", "testing", "web"):
         block = text[text.index(f"::: celery_singleton_lock.{module}") :]
         members = re.findall(r"^        - (\w+)$", block.split(":::", 2)[1], re.M)

@@ -18,8 +18,9 @@ import redis
 from lock_helpers import wait_until
 from redis.crc import key_slot
 
-from celery_singleton_lock import LockSpace, Rate, RateLimiter, RateReply, ReentrantLock
+from celery_singleton_lock import LockSpace, RateLimiter, ReentrantLock
 from celery_singleton_lock._lock import RateKeys, scripts
+from celery_singleton_lock.lock import Rate, RateReply
 from celery_singleton_lock.testing import RedisServer
 
 FORK = multiprocessing.get_context("fork")

@@ -22,7 +22,6 @@ from redis.retry import Retry
 
 from celery_singleton_lock import (
     LockBackendError,
-    LockKeys,
     LockLostError,
     LockNotOwnedError,
     LockSpace,
@@ -31,6 +30,7 @@ from celery_singleton_lock import (
     Semaphore,
 )
 from celery_singleton_lock._lock.runtime import LockRuntime
+from celery_singleton_lock.lock import LockKeys
 from celery_singleton_lock.testing import RedisServer
 
 FORK = multiprocessing.get_context("fork")

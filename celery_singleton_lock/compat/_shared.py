@@ -8,7 +8,8 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from .. import LockedTask, LockKeys, reload_settings
+from .. import LockedTask, reload_settings
+from ..lock import LockKeys
 
 __all__ = ["adopt_defaults", "dotted", "lock_name", "peer_option_errors", "seconds"]
 

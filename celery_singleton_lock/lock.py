@@ -1,0 +1,43 @@
+"""The lock on its own, for code that uses it without Celery: the lock classes (also importable
+from :mod:`celery_singleton_lock`) and every type their methods return.
+
+:class:`ReentrantLock` (and :class:`Semaphore`, N holders at once) is a hold this process keeps
+and renews; :class:`LockSpace` and its :class:`NamedLock` act on holds kept elsewhere (an
+operator's view); :class:`RateLimiter` admits at most N starts per period (:class:`Rate`).
+"""
+
+from __future__ import annotations
+
+from ._lock import (
+    AcquireReply,
+    LockKeys,
+    LockSpace,
+    LockState,
+    NamedLock,
+    Rate,
+    RateLimiter,
+    RateReply,
+    RateState,
+    RecordReply,
+    ReentrantLock,
+    ReleaseReply,
+    Semaphore,
+    WaitReply,
+)
+
+__all__ = [
+    "AcquireReply",
+    "LockKeys",
+    "LockSpace",
+    "LockState",
+    "NamedLock",
+    "Rate",
+    "RateLimiter",
+    "RateReply",
+    "RateState",
+    "RecordReply",
+    "ReentrantLock",
+    "ReleaseReply",
+    "Semaphore",
+    "WaitReply",
+]
