@@ -154,6 +154,35 @@ def own_request_path(key: str) -> str:
     return key
 
 
+@app_task(app, base=LockedTask, name="classes.calls_itself", bind=True)
+def calls_itself(self: Any, key: str, depth: int) -> list[Any]:
+    """Its body calls the task itself, as a function: a nested call inside its own run."""
+    held = [self.is_locked(key, depth), self.lock is not None]
+    if depth == 0:
+        return held
+    return [*held, *calls_itself(key, depth - 1)]
+
+
+@app_task(app, base=LockedTask, name="classes.calls_itself_publish", bind=True, lock_at="publish")
+def calls_itself_publish(self: Any, key: str, depth: int) -> list[Any]:
+    held = [self.is_locked(key, depth), self.lock is not None]
+    if depth == 0:
+        return held
+    return [*held, *calls_itself_publish(key, depth - 1)]
+
+
+@pytest.mark.parametrize("task", [calls_itself, calls_itself_publish], ids=["run", "publish"])
+def test_a_task_that_calls_itself_in_its_body_runs_the_call_as_a_function(
+    env: CeleryEnv, task: Any
+) -> None:
+    """The nested call of a plain ``LockedTask`` (whose ``__call__`` goes straight to the body)
+    neither takes a lock nor is refused (it is no run: ``self.lock`` is ``None`` inside it);
+    the run's lock is the outer call's, freed at the end."""
+    key = uuid.uuid4().hex
+    assert task.delay(key, 1).get(timeout=10) == [True, True, False, False]
+    wait_until(lambda: not task.is_locked(key, 1), 5)
+
+
 def runs_once_in_context(env: CeleryEnv, task: Any, expected: str) -> None:
     """The first run's body sees its context and holds the lock; a duplicate published while
     it runs is skipped, not run."""

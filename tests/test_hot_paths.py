@@ -15,13 +15,19 @@ import pytest
 import redis
 import redis.retry
 from celery import Celery
+from hypothesis import given
+from hypothesis import strategies as st
 
 from celery_singleton_lock import LockSpace, ReentrantLock, reload_settings
 from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._celery.hold import HOST, holder_info
+from celery_singleton_lock._celery.modes.publish import queue_lease
+from celery_singleton_lock._celery.taskkey import _KEY_JSON, _plain_json, canonical
 from celery_singleton_lock._lock import DeadlineRetry
+from celery_singleton_lock._lock.checks import check_duration, check_lease_ms, check_wait
 from celery_singleton_lock._lock.keys import LockKeys
 from celery_singleton_lock._lock.runtime import LockRuntime
+from celery_singleton_lock._lock.semaphore import check_permits
 from celery_singleton_lock.testing import RedisServer
 
 #: LockConfig's attributes with nothing configured
@@ -267,3 +273,81 @@ def test_keys_made_for_a_name_are_the_dataclass_they_say(name: str, slot: int) -
     assert LockKeys.from_lock_key(keys.lock) == keys
     with pytest.raises(dataclasses.FrozenInstanceError):
         keys.name = "other"  # type: ignore[misc]
+
+
+#: argument values of every JSON type, and of the types the canonical form writes its own way
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@given(st.dictionaries(st.text(), _VALUES, max_size=5))
+def test_the_plain_arguments_text_is_the_encoder_s(arguments: dict[str, Any]) -> None:
+    """A lock name's arguments written without the JSON encoder (strings, ints, booleans,
+    ``None``) are the encoder's text of their canonical form, and anything else is left to
+    the encoder: a publisher and a worker of either way make the same key."""
+    text = _plain_json(arguments)
+    plain = (str, int, bool, type(None))
+    assert (text is None) == any(type(v) not in plain for v in arguments.values())
+    if text is not None:
+        encoded = {name: canonical(value, name) for name, value in arguments.items()}
+        assert text == _KEY_JSON(sorted(encoded.items()))
+
+
+_NUMBERS = st.one_of(
+    st.integers(min_value=-(10**12), max_value=10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, 0.0, 0.001, 0.0009, 1, 10 * 365 * 24 * 3600, 10 * 365 * 24 * 3600 + 1]),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=2),
+)
+
+
+def _outcome(check: Any, value: object) -> object:
+    try:
+        return check(value)
+    except (TypeError, ValueError) as exc:
+        return type(exc), str(exc)
+
+
+@given(_NUMBERS)
+def test_the_quick_checks_answer_as_the_general_one(value: object) -> None:
+    """A lease, a wait and a permit count checked the quick way are accepted, converted or
+    refused (with the same words) as the general check does."""
+    general_lease = _outcome(
+        lambda v: round(
+            check_duration(
+                v,
+                "lease",
+                minimum=0.001,
+                include_minimum=True,
+                too_long=(
+                    ": a lease is how long a lock outlives a holder that died; keep it short "
+                    "and let the heartbeat renew it"
+                ),
+            )
+            * 1000
+        ),
+        value,
+    )
+    assert _outcome(check_lease_ms, value) == general_lease
+    general_wait = _outcome(
+        lambda v: check_duration(
+            v, "timeout", include_minimum=True, maximum=None, allow_none=True, example="10"
+        ),
+        value,
+    )
+    assert _outcome(check_wait, value) == general_wait
+    if not isinstance(value, bool) and isinstance(value, int) and value >= 1:
+        assert check_permits(value) == value
+    else:
+        with pytest.raises((TypeError, ValueError), match="permits must be an int >= 1"):
+            check_permits(value)
+
+
+@pytest.mark.parametrize("ttl", [3600, 3600.0, 0.5, 10 * 365 * 24 * 3600 + 5])
+def test_the_queue_lease_of_a_plain_call_is_its_ttl(ttl: float) -> None:
+    assert queue_lease(ttl) == queue_lease(ttl, countdown=0) == min(ttl, 10 * 365 * 24 * 3600)

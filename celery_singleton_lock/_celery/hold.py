@@ -19,6 +19,8 @@ from contextlib import suppress
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, NamedTuple, Protocol
 
+from celery.app.task import Context
+
 from .._lock import NamedLock
 from .counts import count
 from .lifecycle import HoldState
@@ -123,7 +125,9 @@ class MessageLock(NamedTuple):
     @classmethod
     def of(cls, headers: Any) -> MessageLock | None:
         """The lock a message's headers name (a mapping, or a worker's request), or ``None``."""
-        get = getattr(headers, "get", None)
+        # A worker's request keeps the headers as attributes: read them there (a run reads
+        # them once, its Context's get() is a getattr per header).
+        get = vars(headers).get if type(headers) is Context else getattr(headers, "get", None)
         if get is None:
             return None
         name = get(HEADER)

@@ -188,9 +188,12 @@ def run_locked(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     body: Callable[..., Any],
+    *,
+    body_is_run: bool = False,
 ) -> Any:
     """``body(*args, **kwargs)`` (the rest of the class's ``__call__`` chain) under the job's
-    lock: ``LockedTask.__call__``."""
+    lock: ``LockedTask.__call__``. ``body_is_run``: ``body`` is the task's body itself (no
+    ``__call__`` of the chain in between), which the run is marked as having reached."""
     mode = task.locking.mode
     try:
         run = _runs[request] = mode.enter(task, request, args, kwargs)
@@ -199,6 +202,8 @@ def run_locked(
     except BaseException as exc:
         mode.failed_before_body(task, request, args, kwargs, exc)
         raise
+    if body_is_run:
+        run.body_started = True
     if run.lock is None and run.turn is None:
         return body(*args, **kwargs)
     try:

@@ -227,6 +227,10 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             return super().__call__(*args, **kwargs)  # a plain function call
         run = current_run(request)
         if run is None:
+            if type(self).next_call is None:
+                # The body itself comes next (see _call_past_locked_task): run_locked marks the
+                # run's body started as it calls it, without looking the run up again.
+                return run_locked(self, request, args, kwargs, self.run, body_is_run=True)
             return run_locked(self, request, args, kwargs, self._call_past_locked_task)
         if not run.body_started:
             # the run's own __call__ chain, on its way to the body (a base class's __call__

@@ -94,6 +94,8 @@ def check_duration(
 
 def check_wait(value: object, parameter: str = "timeout") -> float | None:
     """A wait in seconds: ``None`` (no bound) or a number >= 0."""
+    if type(value) in (int, float) and 0 <= value < math.inf:  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]  # the common case (a try per job)
     return check_duration(
         value, parameter, include_minimum=True, maximum=None, allow_none=True, example="10"
     )
@@ -113,6 +115,10 @@ def check_backend_timeout(value: object, parameter: str = "backend_timeout") -> 
 
 def check_lease_ms(value: object, parameter: str = "lease") -> int:
     """A lease in seconds, at least a millisecond, as whole milliseconds."""
+    # The common case without check_duration's keywords (a lease is checked per job); its
+    # test is check_duration's, which words the error of any other value.
+    if type(value) in (int, float) and 0.001 <= value <= MAX_LEASE_SECONDS:  # type: ignore[operator]
+        return round(value * 1000)  # type: ignore[operator]
     seconds = check_duration(
         value,
         parameter,

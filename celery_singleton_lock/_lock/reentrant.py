@@ -180,7 +180,13 @@ class ReentrantLock:
                 hold.set_lease(self._ttl, self._renew)  # nobody holds it: this object's lease
                 try:
                     attempt = self._attempt(runtime, hold)
-                    reply = runtime.wait_for(self._keys.channel, deadline, attempt, self._quiet)
+                    if wait == 0.0:
+                        # One try (a run's start): what wait_for does for it, without the loop.
+                        reply = attempt(False)
+                        if not (reply.acquired or self._quiet) and observe.observer is not None:
+                            observe.observer.refused()
+                    else:
+                        reply = runtime.wait_for(self._keys.channel, deadline, attempt, self._quiet)
                 except BaseException:
                     holds.forget(hold)
                     raise

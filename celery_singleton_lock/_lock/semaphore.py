@@ -24,6 +24,8 @@ from .runtime import LockRuntime
 
 def check_permits(permits: object) -> int:
     """``permits`` when it is an int >= 1 (not a bool), else an error naming ``permits``."""
+    if type(permits) is int and permits >= 1:  # (every lock of a job checks its permits)
+        return permits
     message = f"permits must be an int >= 1 (how many may hold at once), got {permits!r}"
     if isinstance(permits, bool) or not isinstance(permits, int):
         raise TypeError(message)
@@ -34,6 +36,8 @@ def check_permits(permits: object) -> int:
 
 def permit_keys(prefix: str, name: str, permits: int) -> list[LockKeys]:
     """The keys of permits 1..``permits`` of ``name``, in order."""
+    if permits == 1:  # a lock of one permit (most): no loop
+        return [LockKeys.for_name(prefix, name)]
     return [LockKeys.for_name(prefix, name, k) for k in range(1, permits + 1)]
 
 

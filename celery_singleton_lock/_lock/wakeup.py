@@ -2,8 +2,10 @@
 
 The last release of a lock publishes on its channel (``prefix:{name}:wake``; ``SPUBLISH`` on
 Redis Cluster, so the message stays on the lock's shard); every permit of a name shares it. A
-process subscribes to a channel only while one of its threads waits for that lock, and its
-waiting threads share the subscription: one reads the socket while the others sleep on a
+process subscribes to a channel while one of its threads waits for that lock, and for a moment
+after (:data:`KEEP_SUBSCRIBED`: the next wait for a contended lock comes soon, and finds its
+subscription made; the last waiter to leave, on its way out of a hand-off, does nothing more).
+Its waiting threads share the subscription: one reads the socket while the others sleep on a
 condition. A release wakes one waiting thread of the process (it frees the lock for one
 holder); a woken thread that leaves without trying passes its wake-up on. A lost message costs
 a waiter at most the holder's remaining lease: every wait is bounded by it.
@@ -12,12 +14,13 @@ a waiter at most the holder's remaining lease: every wait is bounded by it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from redis import exceptions as errors
 
@@ -40,12 +43,32 @@ KEEP_IDLE = 2
 CONTENDED_FOR = 10.0
 #: how long a waiter waits for its SUBSCRIBE to be confirmed before it polls by lease instead
 SUBSCRIBE_TIMEOUT = 2.0
+#: seconds a subscription nobody waits on is kept for the next wait on its channel; the
+#: client's lane ends it at its next sweep after that (:data:`SWEEP_EVERY`), so it goes within
+#: about a second
+KEEP_SUBSCRIBED = 0.5
+#: how often the lane looks for subscriptions to end while this process has any
+SWEEP_EVERY = 0.5
 
 #: what Subscription._read saw
 _NOTHING, _RELEASE, _BROKEN = 0, 1, 2
+#: numbers the PINGs that empty a kept subscription (:meth:`WakeHub._drained`)
+_pings = itertools.count(1)
 
-#: ``background(call, what, give_up_after)``: runs ``call`` soon on the client's lane
-Background = Callable[[Callable[[], None], str, float], None]
+
+class Background(Protocol):
+    """``background(call, what, give_up_after)``: runs ``call`` soon on the client's lane (no
+    sooner than ``delay`` s from now; ``quiet``: no log line when done)."""
+
+    def __call__(
+        self,
+        call: Callable[[], None],
+        what: str,
+        give_up_after: float,
+        *,
+        delay: float = 0.0,
+        quiet: bool = False,
+    ) -> None: ...
 
 
 class Subscription:
@@ -65,6 +88,8 @@ class Subscription:
         #: the subscription failed: its waiters poll by lease until they leave
         self.broken = False
         self._reading = False
+        #: when its last waiter left (monotonic), while it is kept for the next wait
+        self.idle_since: float | None = None
 
     def wait(self, timeout: float) -> bool:
         """Sleep until a release wakes this thread (``True``: try the lock again, or pass the
@@ -218,6 +243,8 @@ class WakeHub:
         self._subscriptions: dict[str, Subscription] = {}
         self._idle: list[Any] = []
         self._closed = False
+        #: a sweep of the subscriptions nobody waits on is due on the lane
+        self._sweeping = False
         #: wake-up messages read (observed by tests)
         self.received = 0
 
@@ -227,26 +254,41 @@ class WakeHub:
 
     @property
     def channels(self) -> list[str]:
+        """The channels a thread of this process waits on now."""
         with self._mutex:
-            return list(self._subscriptions)
+            return [channel for channel, sub in self._subscriptions.items() if sub.waiters > 0]
 
     def join(self, channel: str) -> Subscription:
-        """Join the waiters of ``channel``; the first one subscribes (confirmed before it
-        returns, so a release after this call is heard)."""
+        """Join the waiters of ``channel``; the first one subscribes, or takes the subscription
+        kept from the last wait and drops what it heard meanwhile (either way before it
+        returns, so a release after this call is heard, and none before it)."""
         pubsub = None
+        kept = None
         with self._mutex:
             sub = self._subscriptions.get(channel)
-            first = sub is None
+            first = sub is None or sub.waiters == 0
             if sub is None:
                 sub = self._subscriptions[channel] = Subscription(self, channel)
                 pubsub = self._idle.pop() if self._idle else None
+            elif sub.waiters == 0:  # kept: the others wait for it as for a new subscription
+                kept, sub.pubsub, sub.idle_since, sub.wakeups = sub.pubsub, None, None, 0
             sub.waiters += 1
+            sweep = first and not self._sweeping
+            self._sweeping = self._sweeping or sweep
+        if sweep:  # (the start of a wait: not a hand-off's path)
+            self._background(
+                self._sweep, "end the wake-up subscriptions nobody waits on", 60.0,
+                delay=SWEEP_EVERY, quiet=True,
+            )  # fmt: skip
         if not first:
             with sub.cond:  # the first waiter is still subscribing: wait for it, not longer
                 sub.cond.wait_for(lambda: sub.pubsub is not None or sub.broken, SUBSCRIBE_TIMEOUT)
             return sub
         try:
-            pubsub = self._subscribe(pubsub, channel)
+            if kept is not None:
+                pubsub = self._drained(kept, channel)
+            if pubsub is None or kept is None:
+                pubsub = self._subscribe(pubsub, channel)
         except Exception as exc:
             log.warning(
                 "cannot subscribe to %s (%s: %s); its waiters poll by lease",
@@ -264,27 +306,47 @@ class WakeHub:
         return sub
 
     def leave(self, sub: Subscription, *, woken: bool = False) -> None:
-        """Leave the waiters of ``sub``; the last one ends it. ``woken``: the thread took a
-        wake-up it did not use, which goes to the next waiter. The UNSUBSCRIBE goes from the
-        client's lane: sent here it would delay every hand-off by a send."""
+        """Leave the waiters of ``sub``; the last one keeps it for the next wait on its
+        channel, and the client's lane ends it :data:`KEEP_SUBSCRIBED` s later unless a wait
+        took it. ``woken``: the thread took a wake-up it did not use, which goes to the next
+        waiter. Nothing is sent or handed over here: the last waiter leaves on its way out of
+        an acquire, and anything more would delay every hand-off."""
         with self._mutex:
             sub.waiters -= 1
             if sub.waiters > 0:
                 if woken:
                     sub.pass_on()
                 return
+            if not sub.broken and sub.pubsub is not None:
+                sub.idle_since = time.monotonic()
+                return
             del self._subscriptions[sub.channel]
-        pubsub = sub.pubsub
-        if pubsub is None:
-            return
-        if sub.broken:
-            _close(pubsub)
-            return
-        self._background(
-            lambda: self._unsubscribe(pubsub, sub.channel),
-            f"unsubscribe from {sub.channel}",
-            SUBSCRIBE_TIMEOUT,
-        )
+        if sub.pubsub is not None:
+            _close(sub.pubsub)  # broken: not worth keeping
+
+    def _sweep(self) -> None:
+        """On the client's lane: end the subscriptions nobody has waited on for
+        :data:`KEEP_SUBSCRIBED` s (their connections kept idle for the next waits, up to
+        ``keep_idle``); sweep again later while the process has any."""
+        now = time.monotonic()
+        with self._mutex:
+            ended = [
+                sub
+                for sub in self._subscriptions.values()
+                if sub.waiters == 0
+                and sub.idle_since is not None
+                and now - sub.idle_since >= KEEP_SUBSCRIBED
+            ]
+            for sub in ended:
+                del self._subscriptions[sub.channel]
+            again = self._sweeping = bool(self._subscriptions) and not self._closed
+        for sub in ended:
+            self._unsubscribe(sub.pubsub, sub.channel)
+        if again:
+            self._background(
+                self._sweep, "end the wake-up subscriptions nobody waits on", 60.0,
+                delay=SWEEP_EVERY, quiet=True,
+            )  # fmt: skip
 
     def close(self) -> None:
         """Close every connection of the hub (its client is gone)."""
@@ -315,6 +377,44 @@ class WakeHub:
                         self._idle.append(pubsub)
                         return
         _close(pubsub)
+
+    def _drained(self, pubsub: Any, channel: str) -> Any:
+        """The kept subscription ``pubsub`` of ``channel``, emptied of what it heard while
+        nobody waited (a release before this wait is no wake-up for it): a PING of its own on
+        the connection, and everything read before its answer dropped. The answer also says
+        the subscription is live (a connection that broke meanwhile was made again and
+        subscribed again by redis-py, in order, before it). ``None``, closed, when the
+        connection fails (the caller subscribes afresh). A cluster's sharded subscription has
+        no connection of its own to PING: what it has buffered is dropped."""
+        try:
+            if self.sharded:
+                while self._raw(pubsub, 0.0) is not None:
+                    pass
+                return pubsub
+            token = f"csl-kept-{next(_pings)}"
+            pubsub.ping(token)
+            deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no answer to the PING of the kept subscription {channel}")
+                reply = self._raw(pubsub, left)
+                if reply is None:
+                    continue
+                if isinstance(reply, (bytes, str)):  # RESP3: the PING's answer alone
+                    if _bytes(reply) == token.encode():
+                        return pubsub
+                    continue
+                kind = _bytes(reply[0])
+                if kind == b"pong":
+                    if _bytes(reply[1]) == token.encode():
+                        return pubsub
+                elif kind not in (b"message", b"smessage"):  # a resubscription's confirmation
+                    pubsub.handle_message(reply, ignore_subscribe_messages=False)
+        except Exception as exc:
+            log.info("the kept subscription to %s failed (%s); subscribing again", channel, exc)
+            _close(pubsub)
+            return None
 
     def _subscribe(self, pubsub: Any, channel: str) -> Any:
         if pubsub is None:

@@ -49,6 +49,8 @@ def queue_lease(
 ) -> float:
     """How long a message's lock is held while it waits: until it expires (at least 1 s), or
     its delay plus ``queue_ttl``; at most the longest lease the lock takes."""
+    if expires is None and eta is None and countdown is None:  # most calls: the TTL alone
+        return min(0.0 + queue_ttl, MAX_LEASE_SECONDS)
     until_expiry = seconds_until(expires)
     if until_expiry is not None:
         return min(max(until_expiry, 1.0), MAX_LEASE_SECONDS)
@@ -108,6 +110,9 @@ class PublishMode(RunMode):
         and return (or raise) the holder's."""
         locking = task.locking
         app = task.app
+        # The retry of the run in progress sends that run's id; a call that names no id is a
+        # new one (and reading the current request costs more than the rest of this test).
+        retry = bool(task_id) and task_id == task.request.id
         task_id = task_id or str(uuid.uuid4())
         name = self.message_lock(locking.lock_name(task.name, args, kwargs))
         if self.rate is not None and self.rate.asks:
@@ -122,7 +127,6 @@ class PublishMode(RunMode):
             options.get("eta"),
             options.get("countdown"),
         )
-        retry = task_id == task.request.id  # the retry of the run in progress
         info = holder_info(task.name, task_id, self.message_permits)
         state = self.retry_state(options) if retry else AT_PUBLISH
         bound = locking.bound(app)
