@@ -8,12 +8,22 @@ operator's view); :class:`RateLimiter` admits at most N starts per period (:clas
 
 from __future__ import annotations
 
-from ._lock.commands import AcquireReply, LockState, ReleaseReply
-from ._lock.keys import LockKeys
-from ._lock.rate import Rate, RateLimiter, RateReply, RateState
-from ._lock.reentrant import ReentrantLock
-from ._lock.semaphore import Semaphore
-from ._lock.space import LockSpace, NamedLock, RecordReply, WaitReply
+from ._lock import (
+    AcquireReply,
+    LockKeys,
+    LockSpace,
+    LockState,
+    NamedLock,
+    Rate,
+    RateLimiter,
+    RateReply,
+    RateState,
+    RecordReply,
+    ReentrantLock,
+    ReleaseReply,
+    Semaphore,
+    WaitReply,
+)
 
 __all__ = [
     "AcquireReply",
