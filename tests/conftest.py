@@ -57,7 +57,7 @@ from browser_fixtures import (
     skip_without_a_browser,
 )
 from celery import Celery
-from celery_fixtures import CeleryEnv, celery_env, close_apps, running_worker, track
+from celery_fixtures import DB_LOCKS, CeleryEnv, celery_env, close_apps, running_worker, track
 from celery_procs import close_app, redis_base
 
 from celery_singleton_lock import reload_settings
@@ -100,6 +100,16 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture
+def locks(redis_server: RedisServer) -> Iterator[Any]:
+    """The session server's lock database (``DB_LOCKS``), emptied first: what the web page's
+    tests read and write (a module may define its own)."""
+    client = redis_server.client(db=DB_LOCKS)
+    client.flushdb()
+    yield client
+    client.close()
 
 
 @pytest.fixture

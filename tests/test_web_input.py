@@ -8,7 +8,6 @@ the page did shows in its success banner (a crafted ``?done=`` or cookie shows n
 from __future__ import annotations
 
 import http.client
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -22,14 +21,6 @@ from celery_singleton_lock.web import CallableAccess, LocksWeb, TokenAccess, mak
 from celery_singleton_lock.web.messages import MAX_FORM_BYTES
 
 TOKEN = "a-token-of-twenty-chars"
-
-
-@pytest.fixture
-def locks(redis_server: RedisServer) -> Iterator[Any]:
-    client = redis_server.client(db=DB_LOCKS)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 def page(redis_server: RedisServer, **options: Any) -> LocksWeb:

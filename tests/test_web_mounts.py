@@ -35,14 +35,6 @@ def held_by(client: Any, key: str) -> str | None:
 
 
 @pytest.fixture
-def locks(redis_server: RedisServer) -> Iterator[Any]:
-    client = redis_server.client(db=DB_LOCKS)
-    client.flushdb()
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def celery_app(redis_server: RedisServer) -> Iterator[Celery]:
     made = new_app("webmount")
     configure(made, redis_server)

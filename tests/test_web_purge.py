@@ -6,10 +6,8 @@ run that started since the page's read keeps its lock, as with ``celery locks pu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from celery_fixtures import DB_LOCKS
 from web_helpers import Client, served, table_rows, text_of
 
@@ -19,14 +17,6 @@ from celery_singleton_lock.web import LocksWeb, TokenAccess, make_app
 from celery_singleton_lock.web.data import matches
 
 TOKEN = "a-token-of-twenty-chars"
-
-
-@pytest.fixture
-def locks(redis_server: RedisServer) -> Iterator[Any]:
-    client = redis_server.client(db=DB_LOCKS)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 def page(redis_server: RedisServer) -> LocksWeb:
