@@ -7,9 +7,10 @@ period, and their typed replies.
 
 Modules, bottom up: ``keys``, ``owner`` (tokens), ``checks`` (arguments, the client),
 ``deadline`` (one deadline per operation), ``scripts`` (lua/), ``observe`` (what it reports),
-``hold``, ``renewal`` (a client's renewal lane), ``subscription`` and ``wakeup`` (push wake-ups), ``runtime`` (all of
-those for one client and process, a Sentinel master followed), ``commands`` (one script call
-each), ``reentrant``, ``semaphore``, ``rate`` (a rate limiter), ``space``.
+``hold``, ``renewal`` (a client's renewal lane), ``subscription`` and ``wakeup`` (push
+wake-ups), ``runtime`` (all of those for one client and process, a Sentinel master followed),
+``commands`` (one script call each), ``reentrant``, ``semaphore``, ``rate`` (a rate limiter),
+``space``.
 """
 
 from __future__ import annotations

@@ -298,24 +298,20 @@ class WakeHub:
                 return pubsub
             token = f"csl-kept-{next(_pings)}"
             pubsub.ping(token)
-            deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no answer to the PING of the kept subscription {channel}")
-                reply = self._raw(pubsub, left)
-                if reply is None:
-                    continue
+            expected = token.encode()
+
+            def answered(reply: Any) -> bool:
                 if isinstance(reply, (bytes, str)):  # RESP3: the PING's answer alone
-                    if _bytes(reply) == token.encode():
-                        return pubsub
-                    continue
+                    return _bytes(reply) == expected
                 kind = _bytes(reply[0])
                 if kind == b"pong":
-                    if _bytes(reply[1]) == token.encode():
-                        return pubsub
-                elif kind not in (b"message", b"smessage"):  # a resubscription's confirmation
+                    return _bytes(reply[1]) == expected
+                if kind not in (b"message", b"smessage"):  # a resubscription's confirmation
                     pubsub.handle_message(reply, ignore_subscribe_messages=False)
+                return False
+
+            self._read_until(pubsub, answered, f"answer to the PING of the kept {channel}")
+            return pubsub
         except Exception as exc:
             log.info("the kept subscription to %s failed (%s); subscribing again", channel, exc)
             _close(pubsub)
@@ -337,22 +333,29 @@ class WakeHub:
                 pubsub.subscribe(channel)
             # Read up to our confirmation: on a reused connection the confirmations (and late
             # messages) of its earlier channel come first.
-            deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
             kind = b"ssubscribe" if self.sharded else b"subscribe"
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no confirmation of the subscription to {channel}")
-                reply = self._raw(pubsub, left)
-                if reply is None:
-                    continue
+
+            def confirmed(reply: Any) -> bool:
                 if not self.sharded:  # (get_sharded_message did its bookkeeping)
                     pubsub.handle_message(reply, ignore_subscribe_messages=False)
-                if _bytes(reply[0]) == kind and _bytes(reply[1]) == channel.encode():
-                    return pubsub
+                return _bytes(reply[0]) == kind and _bytes(reply[1]) == channel.encode()
+
+            self._read_until(pubsub, confirmed, f"confirmation of the subscription to {channel}")
+            return pubsub
         except BaseException:
             _close(pubsub)
             raise
+
+    def _read_until(self, pubsub: Any, done: Callable[[Any], bool], what: str) -> None:
+        """Read ``pubsub`` until ``done(reply)``, for :data:`SUBSCRIBE_TIMEOUT` s at most."""
+        deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {what}")
+            reply = self._raw(pubsub, left)
+            if reply is not None and done(reply):
+                return
 
     def _raw(self, pubsub: Any, timeout: float) -> Any:
         if self.sharded:
