@@ -66,6 +66,7 @@ def test_ten_thousand_mixed_tasks_leave_no_lock_and_no_thread(
         rng = random.Random(7)
         mixed, publish = app.tasks["fault.mixed"], app.tasks["fault.publish_work"]
         ids: list[str] = []
+        revoked: set[str] = set()
         for _ in range(TASKS):
             roll = rng.random()
             if roll < 0.1:
@@ -77,23 +78,30 @@ def test_ten_thousand_mixed_tasks_leave_no_lock_and_no_thread(
             ids.append(result.id)
             if roll > 0.98:
                 app.control.revoke(result.id)
+                revoked.add(result.id)
 
         # A publish-time duplicate returns the first task's result: ids has repeats.
         distinct = list(dict.fromkeys(ids))
 
+        def ended(task_id: str, state: str | None) -> bool:
+            """A final state; a RETRY is not (its retry is on its way), but for a task revoked
+            while it ran: Celery's worker marks its retry's message REVOKED as it arrives,
+            and the pool process that sent that retry may store its RETRY after that (Celery
+            guards only SUCCESS against being overwritten), seen under load."""
+            return state in FINAL or (state == "RETRY" and task_id in revoked)
+
         def finished() -> int:
-            """Tasks in a final state (a RETRY is not: its retry is on its way)."""
-            return sum(state in FINAL for state in task_states(results, distinct).values())
+            return sum(ended(i, state) for i, state in task_states(results, distinct).items())
 
         with contextlib.suppress(AssertionError):  # what is unfinished is said below
             wait_until(lambda: finished() >= len(distinct), 480, "every task to finish", 1.0)
         all_states = task_states(results, distinct)
         unfinished = Counter(
-            all_states.get(i, "no result") for i in distinct if all_states.get(i) not in FINAL
+            all_states.get(i, "no result") for i in distinct if not ended(i, all_states.get(i))
         )
         assert not unfinished, f"tasks never finished: {dict(unfinished)}; {worker.log()[-3000:]}"
         states = Counter(all_states.values())
-        assert set(states) == FINAL, states  # every kind of ending happened
+        assert set(states) - {"RETRY"} == FINAL, states  # every kind of ending happened
 
         # Only expiring records: no held lock, every key (meta hashes) with a TTL.
         space = LockSpace(locks)
