@@ -24,7 +24,6 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .access import CallableAccess
 from .app import LocksWeb, make_app
-from .messages import request_from_environ
 
 __all__ = ["add_to_admin", "login_url", "make_urlpatterns", "urlpatterns"]
 
@@ -111,13 +110,10 @@ def make_urlpatterns(
                 from django.contrib.auth.views import redirect_to_login
 
                 return redirect_to_login(request.get_full_path(), login_url())
+        post = request.method == "POST"
+        form = {k: request.POST.get(k, "") for k in request.POST} if post else {}
         environ = {**request.META, REQUEST: request}
-        full = request.path
-        mount = full[: len(full) - len(sub)] if sub else full
-        form = (
-            {k: request.POST.get(k, "") for k in request.POST} if request.method == "POST" else {}
-        )
-        answer = web().handle(request_from_environ(environ, sub, mount, form))
+        answer = web().handle_mounted(environ, request.path, sub, form)
         response = HttpResponse(answer.body, status=answer.status)
         for header, value in answer.headers:
             if header == "Set-Cookie":  # several (CSRF, outcome): Django keeps one per name

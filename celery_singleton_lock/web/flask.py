@@ -22,7 +22,6 @@ import flask
 
 from .access import CallableAccess
 from .app import make_app
-from .messages import request_from_environ
 
 __all__ = ["blueprint"]
 
@@ -56,10 +55,8 @@ def blueprint(
         # Flask's TRUSTED_HOSTS check, when the app sets it: a rebinding site's name is
         # refused (400) before the page reads or changes anything.
         request.host  # noqa: B018 - read for its check
-        full = request.path
-        mount = full[: len(full) - len(path)] if path and full.endswith(path) else full
-        form = {k: v for k, v in request.form.items()} if request.method == "POST" else {}
-        answer = web.handle(request_from_environ(request.environ, path, mount, form))
+        form = dict(request.form.items()) if request.method == "POST" else {}
+        answer = web.handle_mounted(request.environ, request.path, path, form)
         return flask.Response(answer.body, answer.status, answer.headers)
 
     methods = ["GET", "HEAD", "POST"]
