@@ -50,6 +50,14 @@ OUTCOME_COOKIE = "csl_done"
 OUTCOME_SECONDS = 60
 #: the characters of a key the banner shows at most
 SHOWN = 300
+#: the banner of each outcome code: only these texts are shown
+BANNERS = {
+    "released": "Released {}.",
+    "not-held": "{} was not held: nothing released.",
+    "reset": "Reset the rate limiter {}.",
+    "not-in-use": "The rate limiter {} was not in use: nothing reset.",
+    "purged": "Released {} lock(s).",
+}
 
 
 def printable(value: object, limit: int = 200) -> str:
@@ -166,8 +174,8 @@ class Outcomes:
         value = f"{payload}.{self._mac(payload)}"
         return cookie(OUTCOME_COOKIE, value, path, secure, OUTCOME_SECONDS)
 
-    def read(self, value: str) -> tuple[str, str] | None:
-        """``(code, detail)`` of a cookie this process signed, else ``None``."""
+    def banner(self, value: str) -> str | None:
+        """The banner of a cookie this process signed, else ``None``."""
         payload, _, mac = value.partition(".")
         if not payload or not hmac.compare_digest(mac.encode(), self._mac(payload).encode()):
             return None
@@ -176,4 +184,8 @@ class Outcomes:
             code, detail = json.loads(raw.decode("utf-8", "surrogatepass"))
         except ValueError:
             return None
-        return (code, detail) if isinstance(code, str) and isinstance(detail, str) else None
+        if not isinstance(code, str) or code not in BANNERS or not isinstance(detail, str):
+            return None
+        if not detail or (code == "purged" and not detail.isdecimal()):
+            return None
+        return BANNERS[code].format(detail)

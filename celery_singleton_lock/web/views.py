@@ -34,15 +34,6 @@ _templates = Environment(
 )
 #: a key longer than this is linked by its digest (a URL must stay short enough to send)
 LONG_KEY = 256
-#: the banner of each outcome code (a signed cookie's, :class:`.guard.Outcomes`): only these
-#: texts are shown
-_MESSAGES = {
-    "released": "Released {}.",
-    "not-held": "{} was not held: nothing released.",
-    "reset": "Reset the rate limiter {}.",
-    "not-in-use": "The rate limiter {} was not in use: nothing reset.",
-    "purged": "Released {} lock(s).",
-}
 
 
 class NotHeld(LookupError):
@@ -50,7 +41,8 @@ class NotHeld(LookupError):
 
 
 def duration(seconds: float | None) -> str:
-    """ "42.0 s", "3 m 05 s", "2 h 03 m"; "-" when unknown, "none" for no lease (-1)."""
+    """``seconds`` as "42.0 s", "3 m 05 s", "2 h 03 m"; "-" when unknown, "none" for no
+    lease (-1)."""
     if seconds is None:
         return "-"
     if seconds < 0:
@@ -133,15 +125,6 @@ def error_page(status: int, message: str) -> Response:
     return _render(status, "error.html", title=HTTPStatus(status).phrase, message=message)
 
 
-def _banner(web: LocksWeb, value: str) -> str | None:
-    done = web.outcomes.read(value)
-    if done is None or done[0] not in _MESSAGES or not done[1]:
-        return None
-    if done[0] == "purged" and not done[1].isdecimal():
-        return None
-    return _MESSAGES[done[0]].format(done[1])
-
-
 def listing(web: LocksWeb, request: Request, token: str) -> Response:
     """``GET ./``: the locks (filtered, sorted, one page), limiters, beat leaders, counts."""
     q, state = filters(request.query)
@@ -186,7 +169,7 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
         states=STATES,
         can_change=web.access.can_change(request.environ),
         purge_href="purge?" + urlencode(keep) if keep else "purge",
-        message=_banner(web, done) if done else None,
+        message=web.outcomes.banner(done) if done else None,
     )
     if done:  # shown once
         answer.headers.append(("Set-Cookie", cookie(OUTCOME_COOKIE, "", request.mount, False, 0)))
