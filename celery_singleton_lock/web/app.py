@@ -227,7 +227,7 @@ def make_app(
     elif not isinstance(access, Access):
         raise TypeError(f"access must be an Access (see TokenAccess), got {access!r}")
     if url is not None:
-        source = Source(bounds.url_client(url), prefixes or ["lock"], max_locks=max_locks)
+        source = Source(bounds.own_client(url), prefixes or ["lock"], max_locks=max_locks)
     else:
         from .._celery.config import LockConfig
         from .._ops.target import app_prefixes

@@ -63,34 +63,21 @@ def check_time(doing: str) -> None:
         )
 
 
-def _short_waits() -> dict[str, Any]:
+def own_client(client: Any) -> Any:
+    """A client of the same Redis as the app's ``client`` (or of a URL), with connections of
+    its own. A Sentinel, Cluster or other client the page cannot copy is used as it is: then
+    only the deadline bounds a request."""
+    import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    return {
-        "socket_timeout": SOCKET_SECONDS,
-        "socket_connect_timeout": SOCKET_SECONDS,
-        "retry": Retry(NoBackoff(), 0),
-    }
-
-
-def url_client(url: str) -> Any:
-    """The page's client of the Redis at ``url``."""
-    import redis
-
-    return redis.Redis.from_url(url, max_connections=4 * MAX_AT_ONCE, **_short_waits())
-
-
-def own_client(client: Any) -> Any:
-    """A client of the same Redis as the app's ``client``, with connections of its own. A
-    Sentinel, Cluster or other client the page cannot copy is used as it is: then only the
-    deadline bounds a request."""
-    import redis
-
+    if isinstance(client, str):
+        client = redis.Redis.from_url(client)
     pool = getattr(client, "connection_pool", None)
     if type(client) is not redis.Redis or type(pool) is not redis.ConnectionPool:
         return client
-    options = {**pool.connection_kwargs, **_short_waits()}
+    options = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
+    options.update(socket_timeout=SOCKET_SECONDS, socket_connect_timeout=SOCKET_SECONDS)
     own = redis.ConnectionPool(
         connection_class=pool.connection_class, max_connections=4 * MAX_AT_ONCE, **options
     )
@@ -164,10 +151,9 @@ class LimiterScan:
 
 class Shared(Generic[T]):
     """``read()``'s answer shared by every request: read by one request at a time (the others
-    wait for it, within their deadline), kept until the end of the clock's current period:
-    ``fresh`` seconds, doubled until it is at least twice as long as the read took. The
-    periods are the clock's, not the viewers': however many look, Redis is read once a
-    period at most. An error is not kept: the next request reads again."""
+    wait for it, within their deadline), kept until the end of the clock's current period
+    (``fresh`` seconds, doubled until at least twice what the read took), not the viewers':
+    however many look, Redis is read once a period at most. An error is not kept."""
 
     def __init__(self, read: Callable[[], T], fresh: float = 1.0) -> None:
         self._read, self.fresh = read, fresh
