@@ -66,15 +66,6 @@ class LocksWeb:
         self._at_once = threading.BoundedSemaphore(bounds.MAX_AT_ONCE)
         self.outcomes = Outcomes()
 
-    def allows_origin(self, request: Request, origin: str) -> bool:
-        """Whether ``origin`` (``scheme://host[:port]``) is one the page is served at: an
-        allowed name of the standalone server, else the scheme and host the framework that
-        mounts the page accepted."""
-        if self.hosts is not None:
-            return self.hosts.allows_origin(origin)
-        scheme = "https" if request.secure else "http"
-        return bool(request.host) and origin.lower() == f"{scheme}://{request.host}".lower()
-
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
     ) -> Iterable[bytes]:

@@ -164,24 +164,10 @@ def add_to_admin(
             from django.urls import reverse
 
             url = reverse(f"{site.name}:celery_singleton_lock_locks")
-            listed.append(
-                {
-                    "name": "Celery locks",
-                    "app_label": "celery_singleton_lock",
-                    "app_url": url,
-                    "has_module_perms": True,
-                    "models": [
-                        {
-                            "name": "Locks",
-                            "object_name": "Locks",
-                            "perms": {"view": True},
-                            "admin_url": url,
-                            "add_url": None,
-                            "view_only": True,
-                        }
-                    ],
-                }
-            )
+            locks: dict[str, Any] = {"name": "Locks", "object_name": "Locks", "add_url": None}
+            locks.update(admin_url=url, perms={"view": True}, view_only=True)
+            app = {"name": "Celery locks", "app_label": "celery_singleton_lock", "app_url": url}
+            listed.append({**app, "has_module_perms": True, "models": [locks]})
         return listed
 
     site.get_urls, site.get_app_list = get_urls, get_app_list

@@ -29,7 +29,6 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -39,6 +38,7 @@ from .messages import Request
 
 if TYPE_CHECKING:
     from .app import LocksWeb
+    from .serve import Hosts
 
 __all__ = ["CSRF_COOKIE", "OUTCOME_COOKIE", "Outcomes", "RefusalLog", "change_refused"]
 
@@ -117,18 +117,26 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else ""
 
 
-def csrf_problem(request: Request, allows: Callable[[str], bool]) -> str | None:
-    """Why a POST fails the CSRF check (``allows``: whether an origin is the page's own), or
-    ``None``."""
+def _is_own(origin: str, request: Request, hosts: Hosts | None) -> bool:
+    if hosts is not None:
+        return hosts.allows_origin(origin)
+    scheme = "https" if request.secure else "http"
+    return bool(request.host) and origin.lower() == f"{scheme}://{request.host}".lower()
+
+
+def csrf_problem(request: Request, hosts: Hosts | None) -> str | None:
+    """Why a POST fails the CSRF check, or ``None``; ``hosts``: the standalone server's names
+    (``None``: mounted)."""
     cookie_value, posted = request.cookies.get(CSRF_COOKIE), request.form.get("csrf", "")
     if not cookie_value or not posted:
         return "the form carries no CSRF token (reload the page and try again)"
     if not hmac.compare_digest(cookie_value.encode("utf-8"), posted.encode("utf-8")):
         return "the form's CSRF token does not match the cookie (reload the page and try again)"
     # Origin wins when present ("null" from a sandboxed frame is refused too).
-    if request.origin and not allows(request.origin):
+    if request.origin and not _is_own(request.origin, request, hosts):
         return "the request comes from another origin (its Origin is not one of the page's)"
-    if not request.origin and request.referer and not allows(origin_of(request.referer)):
+    referer = origin_of(request.referer)
+    if not request.origin and request.referer and not _is_own(referer, request, hosts):
         return "the request comes from another site (its Referer names another host)"
     return None
 
@@ -140,7 +148,7 @@ def change_refused(web: LocksWeb, request: Request, posted: bool) -> tuple[int, 
     status = HTTPStatus.FORBIDDEN
     why = None if access.can_change(environ) else "you may not release or purge locks"
     if why is None and posted:
-        why = csrf_problem(request, lambda origin: web.allows_origin(request, origin))
+        why = csrf_problem(request, web.hosts)
         wait = access.throttle.wait_left() if isinstance(access, TokenAccess) else 0.0
         if why is None and wait > 0:
             status = HTTPStatus.TOO_MANY_REQUESTS

@@ -24,6 +24,8 @@ class BadRequest(ValueError):
 
 @dataclass
 class Request:
+    """One request, as the page needs it."""
+
     method: str
     #: the path below the mount: "", "lock", "release" or "purge"
     path: str
@@ -44,6 +46,8 @@ class Request:
 
 @dataclass
 class Response:
+    """One answer: a status, a body and headers."""
+
     status: int
     body: bytes = b""
     headers: list[tuple[str, str]] = field(default_factory=list)
