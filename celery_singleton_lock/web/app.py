@@ -13,10 +13,9 @@ from redis.exceptions import RedisError
 
 from .._errors import LockError
 from .._lock import check_prefix, operation_deadline
-from . import bounds, views
+from . import bounds, guard, views
 from .access import Access, TokenAccess
 from .data import Source
-from .guard import CSRF_COOKIE, Outcomes, RefusalLog, cookie, new_csrf_token, printable, where
 from .messages import BadRequest, Request, Response, request_from_environ
 
 if TYPE_CHECKING:
@@ -62,9 +61,9 @@ class LocksWeb:
         #: the names the standalone server answers to (set by :func:`.serve.make_server`);
         #: ``None`` behind Flask or Django, whose own host checks apply
         self.hosts: Hosts | None = None
-        self.refusals = RefusalLog(log)
+        self.refusals = guard.RefusalLog(log)
         self._at_once = threading.BoundedSemaphore(bounds.MAX_AT_ONCE)
-        self.outcomes = Outcomes()
+        self.outcomes = guard.Outcomes()
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
@@ -83,10 +82,8 @@ class LocksWeb:
 
     def handle(self, request: Request) -> Response:
         """Route ``request``; every answer sets the CSRF cookie when it was missing."""
-        token = request.cookies.get(CSRF_COOKIE) or ""
-        fresh = not token
-        if fresh:
-            token = new_csrf_token()
+        fresh = not request.cookies.get(guard.CSRF_COOKIE)
+        token = guard.new_csrf_token() if fresh else request.cookies[guard.CSRF_COOKIE]
         if not self._at_once.acquire(blocking=False):
             # Beyond the bound, at once: a slow Redis must not pile up threads (open tabs
             # reload every few seconds).
@@ -102,7 +99,7 @@ class LocksWeb:
                 self._at_once.release()
         response.headers.extend(HEADERS)
         if fresh:
-            csrf_cookie = cookie(CSRF_COOKIE, token, request.mount, request.secure)
+            csrf_cookie = guard.cookie(guard.CSRF_COOKIE, token, request.mount, request.secure)
             response.headers.append(("Set-Cookie", csrf_cookie))
         return response
 
@@ -116,10 +113,10 @@ class LocksWeb:
         except views.NotHeld as exc:
             return views.error_page(HTTPStatus.NOT_FOUND, str(exc))
         except (LockError, RedisError) as exc:  # Redis down, slow or hung: say so, no traceback
-            log.warning("the locks page could not read Redis: %s", printable(exc, 500))
+            log.warning("the locks page could not read Redis: %s", guard.printable(exc, 500))
             return views.error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
         except Exception:  # anything else: the page's own 500, with its headers
-            log.exception("the locks page failed on a %s", printable(request.method))
+            log.exception("the locks page failed on a %s", guard.printable(request.method))
             return views.error_page(
                 HTTPStatus.INTERNAL_SERVER_ERROR,
                 "the page failed unexpectedly: its log (celery_singleton_lock.web) says why",
@@ -130,9 +127,9 @@ class LocksWeb:
         # rebinding site's (or a misdirected request), however it is sent.
         if self.hosts is not None and not self.hosts.allows_host(request.host):
             self.refusals.refused(
-                f"refused a {printable(request.method)} by "
+                f"refused a {guard.printable(request.method)} by "
                 f"{self.access.actor(request.environ)} for a Host the page does not answer to "
-                f"{where(request)}"
+                f"{guard.where(request)}"
             )
             return views.error_page(
                 HTTPStatus.MISDIRECTED_REQUEST,
@@ -146,12 +143,15 @@ class LocksWeb:
         if request.path not in ROUTES:
             return views.error_page(HTTPStatus.NOT_FOUND, f"no page {request.path!r} here")
         get, post = ROUTES[request.path]
-        if request.method in ("GET", "HEAD"):
-            return get(self, request, token)
-        if request.method == "POST" and post is not None:
-            return post(self, request)
-        allowed = "GET or POST only" if post else "GET only"
-        return views.error_page(HTTPStatus.METHOD_NOT_ALLOWED, allowed)
+        posted = request.method == "POST" and post is not None
+        if not posted and request.method not in ("GET", "HEAD"):
+            allowed = "GET or POST only" if post else "GET only"
+            return views.error_page(HTTPStatus.METHOD_NOT_ALLOWED, allowed)
+        # A change's confirmation and its POST: refused before anything is read or freed.
+        refused = guard.change_refused(self, request, posted) if post is not None else None
+        if refused is not None:
+            return views.error_page(*refused)
+        return post(self, request) if post is not None and posted else get(self, request, token)
 
 
 #: each path's GET view and POST view

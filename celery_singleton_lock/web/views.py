@@ -1,7 +1,6 @@
 """The pages: the list, one lock, the release and purge confirmations and their POSTs, and the
-error page. Query input is checked before Redis is read; a change is checked
-(:func:`.guard.change_refused`) before anything is freed, and logged naming who did it from
-where."""
+error page. Query input is checked before Redis is read; a change, checked before it comes
+here (:func:`.guard.change_refused`), is logged naming who did it from where."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from .._lock import Rate, RateKeys, RateState
 from .._ops.locks import LockView
 from .data import BEAT, DIGEST, LIMITER, STATES, digest, matches
-from .guard import OUTCOME_COOKIE, change_refused, cookie, printable, where
+from .guard import OUTCOME_COOKIE, cookie, printable, where
 from .messages import BadRequest, Request, Response, filters, paging
 
 if TYPE_CHECKING:
@@ -202,15 +201,8 @@ def lock_page(web: LocksWeb, request: Request, token: str) -> Response:
     )
 
 
-def _refused(web: LocksWeb, request: Request, posted: bool) -> Response | None:
-    refused = change_refused(web, request, posted)
-    return None if refused is None else error_page(*refused)
-
-
 def release_confirm(web: LocksWeb, request: Request, token: str) -> Response:
     """``GET ./release?key=KEY``: the confirm form naming the key, task and holder."""
-    if refused := _refused(web, request, posted=False):
-        return refused
     key = _key(web, request.query, "release?key=prefix:{name}")
     limiter = web.source.limiter_of(key)
     found = None if limiter is not None else web.source.lock(key)
@@ -237,8 +229,6 @@ def _done(web: LocksWeb, request: Request, code: str, detail: str) -> Response:
 
 def release_post(web: LocksWeb, request: Request) -> Response:
     """``POST ./release``: free the lock (or reset the limiter), log who did it, 303."""
-    if refused := _refused(web, request, posted=True):
-        return refused
     key, holder = _key(web, request.form, "the form's key field"), request.form.get("holder", "")
     result = web.source.release(key, holder or None)
     log.warning(
@@ -251,8 +241,6 @@ def release_post(web: LocksWeb, request: Request) -> Response:
 
 def purge_confirm(web: LocksWeb, request: Request, token: str) -> Response:
     """``GET ./purge?q=..&state=..``: the confirm form naming how many locks match."""
-    if refused := _refused(web, request, posted=False):
-        return refused
     q, state = filters(request.query)
     found = web.source.read(q, fresh=True)
     count = 0 if state == LIMITER else sum(matches(v, q, state) for v in found.locks)
@@ -272,8 +260,6 @@ def purge_confirm(web: LocksWeb, request: Request, token: str) -> Response:
 
 def purge_post(web: LocksWeb, request: Request) -> Response:
     """``POST ./purge``: free every lock the filter matches now, log who did it, 303."""
-    if refused := _refused(web, request, posted=True):
-        return refused
     q, state = filters(request.form)
     views = [] if state == LIMITER else web.source.read(q, fresh=True).locks
     freed = web.source.purge([v for v in views if matches(v, q, state)], state)
