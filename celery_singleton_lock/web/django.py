@@ -1,14 +1,10 @@
 """The locks page in a Django project: ``path("locks/", include("celery_singleton_lock.web.
-django"))``, or inside the Django admin with :func:`add_to_admin` (``admin/locks/``, linked
-from the admin's index). Staff only by default: a visitor not logged in is sent to the login page
-(``settings.LOGIN_URL`` when the project serves it, else the admin's login), a logged-in user who
-is not staff is refused (403); releases and purges are staff only too. :func:`make_urlpatterns`
-sets other rules.
-
-The Celery app is the setting ``CELERY_SINGLETON_LOCK_WEB_APP`` (``"proj.celery:app"``), else
-``celery.current_app``; ``CELERY_SINGLETON_LOCK_WEB_OPTIONS`` (a dict) gives
-:func:`~celery_singleton_lock.web.make_app`'s options. Django's CSRF middleware is not applied
-to these views: the page's own check (a double-submit cookie) is.
+django"))``, or inside the Django admin with :func:`add_to_admin`. Staff only by default (a
+visitor not logged in is sent to :func:`login_url`, a user not staff is refused);
+:func:`make_urlpatterns` sets other rules. The Celery app is the setting
+``CELERY_SINGLETON_LOCK_WEB_APP`` (``"proj.celery:app"``), else ``celery.current_app``;
+``CELERY_SINGLETON_LOCK_WEB_OPTIONS`` (a dict) gives
+:func:`~celery_singleton_lock.web.make_app`'s options.
 """
 
 from __future__ import annotations
@@ -99,6 +95,7 @@ def make_urlpatterns(
         options.update(make_app_options)
         return make_app(_celery_app(), access=access, **options)
 
+    # Django's CSRF middleware is not applied: the page's own check (guard) is.
     @csrf_exempt  # type: ignore[untyped-decorator]  # django: unannotated
     def page(request: Any, sub: str = "") -> HttpResponse:
         # Django's ALLOWED_HOSTS check, here whatever the middleware: a rebinding site's name

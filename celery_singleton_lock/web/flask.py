@@ -1,17 +1,4 @@
-"""The locks page in a Flask app, behind the app's own login::
-
-    from celery_singleton_lock.web.flask import blueprint
-
-    bp = blueprint(celery_app, can_view=lambda: current_user.is_authenticated,
-                   can_change=lambda: current_user.is_admin, actor=lambda: current_user.name)
-    flask_app.register_blueprint(bp, url_prefix="/locks")
-
-``can_view``, ``can_change`` (default: ``can_view``) and ``actor`` take no argument: they run
-in Flask's request context (``flask.session``, flask-login's ``current_user``). The page's
-own CSRF check applies to its POSTs. Set the app's ``TRUSTED_HOSTS`` to the names the site is
-served at: a request sent to another name (a DNS-rebinding site's) is then refused (400)
-before the page reads anything.
-"""
+"""The locks page in a Flask app, behind the app's own login (docs: "The locks page")."""
 
 from __future__ import annotations
 
@@ -36,7 +23,10 @@ def blueprint(
     **make_app_options: Any,
 ) -> flask.Blueprint:
     """A blueprint serving the locks page of ``celery_app`` (``make_app_options``: those of
-    :func:`~celery_singleton_lock.web.make_app` but ``access``)."""
+    :func:`~celery_singleton_lock.web.make_app` but ``access``). ``can_view``, ``can_change``
+    (default: ``can_view``) and ``actor`` take no argument: they run in Flask's request
+    context (``flask.session``, flask-login's ``current_user``). Set the app's
+    ``TRUSTED_HOSTS`` to the names the site is served at."""
     if not callable(can_view):
         raise TypeError(f"can_view must be a callable of no argument, got {can_view!r}")
     if "access" in make_app_options:
