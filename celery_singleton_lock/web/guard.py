@@ -99,9 +99,8 @@ class RefusalLog:
 def cookie(name: str, value: str, path: str, secure: bool, max_age: int | None = None) -> str:
     """A ``Set-Cookie`` value of the page (its path only, HttpOnly, SameSite=Strict)."""
     age = "" if max_age is None else f"; Max-Age={max_age}"
-    return f"{name}={value}; Path={path}{age}; HttpOnly; SameSite=Strict" + (
-        "; Secure" if secure else ""
-    )
+    https = "; Secure" if secure else ""
+    return f"{name}={value}; Path={path}{age}; HttpOnly; SameSite=Strict{https}"
 
 
 def new_csrf_token() -> str:
