@@ -84,9 +84,7 @@ class LocksWeb:
         """Route ``request``; every answer sets the CSRF cookie when it was missing."""
         fresh = not request.cookies.get(guard.CSRF_COOKIE)
         token = guard.new_csrf_token() if fresh else request.cookies[guard.CSRF_COOKIE]
-        if not self._at_once.acquire(blocking=False):
-            # Beyond the bound, at once: a slow Redis must not pile up threads (open tabs
-            # reload every few seconds).
+        if not self._at_once.acquire(blocking=False):  # (why: see bounds)
             response = views.error_page(
                 HTTPStatus.SERVICE_UNAVAILABLE,
                 f"the page is serving {bounds.MAX_AT_ONCE} requests already: try again shortly",
