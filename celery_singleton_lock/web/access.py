@@ -1,21 +1,17 @@
-"""Who may see the locks page and who may free locks from it.
-
-An :class:`Access` answers for one request (its WSGI ``environ``). The standalone server uses
-:class:`TokenAccess`; the Flask blueprint and the Django views use :class:`CallableAccess`
-with the host framework's own login.
-"""
+"""Who may see the locks page and who may free locks from it: an :class:`Access` answers for
+one request (its WSGI ``environ``). The standalone server uses :class:`TokenAccess`; the Flask
+and Django mounts a :class:`CallableAccess` of the host framework's own login."""
 
 from __future__ import annotations
 
 import hmac
+import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from .guard import Throttle
+__all__ = ["MIN_TOKEN", "Access", "CallableAccess", "Throttle", "TokenAccess"]
 
-__all__ = ["MIN_TOKEN", "Access", "CallableAccess", "TokenAccess"]
-
-#: a request's WSGI environ
 Environ = dict[str, Any]
 #: the fewest characters a web token may have
 MIN_TOKEN = 16
@@ -44,11 +40,44 @@ class Access(Protocol):
         """Who acts, for the log line of a change."""
 
 
+class Throttle:
+    """Wrong tokens' price: after ``free`` wrong tries, each further one closes the gate for
+    a delay that doubles (``first`` seconds, up to ``most``); a try while the gate is closed
+    is refused without being compared. A right token opens it again; so do ``forget`` quiet
+    seconds."""
+
+    def __init__(
+        self, free: int = 3, first: float = 1.0, most: float = 60.0, forget: float = 600.0
+    ) -> None:
+        self.free, self.first, self.most, self.forget = free, first, most, forget
+        self._lock = threading.Lock()
+        self._failures, self._last, self._closed_until = 0, 0.0, 0.0
+
+    def wait_left(self) -> float:
+        """Seconds before a token may be tried again (0.0: now)."""
+        with self._lock:
+            return max(0.0, self._closed_until - time.monotonic())
+
+    def failed(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last > self.forget:
+                self._failures = 0
+            self._failures += 1
+            self._last = now
+            over = self._failures - self.free
+            if over >= 0:
+                self._closed_until = now + min(self.most, self.first * 2.0**over)
+
+    def passed(self) -> None:
+        with self._lock:
+            self._failures, self._closed_until = 0, 0.0
+
+
 class TokenAccess:
     """The standalone server's access: everyone who reaches it may look (it listens on
     loopback by default); a change needs ``token`` (16 characters or more) typed into the
-    confirm form. Without a token the page is read-only: no release link, every POST refused.
-    Wrong tokens slow down: after a few, each further try waits longer (:class:`Throttle`)."""
+    confirm form. Without a token the page is read-only: no release link, every POST refused."""
 
     __slots__ = ("_token", "throttle")
 
@@ -87,13 +116,12 @@ class TokenAccess:
         return False
 
     def actor(self, environ: Environ) -> str:
-        """Who acts: "anonymous" until this request's form carried the right token."""
         return "holder of the web token" if environ.get(TOKEN_MATCHED) else "anonymous"
 
 
 class CallableAccess:
     """Access decided by callables of the host framework, each given the request's
-    ``environ`` (the blueprint's and the Django views' wrap their own callables in these)."""
+    ``environ``; ``can_change`` defaults to ``can_view``."""
 
     __slots__ = ("_actor", "_can_change", "_can_view")
 
@@ -124,6 +152,4 @@ class CallableAccess:
         return True
 
     def actor(self, environ: Environ) -> str:
-        if self._actor is None:
-            return "unknown user"
-        return str(self._actor(environ)) or "unknown user"
+        return (str(self._actor(environ)) if self._actor else "") or "unknown user"

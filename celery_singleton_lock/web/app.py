@@ -1,5 +1,5 @@
 """The page as a WSGI app (:class:`LocksWeb`, made by :func:`make_app`): a request
-(:mod:`.messages`) routed to :mod:`.views`."""
+(:mod:`.messages`) bounded (:mod:`.bounds`), checked and routed to :mod:`.views`."""
 
 from __future__ import annotations
 
@@ -7,18 +7,19 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
 from .._errors import LockError
 from .._lock import check_prefix, operation_deadline
-from . import bounds, csrf, views
+from . import bounds, guard, views
 from .access import Access, TokenAccess
 from .data import Source
-from .guard import Hosts, RefusalLog, printable
-from .messages import Request, Response, request_from_environ
-from .outcome import Outcomes
+from .messages import BadRequest, Request, Response, request_from_environ
+
+if TYPE_CHECKING:
+    from .serve import Hosts
 
 __all__ = ["LocksWeb", "make_app"]
 
@@ -51,11 +52,8 @@ class LocksWeb:
         refresh: int,
         page_size: int,
     ) -> None:
-        self.source = source
-        self.access = access
-        self.link_pattern = link_pattern
-        self.refresh = refresh
-        self.page_size = page_size
+        self.source, self.access, self.link_pattern = source, access, link_pattern
+        self.refresh, self.page_size = refresh, page_size
         # The list's shared read is kept half a reload (a second at least): each open tab
         # reloads once a refresh, so however many are open, Redis is read about twice a
         # refresh, as for two tabs; and no tab sees a list older than its own reload.
@@ -63,27 +61,9 @@ class LocksWeb:
         #: the names the standalone server answers to (set by :func:`.serve.make_server`);
         #: ``None`` behind Flask or Django, whose own host checks apply
         self.hosts: Hosts | None = None
-        #: refusals, logged at most once every few seconds
-        self.refusals = RefusalLog(log)
+        self.refusals = guard.RefusalLog(log)
         self._at_once = threading.BoundedSemaphore(bounds.MAX_AT_ONCE)
-        #: signs the cookie that carries a change's outcome to the list
-        self.outcomes = Outcomes()
-
-    def allows_origin(self, request: Request, origin: str) -> bool:
-        """Whether ``origin`` (``scheme://host[:port]``) is one the page is served at: an
-        allowed name of the standalone server, else the scheme and host the framework that
-        mounts the page accepted."""
-        if self.hosts is not None:
-            return self.hosts.allows_origin(origin)
-        scheme = "https" if request.secure else "http"
-        return bool(request.host) and origin.lower() == f"{scheme}://{request.host}".lower()
-
-    def where(self, request: Request) -> str:
-        """Where a request came from, for a log line (every value escaped)."""
-        return (
-            f"from {printable(request.remote or '?')} (Host {printable(request.host or '-')}, "
-            f"Origin {printable(request.origin or '-')})"
-        )
+        self.outcomes = guard.Outcomes()
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
@@ -92,15 +72,19 @@ class LocksWeb:
         start_response(response.status_line, response.headers)
         return [response.body]
 
+    def handle_mounted(
+        self, environ: dict[str, Any], full: str, sub: str, form: dict[str, str]
+    ) -> Response:
+        """A request that Flask or Django routed to ``sub`` ("", "lock", ...) of the page at
+        the request path ``full``, its ``form`` read."""
+        mount = full[: len(full) - len(sub)] if sub and full.endswith(sub) else full
+        return self.handle(request_from_environ(environ, sub, mount, form))
+
     def handle(self, request: Request) -> Response:
         """Route ``request``; every answer sets the CSRF cookie when it was missing."""
-        token = request.cookies.get(csrf.COOKIE) or ""
-        fresh = not token
-        if fresh:
-            token = csrf.new_token()
-        if not self._at_once.acquire(blocking=False):
-            # Beyond the bound, at once: a slow Redis must not pile up threads (open tabs
-            # reload every few seconds).
+        fresh = not request.cookies.get(guard.CSRF_COOKIE)
+        token = guard.new_csrf_token() if fresh else request.cookies[guard.CSRF_COOKIE]
+        if not self._at_once.acquire(blocking=False):  # (why: see bounds)
             response = views.error_page(
                 HTTPStatus.SERVICE_UNAVAILABLE,
                 f"the page is serving {bounds.MAX_AT_ONCE} requests already: try again shortly",
@@ -113,7 +97,8 @@ class LocksWeb:
                 self._at_once.release()
         response.headers.extend(HEADERS)
         if fresh:
-            response.headers.append(csrf.set_cookie_header(token, request.mount, request.secure))
+            csrf_cookie = guard.cookie(guard.CSRF_COOKIE, token, request.mount, request.secure)
+            response.headers.append(("Set-Cookie", csrf_cookie))
         return response
 
     def _answer(self, request: Request, token: str) -> Response:
@@ -121,15 +106,15 @@ class LocksWeb:
         try:
             with operation_deadline(bounds.REQUEST_SECONDS):
                 return self._route(request, token)
-        except views.BadRequest as exc:
+        except BadRequest as exc:
             return views.error_page(HTTPStatus.BAD_REQUEST, str(exc))
         except views.NotHeld as exc:
             return views.error_page(HTTPStatus.NOT_FOUND, str(exc))
         except (LockError, RedisError) as exc:  # Redis down, slow or hung: say so, no traceback
-            log.warning("the locks page could not read Redis: %s", printable(exc, 500))
+            log.warning("the locks page could not read Redis: %s", guard.printable(exc, 500))
             return views.error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
         except Exception:  # anything else: the page's own 500, with its headers
-            log.exception("the locks page failed on a %s", printable(request.method))
+            log.exception("the locks page failed on a %s", guard.printable(request.method))
             return views.error_page(
                 HTTPStatus.INTERNAL_SERVER_ERROR,
                 "the page failed unexpectedly: its log (celery_singleton_lock.web) says why",
@@ -140,9 +125,9 @@ class LocksWeb:
         # rebinding site's (or a misdirected request), however it is sent.
         if self.hosts is not None and not self.hosts.allows_host(request.host):
             self.refusals.refused(
-                f"refused a {printable(request.method)} by "
+                f"refused a {guard.printable(request.method)} by "
                 f"{self.access.actor(request.environ)} for a Host the page does not answer to "
-                f"{self.where(request)}"
+                f"{guard.where(request)}"
             )
             return views.error_page(
                 HTTPStatus.MISDIRECTED_REQUEST,
@@ -153,21 +138,27 @@ class LocksWeb:
             return views.error_page(*request.form_problem)
         if not self.access.can_view(request.environ):
             return views.error_page(HTTPStatus.FORBIDDEN, "you may not see the locks")
-        pages = {"": views.listing, "lock": views.lock_page}
-        actions = {"release": (views.release_confirm, views.release_post)}
-        actions["purge"] = (views.purge_confirm, views.purge_post)
-        if request.path in pages:
-            if request.method not in ("GET", "HEAD"):
-                return views.error_page(HTTPStatus.METHOD_NOT_ALLOWED, "GET only")
-            return pages[request.path](self, request, token)
-        if request.path in actions:
-            get, post = actions[request.path]
-            if request.method == "POST":
-                return post(self, request)
-            if request.method in ("GET", "HEAD"):
-                return get(self, request, token)
-            return views.error_page(HTTPStatus.METHOD_NOT_ALLOWED, "GET or POST only")
-        return views.error_page(HTTPStatus.NOT_FOUND, f"no page {request.path!r} here")
+        if request.path not in ROUTES:
+            return views.error_page(HTTPStatus.NOT_FOUND, f"no page {request.path!r} here")
+        get, post = ROUTES[request.path]
+        posted = request.method == "POST" and post is not None
+        if not posted and request.method not in ("GET", "HEAD"):
+            allowed = "GET or POST only" if post else "GET only"
+            return views.error_page(HTTPStatus.METHOD_NOT_ALLOWED, allowed)
+        # A change's confirmation and its POST: refused before anything is read or freed.
+        refused = guard.change_refused(self, request, posted) if post is not None else None
+        if refused is not None:
+            return views.error_page(*refused)
+        return post(self, request) if post is not None and posted else get(self, request, token)
+
+
+#: each path's GET view and POST view
+ROUTES: dict[str, tuple[Callable[..., Response], Callable[..., Response] | None]] = {
+    "": (views.listing, None),
+    "lock": (views.lock_page, None),
+    "release": (views.release_confirm, views.release_post),
+    "purge": (views.purge_confirm, views.purge_post),
+}
 
 
 def _whole(name: str, value: object, least: int) -> int:
@@ -201,18 +192,16 @@ def make_app(
     page_size = _whole("page_size", page_size, 1)
     max_locks = _whole("max_locks", max_locks, 1)
     if link_pattern is not None:
-        try:
-            ok = isinstance(link_pattern, str) and "{task_id}" in link_pattern
-            ok = ok and bool(link_pattern.format(task_id="x"))
-        except (KeyError, IndexError, ValueError):
-            ok = False
         # A link of the task id alone, or of another scheme, would let a publisher's task id
         # (``javascript:...``) become the link.
-        where = link_pattern.lower() if isinstance(link_pattern, str) else ""
-        absolute = where.startswith(("http://", "https://")) and not where.startswith(
-            ("http://{", "https://{")
-        )
-        if not ok or not (absolute or (where.startswith("/") and not where.startswith("//"))):
+        text = link_pattern.lower() if isinstance(link_pattern, str) else ""
+        try:
+            ok = "{task_id}" in text and bool(str(link_pattern).format(task_id="x"))
+        except (KeyError, IndexError, ValueError):
+            ok = False
+        absolute = text.startswith(("http://", "https://"))
+        absolute = absolute and not text.split("//", 1)[1].startswith("{")
+        if not ok or not (absolute or (text.startswith("/") and not text.startswith("//"))):
             raise ValueError(
                 "link_pattern must be an http:// or https:// URL, or a path starting with /, "
                 "with {task_id} and no other field, such as "
@@ -227,7 +216,7 @@ def make_app(
     elif not isinstance(access, Access):
         raise TypeError(f"access must be an Access (see TokenAccess), got {access!r}")
     if url is not None:
-        source = Source(bounds.url_client(url), prefixes or ["lock"], max_locks=max_locks)
+        source = Source(bounds.own_client(url), prefixes or ["lock"], max_locks=max_locks)
     else:
         from .._celery.config import LockConfig
         from .._ops.target import app_prefixes

@@ -1,16 +1,12 @@
 """What the page reads and changes in Redis: the locks, limiters and beat leaders under the
 prefixes it covers (as ``celery locks list`` reads them), filtered, sorted and paged in Python
-after one read; a lock's details; a release, a reset and a purge.
-
-A view costs what its page needs, not what every lock costs: the list is one read shared by
-every viewer (:class:`.scan.Shared`, at most about once a second), of at most ``max_locks``
-locks (beyond, the page says so: a filter by text then reads the keys that contain it); the
-rate limiters are found by a SCAN that goes on from read to read (:class:`.scan.LimiterScan`).
-"""
+after one read (bounded as :mod:`.bounds` says); a lock's details; a release, a reset and a
+purge."""
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,8 +17,7 @@ from .._lock import LockKeys, LockSpace, RateKeys, RateLimiter, RateState, inspe
 from .._ops import locks as ops
 from .._ops.counts import RecentCounts, recent_counts
 from .._ops.locks import LockView
-from .bounds import check_time
-from .scan import LimiterScan, Shared, lock_keys, text_pattern
+from .bounds import LimiterScan, Shared, check_time, lock_keys, text_pattern
 
 __all__ = ["DIGEST", "LIMITER", "STATES", "Listing", "Source", "digest"]
 
@@ -30,11 +25,10 @@ __all__ = ["DIGEST", "LIMITER", "STATES", "Listing", "Source", "digest"]
 LIMITER = "limiter"
 #: what the ``state`` filter accepts
 STATES = ("held", "running", "queued", "requeued", "cooldown", "debounced", LIMITER)
-#: the name of a beat leader lock starts with it (celery_singleton_lock.beat)
+#: a beat leader lock's name starts with it (celery_singleton_lock.beat)
 BEAT = "beat:"
 #: a queued hold of a task with ``lock_debounce`` is a call waiting out its debounce
 DEBOUNCED = "debounced"
-
 
 #: the hold states (lua/force_release.lua) a purge filtered by a page state frees only in;
 #: a run's hold ("running") records its run, which that check refuses: it is freed from the
@@ -47,15 +41,13 @@ _HOLD_STATES = {
 }
 #: hex digits of a key's digest
 DIGEST = 24
+#: locks inspected per round trip (a pipeline), the deadline checked between them
+BATCH = 500
 
 
 def digest(key: str) -> str:
     """A short name of ``key`` for its links (SHA-256, the first hex digits)."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST]
-
-
-#: locks inspected per round trip (a pipeline), the deadline checked between them
-BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -118,22 +110,18 @@ class Source:
         #: the list's read, shared by every viewer
         self.shared: Shared[Listing] = Shared(self._read_list)
 
-    def _is_debounced(self, task: str | None) -> bool:
-        """Whether ``task`` (a name) is a task of the app with ``lock_debounce`` set."""
-        if task is None or self.celery_app is None:
-            return False
+    def _labelled(self, view: LockView) -> LockView:
+        """``view``, "debounced" when queued for a task of the app with ``lock_debounce``."""
+        task = view.task
+        if view.state != HoldState.QUEUED or task is None or self.celery_app is None:
+            return view
         if task not in self._debounced:
             found = self.celery_app.tasks.get(task)
             options = getattr(getattr(found, "locking", None), "options", None)
             self._debounced[task] = isinstance(found, LockedTask) and (
                 getattr(options, "lock_debounce", None) is not None
             )
-        return self._debounced[task]
-
-    def _labelled(self, view: LockView) -> LockView:
-        if view.state == HoldState.QUEUED and self._is_debounced(view.task):
-            return replace(view, state=DEBOUNCED)
-        return view
+        return replace(view, state=DEBOUNCED) if self._debounced[task] else view
 
     def _read_locks(self, name_pattern: str = "*") -> Listing:
         """The held locks whose names match ``name_pattern`` (a SCAN glob), at most
@@ -158,21 +146,18 @@ class Source:
             locks.append(self._labelled(view))
         return Listing(locks, leaders, [], complete)
 
-    def _limiters(self) -> list[tuple[str, RateState]]:
-        """The rate limiters in use (a start in the window, a turn reserved or a pause)."""
-        found = []
+    def _read_list(self) -> Listing:
+        """The list's read: the locks, the rate limiters in use (a start in the window, a
+        turn reserved or a pause) and the recent counts."""
+        listing = self._read_locks()
+        limiters = []
         for prefix, scan in self._limiter_scans.items():
             for name in sorted(scan.names(self.client)):
                 check_time("read the rate limiters")
                 state = inspect_rate(self.client, RateKeys.for_name(prefix, name))
                 if state.used or state.waiting or state.paused:
-                    found.append((prefix, state))
-        return found
-
-    def _read_list(self) -> Listing:
-        listing = self._read_locks()
-        limiters, counts = self._limiters(), self.counts()
-        return replace(listing, limiters=limiters, counts=counts)
+                    limiters.append((prefix, state))
+        return replace(listing, limiters=limiters, counts=self.counts())
 
     def read(self, q: str = "", fresh: bool = False) -> Listing:
         """The locks a view of the text filter ``q`` is picked from: the shared read (or,
@@ -197,21 +182,18 @@ class Source:
     def counts(self, minutes: int = 60) -> RecentCounts:
         """The last ``minutes``' counts, summed over the prefixes."""
         every = [recent_counts(self.client, prefix, minutes) for prefix in self.prefixes]
-        duplicates: dict[str, int] = {}
-        refusals: dict[str, int] = {}
+        duplicates: Counter[str] = Counter()
+        refusals: Counter[str] = Counter()
         for counts in every:
-            for action, n in counts.duplicates.items():
-                duplicates[action] = duplicates.get(action, 0) + n
-            for reason, n in counts.refusals.items():
-                refusals[reason] = refusals.get(reason, 0) + n
-        return RecentCounts(minutes, duplicates, refusals, sum(c.lost for c in every))
+            duplicates.update(counts.duplicates)
+            refusals.update(counts.refusals)
+        lost = sum(c.lost for c in every)
+        return RecentCounts(minutes, dict(duplicates), dict(refusals), lost)
 
     def prefix_of(self, key: str) -> str | None:
-        """The covered prefix of a lock key, or ``None``."""
         return next((p for p in self.prefixes if key.startswith(f"{p}:{{")), None)
 
     def limiter_of(self, key: str) -> RateKeys | None:
-        """The limiter a key names (``prefix:rate:{name}``), or ``None``."""
         return next(filter(None, (RateKeys.from_key(p, key) for p in self.prefixes)), None)
 
     def lock(self, key: str) -> tuple[LockView, list[LockView]] | None:

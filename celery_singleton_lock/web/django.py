@@ -1,14 +1,10 @@
 """The locks page in a Django project: ``path("locks/", include("celery_singleton_lock.web.
-django"))``, or inside the Django admin with :func:`add_to_admin` (``admin/locks/``, linked
-from the admin's index). Staff only by default: a visitor not logged in is sent to the login page
-(``settings.LOGIN_URL`` when the project serves it, else the admin's login), a logged-in user who
-is not staff is refused (403); releases and purges are staff only too. :func:`make_urlpatterns`
-sets other rules.
-
-The Celery app is the setting ``CELERY_SINGLETON_LOCK_WEB_APP`` (``"proj.celery:app"``), else
-``celery.current_app``; ``CELERY_SINGLETON_LOCK_WEB_OPTIONS`` (a dict) gives
-:func:`~celery_singleton_lock.web.make_app`'s options. Django's CSRF middleware is not applied
-to these views: the page's own check (a double-submit cookie) is.
+django"))``, or inside the Django admin with :func:`add_to_admin`. Staff only by default (a
+visitor not logged in is sent to :func:`login_url`, a user not staff is refused);
+:func:`make_urlpatterns` sets other rules. The Celery app is the setting
+``CELERY_SINGLETON_LOCK_WEB_APP`` (``"proj.celery:app"``), else ``celery.current_app``;
+``CELERY_SINGLETON_LOCK_WEB_OPTIONS`` (a dict) gives
+:func:`~celery_singleton_lock.web.make_app`'s options.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .access import CallableAccess
 from .app import LocksWeb, make_app
-from .messages import request_from_environ
 
 __all__ = ["add_to_admin", "login_url", "make_urlpatterns", "urlpatterns"]
 
@@ -100,6 +95,7 @@ def make_urlpatterns(
         options.update(make_app_options)
         return make_app(_celery_app(), access=access, **options)
 
+    # Django's CSRF middleware is not applied: the page's own check (guard) is.
     @csrf_exempt  # type: ignore[untyped-decorator]  # django: unannotated
     def page(request: Any, sub: str = "") -> HttpResponse:
         # Django's ALLOWED_HOSTS check, here whatever the middleware: a rebinding site's name
@@ -111,13 +107,10 @@ def make_urlpatterns(
                 from django.contrib.auth.views import redirect_to_login
 
                 return redirect_to_login(request.get_full_path(), login_url())
+        post = request.method == "POST"
+        form = {k: request.POST.get(k, "") for k in request.POST} if post else {}
         environ = {**request.META, REQUEST: request}
-        full = request.path
-        mount = full[: len(full) - len(sub)] if sub else full
-        form = (
-            {k: request.POST.get(k, "") for k in request.POST} if request.method == "POST" else {}
-        )
-        answer = web().handle(request_from_environ(environ, sub, mount, form))
+        answer = web().handle_mounted(environ, request.path, sub, form)
         response = HttpResponse(answer.body, status=answer.status)
         for header, value in answer.headers:
             if header == "Set-Cookie":  # several (CSRF, outcome): Django keeps one per name
@@ -168,24 +161,10 @@ def add_to_admin(
             from django.urls import reverse
 
             url = reverse(f"{site.name}:celery_singleton_lock_locks")
-            listed.append(
-                {
-                    "name": "Celery locks",
-                    "app_label": "celery_singleton_lock",
-                    "app_url": url,
-                    "has_module_perms": True,
-                    "models": [
-                        {
-                            "name": "Locks",
-                            "object_name": "Locks",
-                            "perms": {"view": True},
-                            "admin_url": url,
-                            "add_url": None,
-                            "view_only": True,
-                        }
-                    ],
-                }
-            )
+            locks: dict[str, Any] = {"name": "Locks", "object_name": "Locks", "add_url": None}
+            locks.update(admin_url=url, perms={"view": True}, view_only=True)
+            app = {"name": "Celery locks", "app_label": "celery_singleton_lock", "app_url": url}
+            listed.append({**app, "has_module_perms": True, "models": [locks]})
         return listed
 
     site.get_urls, site.get_app_list = get_urls, get_app_list

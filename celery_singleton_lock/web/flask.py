@@ -1,17 +1,4 @@
-"""The locks page in a Flask app, behind the app's own login::
-
-    from celery_singleton_lock.web.flask import blueprint
-
-    bp = blueprint(celery_app, can_view=lambda: current_user.is_authenticated,
-                   can_change=lambda: current_user.is_admin, actor=lambda: current_user.name)
-    flask_app.register_blueprint(bp, url_prefix="/locks")
-
-``can_view``, ``can_change`` (default: ``can_view``) and ``actor`` take no argument: they run
-in Flask's request context (``flask.session``, flask-login's ``current_user``). The page's
-own CSRF check applies to its POSTs. Set the app's ``TRUSTED_HOSTS`` to the names the site is
-served at: a request sent to another name (a DNS-rebinding site's) is then refused (400)
-before the page reads anything.
-"""
+"""The locks page in a Flask app, behind the app's own login (docs: "The locks page")."""
 
 from __future__ import annotations
 
@@ -22,7 +9,6 @@ import flask
 
 from .access import CallableAccess
 from .app import make_app
-from .messages import request_from_environ
 
 __all__ = ["blueprint"]
 
@@ -37,7 +23,10 @@ def blueprint(
     **make_app_options: Any,
 ) -> flask.Blueprint:
     """A blueprint serving the locks page of ``celery_app`` (``make_app_options``: those of
-    :func:`~celery_singleton_lock.web.make_app` but ``access``)."""
+    :func:`~celery_singleton_lock.web.make_app` but ``access``). ``can_view``, ``can_change``
+    (default: ``can_view``) and ``actor`` take no argument: they run in Flask's request
+    context (``flask.session``, flask-login's ``current_user``). Set the app's
+    ``TRUSTED_HOSTS`` to the names the site is served at."""
     if not callable(can_view):
         raise TypeError(f"can_view must be a callable of no argument, got {can_view!r}")
     if "access" in make_app_options:
@@ -56,10 +45,8 @@ def blueprint(
         # Flask's TRUSTED_HOSTS check, when the app sets it: a rebinding site's name is
         # refused (400) before the page reads or changes anything.
         request.host  # noqa: B018 - read for its check
-        full = request.path
-        mount = full[: len(full) - len(path)] if path and full.endswith(path) else full
-        form = {k: v for k, v in request.form.items()} if request.method == "POST" else {}
-        answer = web.handle(request_from_environ(request.environ, path, mount, form))
+        form = dict(request.form.items()) if request.method == "POST" else {}
+        answer = web.handle_mounted(request.environ, request.path, path, form)
         return flask.Response(answer.body, answer.status, answer.headers)
 
     methods = ["GET", "HEAD", "POST"]

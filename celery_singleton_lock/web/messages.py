@@ -1,5 +1,5 @@
-"""A request and a response of the locks page: read from a WSGI environ (or handed over by
-Flask or Django), answered with the stdlib only."""
+"""A request of the locks page, read from a WSGI environ (or handed over by Flask or Django),
+its list's filter and paging checked, and its response."""
 
 from __future__ import annotations
 
@@ -10,11 +10,16 @@ from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qsl
 
-__all__ = ["MAX_FORM_BYTES", "Request", "Response", "request_from_environ"]
+from .data import STATES
 
+__all__ = ["MAX_FORM_BYTES", "BadRequest", "Request", "Response", "filters", "paging"]
 
 #: a POSTed form larger than this is refused (a confirm form is a few hundred bytes)
 MAX_FORM_BYTES = 64 * 1024
+
+
+class BadRequest(ValueError):
+    """A query the page cannot answer (400), its message naming the parameter."""
 
 
 @dataclass
@@ -41,7 +46,7 @@ class Request:
 
 @dataclass
 class Response:
-    """One answer: a status, headers and a body."""
+    """One answer: a status, a body and headers."""
 
     status: int
     body: bytes = b""
@@ -53,7 +58,6 @@ class Response:
 
 
 def _read_form(environ: dict[str, Any]) -> tuple[dict[str, str], tuple[int, str] | None]:
-    """The POSTed form, and the status and reason when it could not be read."""
     if environ.get("REQUEST_METHOD") != "POST":
         return {}, None
     given = str(environ.get("CONTENT_LENGTH") or "0").strip()
@@ -104,3 +108,26 @@ def request_from_environ(
         environ=environ,
         form_problem=problem,
     )
+
+
+def filters(query: dict[str, str]) -> tuple[str, str]:
+    """The list's filter: a text and a state."""
+    q, state = query.get("q", "").strip(), query.get("state", "")
+    if state and state not in STATES:
+        raise BadRequest(f"state must be one of {', '.join(STATES)} (or empty), got {state!r}")
+    return q, state
+
+
+def paging(query: dict[str, str]) -> tuple[int, bool]:
+    """The page number asked for, and whether newest first."""
+    page_text, sort = query.get("page", "1") or "1", query.get("sort", "age") or "age"
+    # (int() of thousands of digits is refused by Python itself: a 500 before this check)
+    if not (page_text.isascii() and page_text.isdecimal()) or len(page_text) > 9:
+        raise BadRequest(f"page must be a whole number >= 1, got {page_text[:20]!r}")
+    if int(page_text) < 1:
+        raise BadRequest(f"page must be a whole number >= 1, got {page_text!r}")
+    if sort not in ("age", "-age"):
+        raise BadRequest(
+            f"sort must be 'age' (oldest first) or '-age' (newest first), got {sort!r}"
+        )
+    return int(page_text), sort == "-age"

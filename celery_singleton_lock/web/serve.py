@@ -3,6 +3,13 @@ on the stdlib's WSGI server, one thread per request (enough for operators on loo
 
 The token that allows changes is read from the environment only
 (``CELERY_SINGLETON_LOCK_WEB_TOKEN``): a command line is visible to every user in ``ps``.
+
+The server answers only the names it is served at (:class:`Hosts`). A site the operator visits
+can point a name of its own at 127.0.0.1 (DNS rebinding): its pages are then same-origin with
+the locks page by the browser's rules, and their requests carry that name as ``Host``. So a
+request is answered only when its ``Host`` is a loopback name with the server's port, the
+``--host`` it listens on, or a name given with ``--allowed-host`` (a proxy's); the CSRF origin
+check compares ``Origin`` with the same list (scheme included), never with ``Host``.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import ipaddress
 import logging
 import os
 import socketserver
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 from wsgiref import simple_server
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -21,14 +28,71 @@ import click
 from .._ops.target import prefix_option, target, url_option
 from .access import TokenAccess
 from .app import LocksWeb, make_app
-from .guard import Hosts, check_allowed_host
 
-__all__ = ["TOKEN_ENV", "make_server", "serve", "web"]
+__all__ = ["TOKEN_ENV", "Hosts", "make_server", "serve", "web"]
 
 log = logging.getLogger("celery_singleton_lock.web")
 
 #: the environment variable holding the token that allows releases and purges
 TOKEN_ENV = "CELERY_SINGLETON_LOCK_WEB_TOKEN"
+#: loopback names a browser on the server's machine may use
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def check_allowed_host(value: object) -> str:
+    """An ``--allowed-host`` value checked: a name (``locks.example.com``), ``name:port`` or
+    an origin (``https://locks.example.com``); a clear error otherwise."""
+    text = value.strip().lower() if isinstance(value, str) else ""
+    name = text.split("://", 1)[1] if text.startswith(("http://", "https://")) else text
+    if not name or any(c in name for c in "/?#@ \t*") or not name.isascii():
+        raise ValueError(
+            "allowed_hosts (--allowed-host) must be a host name as a proxy sends it in Host, "
+            "such as 'locks.example.com', 'locks.example.com:8443' or "
+            f"'https://locks.example.com', got {value!r}"
+        )
+    return text
+
+
+class Hosts:
+    """The ``Host`` values and browser origins a server answers (lower-case)."""
+
+    def __init__(self, hosts: Iterable[str], origins: Iterable[str]) -> None:
+        self.hosts = frozenset(h.lower() for h in hosts)
+        self.origins = frozenset(o.lower().rstrip("/") for o in origins)
+
+    @classmethod
+    def of_server(cls, host: str, port: int, allowed: Iterable[str] = ()) -> Hosts:
+        """The names of a server listening on ``host:port``: the loopback names and ``host``
+        with the port, and each of ``allowed``: ``name``, ``name:port`` (over http or https)
+        or an origin ``https://name[:port]`` (over its scheme only)."""
+        ip = _ip(host)
+        names = [*LOOPBACK] if ip and ip.is_unspecified else [*LOOPBACK, host]
+        if ip and ip.version == 6 and not ip.is_unspecified:
+            names[-1] = f"[{host}]"
+        hosts = [f"{name}:{port}" for name in names]
+        origins = [f"http://{name}:{port}" for name in names]
+        for value in allowed:
+            checked = check_allowed_host(value)
+            if "://" in checked:
+                hosts.append(checked.split("://", 1)[1])
+                origins.append(checked)
+            else:
+                hosts.append(checked)
+                origins.extend((f"http://{checked}", f"https://{checked}"))
+        return cls(hosts, origins)
+
+    def allows_host(self, host: str) -> bool:
+        return host.lower() in self.hosts
+
+    def allows_origin(self, origin: str) -> bool:
+        return origin.lower().rstrip("/") in self.origins
 
 
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
@@ -44,21 +108,12 @@ class _QuietHandler(WSGIRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def make_server(
     app: LocksWeb, host: str = "127.0.0.1", port: int = 8600, allowed_hosts: Sequence[str] = ()
 ) -> WSGIServer:
     """A server of ``app`` bound to ``host:port`` (port 0: a free one) that answers only
     requests sent to its own names: the loopback names and ``host`` with its port, and
-    ``allowed_hosts`` (a proxy's names, see :meth:`.guard.Hosts.of_server`)."""
+    ``allowed_hosts`` (a proxy's names, see :meth:`Hosts.of_server`)."""
     server = simple_server.make_server(
         host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler
     )
@@ -74,7 +129,8 @@ def serve(
     server = make_server(app, host, port, allowed_hosts)
     shown = f"[{host}]" if ":" in host else host
     log.info("the locks page is served on http://%s:%d/", shown, server.server_port)
-    if not _loopback(host):
+    ip = _ip(host)
+    if host != "localhost" and not (ip and ip.is_loopback):
         log.warning(
             "the locks page listens on %s, not on loopback: anyone who reaches it sees the locks "
             "(put it behind a proxy with its own login, or keep --host 127.0.0.1)",
