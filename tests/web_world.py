@@ -93,6 +93,11 @@ class WebServer:
         except (urllib.error.URLError, ConnectionError):
             return False
 
+    def page(self) -> str:
+        """The list page's HTML."""
+        with urllib.request.urlopen(self.url, timeout=10) as reply:
+            return str(reply.read().decode())
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -186,6 +191,11 @@ def populate(world: World, long_job: str = "") -> None:
     rated.delay(jobs["rated"], 1)  # refused: one start a minute
     # the beat started with the world: its start may be what is left to wait for
     wait_until(lambda: world.space.inspect(BEAT_KEY).holder, START_TIMEOUT, "a beat to lead")
+    # The page keeps one read for every viewer a while (longer after a slow read, as its
+    # first one may be on a loaded machine): the tests start once it has read these locks.
+    shown = [BEAT_KEY, world.key("fault.web_work", jobs["running"])]
+    shown.append(world.queued_key("fault.web_queued", jobs["queued"]))
+    wait_until(lambda: all(k in world.web.page() for k in shown), 60, "the page to list them")
 
 
 def finish(world: World) -> None:
