@@ -500,8 +500,8 @@ def test_publish_slots_listed_and_refusals_counted(
 
     from celery_singleton_lock import metrics
 
-    registry = CollectorRegistry()
-    metrics.enable(registry)
+    # the first registry enabled in this process stays: read the one enable() counts into
+    registry = metrics.enable(CollectorRegistry()).registry
     try:
 
         def report_body(day: str) -> None:

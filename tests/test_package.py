@@ -464,30 +464,20 @@ LOCK_WHITE_BOX = frozenset(
 #: a fixture of the tests' own); none may join the list
 NOT_YET_PUBLIC = frozenset(
     {
-        "celery_procs.py",
-        "faultapp.py",
-        "test_bad_input.py",
-        "test_celery_dropped.py",
         "test_celery_hung_redis.py",
         "test_celery_limits.py",
         "test_celery_options.py",
-        "test_celery_queue_seams.py",
-        "test_celery_rate.py",
         "test_celery_settings.py",
-        "test_celery_task_classes.py",
-        "test_combinations.py",
         "test_docs.py",
         "test_durations.py",
         "test_hot_paths.py",
         "test_job_model.py",
         "test_lifecycle.py",
-        "test_metrics.py",
         "test_ops_batch.py",
         "test_ops_counts.py",
         "test_package.py",
         "test_production.py",
         "web_helpers.py",
-        "web_world.py",
         "webproj/serve.py",
     }
 )
