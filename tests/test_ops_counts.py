@@ -34,10 +34,16 @@ from lock_helpers import START_TIMEOUT, server_time, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import LockBackendError, LockSpace, close, reload_settings
+from celery_singleton_lock import (
+    LockBackendError,
+    LockSpace,
+    RecentCounts,
+    close,
+    recent_counts,
+    reload_settings,
+)
 from celery_singleton_lock._celery import counts as writer
 from celery_singleton_lock._celery.config import LockConfig
-from celery_singleton_lock._ops.counts import RecentCounts, recent_counts
 from celery_singleton_lock._ops.locks import find_limiters, find_locks
 from celery_singleton_lock.testing import RedisServer, free_port
 
