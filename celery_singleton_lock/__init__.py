@@ -4,9 +4,9 @@ A reentrant, hash-based Redis lock (:class:`ReentrantLock`), renewed by one hear
 per process, woken by push, fenced; on it a Celery ``Task`` base class (:class:`LockedTask`)
 and :func:`install` for tasks that cannot use it. :class:`LockSpace` acts on locks held
 elsewhere, :class:`RateLimiter` admits N starts per period, :func:`recent_counts` reads what the
-locks counted lately. Every type a public method returns
-is importable from here or, for the lock's typed replies and states, from
-:mod:`celery_singleton_lock.lock`; anything else is private.
+locks counted lately. Every type a public method returns is importable from here or, for the
+lock's typed replies and states, from :mod:`celery_singleton_lock.lock`; anything else is
+private.
 """
 
 from __future__ import annotations
