@@ -464,8 +464,6 @@ LOCK_WHITE_BOX = frozenset(
 #: a fixture of the tests' own); none may join the list
 NOT_YET_PUBLIC = frozenset(
     {
-        "test_celery_hung_redis.py",
-        "test_celery_limits.py",
         "test_celery_options.py",
         "test_celery_settings.py",
         "test_docs.py",
@@ -473,10 +471,8 @@ NOT_YET_PUBLIC = frozenset(
         "test_hot_paths.py",
         "test_job_model.py",
         "test_lifecycle.py",
-        "test_ops_batch.py",
         "test_ops_counts.py",
         "test_package.py",
-        "test_production.py",
         "web_helpers.py",
         "webproj/serve.py",
     }
