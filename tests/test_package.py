@@ -465,7 +465,6 @@ LOCK_WHITE_BOX = frozenset(
 NOT_YET_PUBLIC = frozenset(
     {
         "test_celery_options.py",
-        "test_celery_settings.py",
         "test_docs.py",
         "test_durations.py",
         "test_hot_paths.py",
