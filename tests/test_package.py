@@ -472,8 +472,6 @@ NOT_YET_PUBLIC = frozenset(
         "test_lifecycle.py",
         "test_ops_counts.py",
         "test_package.py",
-        "web_helpers.py",
-        "webproj/serve.py",
     }
 )
 
