@@ -477,7 +477,6 @@ DEFINITIONS_WHITE_BOX = {
 NOT_YET_PUBLIC = frozenset(
     {
         "test_celery_options.py",
-        "test_durations.py",
         "test_hot_paths.py",
         "test_job_model.py",
         "test_ops_counts.py",
