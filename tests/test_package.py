@@ -479,7 +479,6 @@ NOT_YET_PUBLIC = frozenset(
         "test_celery_options.py",
         "test_hot_paths.py",
         "test_job_model.py",
-        "test_ops_counts.py",
     }
 )
 
