@@ -476,7 +476,6 @@ DEFINITIONS_WHITE_BOX = {
 #: a fixture of the tests' own); none may join the list
 NOT_YET_PUBLIC = frozenset(
     {
-        "test_celery_options.py",
         "test_hot_paths.py",
         "test_job_model.py",
     }
