@@ -3,9 +3,10 @@
 A reentrant, hash-based Redis lock (:class:`ReentrantLock`), renewed by one heartbeat thread
 per process, woken by push, fenced; on it a Celery ``Task`` base class (:class:`LockedTask`)
 and :func:`install` for tasks that cannot use it. :class:`LockSpace` acts on locks held
-elsewhere, :class:`RateLimiter` admits N starts per period. Every type a public method returns
-is importable from here or, for the lock's typed replies and states, from
-:mod:`celery_singleton_lock.lock`; anything else is private.
+elsewhere, :class:`RateLimiter` admits N starts per period, :func:`recent_counts` reads what the
+locks counted lately. Every type a public method returns is importable from here or, for the
+lock's typed replies and states, from :mod:`celery_singleton_lock.lock`; anything else is
+private.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ._errors import (
     TaskLockedError,
 )
 from ._lock import LockSpace, RateLimiter, ReentrantLock, Semaphore
+from ._ops.counts import RecentCounts, recent_counts
 
 try:
     __version__ = version("celery-singleton-lock")
@@ -48,10 +50,12 @@ __all__ = [
     "RateLimitExceededError",
     "RateLimited",
     "RateLimiter",
+    "RecentCounts",
     "ReentrantLock",
     "Semaphore",
     "TaskLockedError",
     "close",
     "install",
+    "recent_counts",
     "reload_settings",
 ]

@@ -3,13 +3,16 @@ from :mod:`celery_singleton_lock`) and every type their methods return.
 
 :class:`ReentrantLock` (and :class:`Semaphore`, N holders at once) is a hold this process keeps
 and renews; :class:`LockSpace` and its :class:`NamedLock` act on holds kept elsewhere (an
-operator's view); :class:`RateLimiter` admits at most N starts per period (:class:`Rate`).
+operator's view); :class:`RateLimiter` admits at most N starts per period (:class:`Rate`). A
+client of your own whose retry policy is a :class:`DeadlineRetry` stops resending at a lock's
+``backend_timeout``.
 """
 
 from __future__ import annotations
 
 from ._lock import (
     AcquireReply,
+    DeadlineRetry,
     LockKeys,
     LockSpace,
     LockState,
@@ -27,6 +30,7 @@ from ._lock import (
 
 __all__ = [
     "AcquireReply",
+    "DeadlineRetry",
     "LockKeys",
     "LockSpace",
     "LockState",

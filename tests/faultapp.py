@@ -34,7 +34,6 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.control import inspect_command
 
 from celery_singleton_lock import LockedTask, LockLostError, RateLimited
-from celery_singleton_lock._celery.rate import Waited
 from celery_singleton_lock.compat.once import QueueOnce
 from celery_singleton_lock.compat.singleton import Singleton
 
@@ -790,6 +789,19 @@ class PartnerTask(LockedTask):
         return super().rate_limit_pause(exc)
 
 
+#: the message header of a rate comeback: ``[comebacks, since, retries]`` (docs/limits.md)
+RATE_HEADER = "singleton_lock_rate"
+
+
+def _comebacks(request: Any) -> int:
+    """The comebacks a call's message counts: only a comeback's own (a later retry of the run
+    copies the header along, with other ``retries``)."""
+    value = request.get(RATE_HEADER)
+    if isinstance(value, list | tuple) and len(value) == 3 and value[2] == (request.retries or 0):
+        return int(value[0])
+    return 0
+
+
 def _rate_start(task: Any, job: str, **extra: Any) -> str:
     """Record a start of a rate-limited body: the limiter's start (Redis's clock), the body's
     own reading of Redis's clock, and who ran it."""
@@ -802,7 +814,7 @@ def _rate_start(task: Any, job: str, **extra: Any) -> str:
         "at": turn.at if turn is not None else None,
         "t": seconds + micros / 1e6,
         "retries": task.request.retries,
-        "comebacks": Waited.of(task.request).comebacks,
+        "comebacks": _comebacks(task.request),
         **extra,
     }
     client.rpush(f"rate:{job}", json.dumps(item))

@@ -14,10 +14,10 @@ import redis
 from celery_fixtures import app_task, configure, new_app
 
 from celery_singleton_lock import LockedTask, LockSpace, ReentrantLock, install, reload_settings
-from celery_singleton_lock._celery.config import LockConfig
-from celery_singleton_lock._lock import MAX_LEASE_SECONDS
 from celery_singleton_lock.testing import RedisServer
 
+#: the longest lease the lock takes: ten years (docs/lock.md)
+MAX_LEASE_SECONDS = 10 * 365 * 24 * 3600
 HUGE = MAX_LEASE_SECONDS * 2
 NUMBERS_THAT_ARE_NOT_LEASES: list[Any] = [
     0, -1, math.nan, math.inf, -math.inf, HUGE, 1e14, True, "30", None, [30],
@@ -177,7 +177,13 @@ def test_settings(app: Any, client: Any, name: str, value: Any) -> None:
 
     def read_and_check() -> None:
         reload_settings(app)
-        LockConfig.of(app).check()
+
+        # the first publish of a locked task reads and checks the settings
+        @app_task(app, base=LockedTask, name="bad.settings", lock_at="publish", shared=False)
+        def task() -> None:
+            return None
+
+        task.delay()
 
     _refused(client, read_and_check, name)
 

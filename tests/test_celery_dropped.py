@@ -18,8 +18,9 @@ from celery_procs import close_app
 from lock_helpers import wait_until
 
 from celery_singleton_lock import LockedTask
-from celery_singleton_lock._celery.hold import HEADER, PREFIX_HEADER
 
+#: the message headers that name a publish's lock and its prefix (docs/upgrading.md)
+HEADER, PREFIX_HEADER = "singleton_lock", "singleton_lock_prefix"
 gates = Gates()
 #: the worker's app: it knows dropped.known (json only), not dropped.ghost
 app = new_app("csl_dropped")

@@ -27,13 +27,10 @@ import pytest
 import redis
 from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
 from lock_helpers import wait_until
-from redis.backoff import ConstantBackoff, NoBackoff
-from redis.retry import Retry
+from redis.backoff import NoBackoff
 
 from celery_singleton_lock import LockBackendError, LockedTask, ReentrantLock, reload_settings
-from celery_singleton_lock._lock import DeadlineRetry
-from celery_singleton_lock._lock.deadline import deadline
-from celery_singleton_lock._lock.runtime import LockRuntime
+from celery_singleton_lock.lock import DeadlineRetry
 from celery_singleton_lock.testing import RedisServer
 
 # the adversarial fault suite (`pytest -m faults`): a real server stalled with SIGSTOP
@@ -329,71 +326,3 @@ def test_a_lock_with_a_backend_timeout_bounds_the_resends_of_its_client(
     wait_until(lambda: not client.exists(lock.key), timeout=10)
     assert lock.acquire(blocking=False)
     lock.release()
-
-
-def test_resends_stop_before_a_pause_would_pass_the_deadline() -> None:
-    """The policy would resend 50 times, 0.3 s apart (15 s); under a 1 s deadline the last
-    resend starts before it, and no pause ends past it. (The policy is called directly: a
-    refused connect is not resent at all by redis-py before 6, whatever the policy.)"""
-    policy = DeadlineRetry(ConstantBackoff(0.3), 50)
-    attempts: list[float] = []
-
-    def refused() -> None:
-        attempts.append(time.monotonic())
-        raise redis.ConnectionError("refused")
-
-    started = time.monotonic()
-    with deadline(1.0), pytest.raises(redis.ConnectionError):
-        policy.call_with_retry(refused, lambda _error: None)
-    elapsed = time.monotonic() - started
-    assert 0.6 <= elapsed < 1.1, elapsed  # resent at 0.3, 0.6 and 0.9 s
-    assert len(attempts) == 4, attempts
-    # without a deadline the same policy resends as redis-py's Retry does
-    attempts.clear()
-    with pytest.raises(redis.ConnectionError):
-        DeadlineRetry(ConstantBackoff(0.01), 5).call_with_retry(refused, lambda _error: None)
-    assert len(attempts) == 6, attempts
-
-
-def test_a_background_call_outlives_a_stall_only_when_asked_to(
-    make_redis_server: Callable[..., RedisServer],
-) -> None:
-    """A cancel keeps trying while the server does not answer (it may run the lost acquire
-    when it wakes); a plain background call gives up when its time is up, and says so (a
-    pending cancel is forgotten that way)."""
-    server = make_redis_server()
-    client = redis.Redis(
-        port=server.port,
-        socket_timeout=0.3,
-        socket_connect_timeout=0.3,
-        retry=Retry(NoBackoff(), 0),
-    )
-    assert client.ping()
-
-    def setter(key: str) -> Callable[[], None]:
-        def set_key() -> None:
-            client.set(key, 1)
-
-        return set_key
-
-    lane = LockRuntime.of(client)
-    gave_up: list[str] = []
-    with stopped(server):
-        lane.retry(
-            setter("stalled:kept"),
-            "set stalled:kept",
-            0.5,
-            budget=0.3,
-            while_stalled=True,
-            gave_up=lambda: gave_up.append("kept"),
-        )
-        lane.retry(
-            setter("stalled:dropped"),
-            "set stalled:dropped",
-            0.5,
-            gave_up=lambda: gave_up.append("dropped"),
-        )
-        time.sleep(2.0)  # the stall's length (the scenario): four times what either was given
-    wait_until(lambda: client.exists("stalled:kept"), timeout=10)
-    assert not client.exists("stalled:dropped")
-    assert gave_up == ["dropped"]

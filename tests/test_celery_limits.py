@@ -29,6 +29,7 @@ worker or a pool child start ``celery worker`` subprocesses (prefork) on queues 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import signal
@@ -40,19 +41,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
-from celery_fixtures import cli_main, new_app
+from celery_fixtures import app_task, cli_main, new_app
 from celery_procs import WorkerProcess, close_app, new_job, no_overlap, records, redis_base
 from faultapp import DATA_DB, LOCK_DB
 from lock_helpers import START_TIMEOUT, lease_end, server_time, wait_until
-from redis.backoff import NoBackoff
 
-from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace, ReentrantLock
-from celery_singleton_lock._celery.hold import HoldState, holder_info
-from celery_singleton_lock._celery.parts import Cooldown
-from celery_singleton_lock._lock import DeadlineRetry
-from celery_singleton_lock._ops.locks import find_locks
+from celery_singleton_lock import AlreadyQueuedError, LockedTask, LockSpace
 from celery_singleton_lock.testing import RedisServer
 
 pytestmark = [pytest.mark.timeout(START_TIMEOUT + 120)]
@@ -64,6 +59,18 @@ CHILD_GONE = 8.0
 
 #: the threads of the module's in-process worker (the conftest's ``fault_worker``)
 WORKER_CONCURRENCY = 6
+
+
+#: the state of a hold kept after its run for ``lock_cooldown`` (docs/upgrading.md)
+COOLDOWN = "cooldown"
+
+
+def _listed_locks(server: RedisServer) -> list[dict[str, Any]]:
+    """The locks ``locks list --json`` lists in the server's lock database."""
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit):
+        cli_main(["list", "--url", f"{redis_base(server.port)}/{LOCK_DB}", "--json"])
+    return [row for row in json.loads(out.getvalue()) if row["kind"] == "lock"]
 
 
 def _space(app: Celery) -> LockSpace:
@@ -202,9 +209,9 @@ def test_cooldown_after_a_run(
     too_soon = cooled.delay(job)
     assert wait_until(lambda: too_soon.state == "SKIPPED", 10), too_soon.state
     assert too_soon.info["holder"] == first.id and too_soon.info["reason"] == "cooldown"
-    views = [v for v in find_locks(fault_server.client(db=LOCK_DB)) if v.holder == first.id]
-    assert views and views[0].state == "cooldown"
-    assert views[0].lease_s is not None and 0 < views[0].lease_s <= 3.0
+    state = cooled.lock_space(fault_app).inspect(cooled.lock_key_for(job))
+    assert state.holder == first.id and state.state == COOLDOWN
+    assert state.lease_left is not None and 0 < state.lease_left <= 3.0
     wait_until(lambda: not cooled.is_locked(job), 6, "the cooldown to end")
     later = cooled.delay(job)
     assert later.get(timeout=20) == later.id
@@ -500,8 +507,8 @@ def test_publish_slots_listed_and_refusals_counted(
 
     from celery_singleton_lock import metrics
 
-    registry = CollectorRegistry()
-    metrics.enable(registry)
+    # the first registry enabled in this process stays: read the one enable() counts into
+    registry = metrics.enable(CollectorRegistry()).registry
     try:
 
         def report_body(day: str) -> None:
@@ -526,13 +533,9 @@ def test_publish_slots_listed_and_refusals_counted(
         third = report.delay(day)
         assert first.id != second.id
         assert third.id in {first.id, second.id}  # over the limit: a job already queued
-        views = [
-            v
-            for v in find_locks(fault_server.client(db=LOCK_DB))
-            if v.holder in {first.id, second.id}
-        ]
-        assert sorted(v.holder or "" for v in views) == sorted([first.id, second.id])
-        assert {v.slots for v in views} == {"2/2"}
+        rows = [r for r in _listed_locks(fault_server) if r["holder"] in {first.id, second.id}]
+        assert sorted(r["holder"] for r in rows) == sorted([first.id, second.id])
+        assert {r["slots"] for r in rows} == {"2/2"}
         assert (
             registry.get_sample_value(
                 "celery_singleton_lock_refusals_total", {"task": "limits.report", "reason": "limit"}
@@ -545,9 +548,8 @@ def test_publish_slots_listed_and_refusals_counted(
         space = report.locking.space(local_app)
         report_name = report.locking.lock_name(report.name, [cooled_day], {})
         assert space.named(report_name, 2).take("last-run", 30).acquired
-        assert space.named(report_name, 2).park(
-            "last-run", 5, info=holder_info(report.name, "last-run"), state=HoldState.COOLDOWN
-        )
+        info = json.dumps({"task": report.name, "id": "last-run"})  # what `locks list` shows
+        assert space.named(report_name, 2).park("last-run", 5, info=info, state=COOLDOWN)
         assert space.named(report_name, 2).take("other-run", 30).acquired  # the second slot
         # the refusal names the slot that frees first (the one cooling down); this task has
         # no lock_cooldown of its own, so the refusal is the limit's
@@ -568,9 +570,7 @@ def test_publish_slots_listed_and_refusals_counted(
         )(report_body)
         raising_name = report_raising.locking.lock_name(report_raising.name, [cooled_day], {})
         assert space.named(raising_name).take("last-run", 30).acquired
-        assert space.named(raising_name).park(
-            "last-run", 5, info=holder_info(report.name, "last-run"), state=HoldState.COOLDOWN
-        )
+        assert space.named(raising_name).park("last-run", 5, info=info, state=COOLDOWN)
         with pytest.raises(AlreadyQueuedError, match="cools down for") as refused:
             report_raising.delay(cooled_day)
         assert refused.value.cooldown and refused.value.task_id == "last-run"
@@ -606,23 +606,32 @@ def test_publish_slots_listed_and_refusals_counted(
 def test_a_cooldown_redis_cannot_start_leaves_the_lock_to_its_lease(
     make_redis_server: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The end of a run with a cooldown while Redis hangs (SIGSTOP): the caller is held no
-    longer than the backend timeout, says so, and the hold is renewed no more: it ends with
-    its lease, or with the cooldown if the park ran when Redis woke."""
+    """The end of a run with a cooldown while Redis hangs (SIGSTOP, sent by the body as it
+    ends; an eager run, in this process): the caller is held no longer than the backend
+    timeout (the package's client stops its resends there), says so, and the hold is renewed
+    no more: it ends with its lease, or with the cooldown if the park ran when Redis woke."""
     server: RedisServer = make_redis_server()
-    # as the package makes its Celery clients: resends stop at the backend timeout
-    client = redis.Redis(port=server.port, socket_timeout=0.5, retry=DeadlineRetry(NoBackoff(), 20))
-    lock = ReentrantLock(client, "cool-stall", ttl=2, owner="task-1", backend_timeout=1)
-    assert lock.acquire()
     assert server.process is not None
-    os.kill(server.process.pid, signal.SIGSTOP)
+    pid = server.process.pid
+    app = new_app("cool-stall")
+    app.conf.update(
+        singleton_lock_redis_url=f"redis://127.0.0.1:{server.port}/0",
+        singleton_lock_backend_timeout=1,
+        singleton_lock_counts=False,  # nothing else of the app's talks to the hung server
+    )
+    ended: list[float] = []
+
+    @app_task(app, base=LockedTask, name="cool.stall", lock_ttl=2, lock_cooldown=3.0, shared=False)
+    def stall() -> None:
+        os.kill(pid, signal.SIGSTOP)
+        ended.append(time.monotonic())
+
+    key = stall.lock_key_for()
     try:
-        started = time.monotonic()
-        assert Cooldown(3.0, on_failure=True).start("proj.report", lock, 3.0)
-        assert time.monotonic() - started < 2.5
+        stall.apply()
+        assert ended and time.monotonic() - ended[0] < 2.5
     finally:
-        os.kill(server.process.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
     assert "could not start the cooldown of" in caplog.text
-    assert lock.hold_count == 0  # not held here, not renewed
-    wait_until(lambda: not server.client().exists(lock.key), 6, "the hold to end")
-    client.close()
+    wait_until(lambda: not server.client().exists(key), 6, "the hold to end")
+    close_app(app)

@@ -177,6 +177,11 @@ def retry_default(key: str) -> None:
     gates.enter(key)
 
 
+@app_task(app, base=LockedTask, name="opts.retry_backoff", lock_on_locked="retry", max_retries=None)
+def retry_backoff(key: str) -> None:
+    gates.enter(key)
+
+
 @app_task(
     app,
     base=LockedTask,
@@ -524,18 +529,36 @@ def test_default_retry_never_waits_longer_than_the_holders_lease(env: CeleryEnv)
     assert max(countdowns[dup.id]) <= 2.0, countdowns[dup.id]
 
 
-def test_lock_retry_delay_grows_with_jitter_and_is_capped() -> None:
-    from celery_singleton_lock._celery.conflict import RETRY_MIN_DELAY, lock_retry_delay
-
-    for retries in range(0, 40):
-        for lease in (-0.002, 0.05, 0.7, 3.0, 30.0, 3600.0):
-            full = min(2.0 ** min(retries, 30), max(lease, RETRY_MIN_DELAY))
-            delays = {lock_retry_delay(retries, lease) for _ in range(50)}
-            assert all(
-                max(full / 2, RETRY_MIN_DELAY) <= d <= max(full, RETRY_MIN_DELAY) for d in delays
-            )
-            if full >= 0.4:
-                assert len(delays) > 1  # jittered
+@pytest.mark.parametrize(
+    ("retries", "lease", "low", "high"),
+    [
+        (0, 600, 0.5, 1.0),  # 1 s, with jitter (half of it to all of it)
+        (2, 600, 2.0, 4.0),  # doubled with each retry
+        (60, 2, 1.0, 2.0),  # capped by the holder's remaining lease (the doubling, by 2**30)
+    ],
+)
+def test_the_default_retry_countdown_grows_with_jitter_and_is_capped(
+    env: CeleryEnv, retries: int, lease: float, low: float, high: float
+) -> None:
+    """Two duplicates whose messages say they were retried ``retries`` times already, refused
+    by a holder with ``lease`` seconds left: each comes back after the default countdown, and
+    the two not at once."""
+    k = _key()
+    space = retry_backoff.lock_space(env.app)
+    key = retry_backoff.lock_key_for(k)
+    assert space.named(space.keys_of(key).name).take("holder", lease).acquired
+    dups = [retry_backoff.apply_async((k,), retries=retries) for _ in range(2)]
+    wait_until(lambda: all(countdowns[d.id] for d in dups), 10, "the duplicates' retries")
+    chosen = [countdowns[d.id][0] for d in dups]
+    # (less the moment to publish: the countdown is read from the message's ETA)
+    assert all(low - 0.1 <= c <= high for c in chosen), chosen
+    assert chosen[0] != chosen[1]  # jittered
+    assert space.force_release(key)
+    gates.open(k)
+    # They come back and run; one that meets the other's run waits out its backoff again
+    # (at most that run's 30 s lease).
+    for dup in dups:
+        dup.get(timeout=high + 35)
 
 
 def test_lock_on_locked_raise_survives_the_result_backend(env: CeleryEnv) -> None:

@@ -52,9 +52,11 @@ from faultapp import (
 from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import LockedTask, RateLimited
-from celery_singleton_lock._celery.modes.wake import WAIT_HEADER
-from celery_singleton_lock._celery.rate import RATE_HEADER
 from celery_singleton_lock.testing import RedisServer
+
+#: the message headers the package puts on a rate comeback (docs/limits.md) and on a waiting
+#: copy's wake and fallback
+RATE_HEADER, WAIT_HEADER = "singleton_lock_rate", "singleton_lock_wait"
 
 #: every test runs `celery worker` subprocesses
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(START_TIMEOUT + 180)]

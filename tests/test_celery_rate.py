@@ -33,10 +33,16 @@ from faultapp import DATA_DB, LOCK_DB
 from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import RateLimitExceededError
-from celery_singleton_lock._lock import RateKeys
 from celery_singleton_lock.testing import RedisServer
 
 pytestmark = [pytest.mark.timeout(START_TIMEOUT + 120)]
+
+
+def rate_log(prefix: str, name: str) -> str:
+    """The limiter's sorted set of starts and turns: ``<prefix>:rate:{name}`` (docs/limits.md;
+    the names here have no ``}`` or ``%``, which its braces would escape)."""
+    return f"{prefix}:rate:{{{name}}}"
+
 
 #: the threads of the module's in-process worker (the conftest's ``fault_worker``)
 WORKER_CONCURRENCY = 8
@@ -204,7 +210,7 @@ def test_no_delay_allowed_hands_the_call_to_lock_on_locked_at_once(
     assert third.state == "FAILURE"
     assert isinstance(third.result, RateLimitExceededError)
     # the skipped and failed calls reserved no turn behind them
-    log = RateKeys.for_name("lock", f"fault-impatient:{job}").log
+    log = rate_log("lock", f"fault-impatient:{job}")
     entries = fault_server.client(db=LOCK_DB).zrange(log, 0, -1)
     assert [e for e in entries if e.startswith(b"r:")] == []
     # a turn a few ms away is not waited for either: no delay allowed is none at all
@@ -224,20 +230,20 @@ def test_a_worker_killed_mid_window_leaves_nothing_stuck(
     base = redis_base(fault_server.port)
     locks = fault_server.client(db=LOCK_DB)
     name = rated.locking.lock_name(rated.name, [job], {})
-    keys = RateKeys.for_name(rated.locking.space(fault_app).prefix, name)
+    log = rate_log(rated.locking.space(fault_app).prefix, name)
     with WorkerProcess(base, tmp_path, concurrency=2, args=queue) as doomed:
         for n in range(10):
             rated.apply_async((job, n), queue=queue[1])
-        wait_until(lambda: locks.zcard(keys.log) == 10, 20, "five starts and five turns")
+        wait_until(lambda: locks.zcard(log) == 10, 20, "five starts and five turns")
         doomed.kill_group()
         doomed.wait(10)
     # Nobody comes back for the reserved turns: the keys end by time alone, within a window
     # after the last turn (and half a window more: the limiter lengthens its keys' lives only
     # when they run short, not on every call).
-    last_turn = float(locks.zrange(keys.log, -1, -1, withscores=True)[0][1]) / 1000
+    last_turn = float(locks.zrange(log, -1, -1, withscores=True)[0][1]) / 1000
     seconds, micros = locks.time()
-    assert 0 < locks.pttl(keys.log) / 1000 <= last_turn - (seconds + micros / 1e6) + 1.5 + 0.1
-    wait_until(lambda: not locks.exists(keys.log, keys.state), 5, "the limiter's keys to end")
+    assert 0 < locks.pttl(log) / 1000 <= last_turn - (seconds + micros / 1e6) + 1.5 + 0.1
+    wait_until(lambda: not locks.exists(log, f"{log}:state"), 5, "the limiter's keys to end")
     # and a new worker's calls start at once, five of them
     again = new_job("rate-kill-again")
     with WorkerProcess(base, tmp_path, concurrency=2, args=queue):
@@ -266,7 +272,7 @@ def test_locks_list_shows_the_limiters_in_use(
     lines = out.getvalue().splitlines()
     header, row = lines[-2].split(), lines[-1].split()
     assert header[:2] == ["LIMITER", "USED"]
-    key = RateKeys.for_name(space.prefix, name).log
+    key = rate_log(space.prefix, name)
     assert row[:4] == [key, "1/1", "1/m", "1"]  # one start of one, one turn handed out
     # a new call would come after the one waiting: a minute after its turn
     assert 110 < float(row[4]) <= 120 and 29 < float(row[5]) <= 30
@@ -347,7 +353,7 @@ def test_a_limiter_that_fails_lets_the_run_s_lock_go(
     # Redis refuses the limiter's script (its key holds a string: WRONGTYPE), after the run
     # took one of its job's two slots
     locks = fault_server.client(db=LOCK_DB)
-    locks.set(RateKeys.for_name(space.prefix, name).log, "not a sorted set", ex=60)
+    locks.set(rate_log(space.prefix, name), "not a sorted set", ex=60)
     call = task.delay(job, 0, 0.0)
     _done([call], 10)
     assert call.state == "FAILURE" and "LockBackendError" in repr(call.result)

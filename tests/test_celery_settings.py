@@ -9,11 +9,10 @@ import gc
 import uuid
 import weakref
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
 from celery_fixtures import (
     BASE_CONF,
     DB_BROKER,
@@ -22,6 +21,7 @@ from celery_fixtures import (
     own_redis_server,
     running_worker,
 )
+from celery_procs import close_app
 
 from celery_singleton_lock import (
     LockBackendError,
@@ -30,9 +30,6 @@ from celery_singleton_lock import (
     install,
     reload_settings,
 )
-from celery_singleton_lock._celery import config as config_module
-from celery_singleton_lock._celery.config import LockConfig
-from celery_singleton_lock._celery.wiring import on_start
 from celery_singleton_lock.testing import RedisServer, free_port
 
 
@@ -218,18 +215,37 @@ def test_django_style_celery_namespace_settings(server: RedisServer) -> None:
 # -- read once per app, read again by reload_settings -----------------------------------------
 
 
+def _run_lease(app: Celery) -> float:
+    """The lease of a run's lock under ``app``'s settings (``singleton_lock_ttl``): an eager
+    run's own lock, read in its body."""
+
+    @app_task(
+        app, base=LockedTask, bind=True, name=f"settings.lease_{uuid.uuid4().hex}", shared=False
+    )
+    def lease(self: LockedTask) -> float:
+        return float(self.lock.ttl)
+
+    return float(lease.apply().get(timeout=10))
+
+
+def _lock_client(app: Celery) -> Any:
+    """The lock client of ``app``, as a locked task of it reaches it."""
+    return LockedTask.lock_space(app).client
+
+
 def test_settings_are_read_once_and_again_after_reload_settings(server: RedisServer) -> None:
     app = _app("s_reload", broker_url=f"redis://127.0.0.1:{server.port}/3")
-    assert LockConfig.of(app).ttl == 30.0
+    task = _queued_lock_task(app)
+    assert _run_lease(app) == 30.0
     app.conf.singleton_lock_ttl = 12
     app.conf.update(singleton_lock_prefix="changed")
     # the first use read them: a change made afterwards is not seen ...
-    assert LockConfig.of(app).ttl == 30.0
-    assert LockConfig.of(app).prefix == "lock"
+    assert _run_lease(app) == 30.0
+    assert task.key_prefix(app) == "lock"
     reload_settings(app)
     # ... until the one call that reads them again
-    assert LockConfig.of(app).ttl == 12.0
-    assert LockConfig.of(app).prefix == "changed"
+    assert _run_lease(app) == 12.0
+    assert task.key_prefix(app) == "changed"
 
 
 def test_reload_settings_makes_a_new_lock_client_from_the_new_settings(
@@ -244,11 +260,11 @@ def test_reload_settings_makes_a_new_lock_client_from_the_new_settings(
     first = uuid.uuid4().hex
     task.apply_async((first,), queue="csl-nowhere")
     assert server.client(db=4).exists(task.lock_key_for(first))
-    client = LockConfig.of(app).client
+    client = _lock_client(app)
     app.conf.singleton_lock_redis_url = f"redis://127.0.0.1:{server.port}/5"
-    assert LockConfig.of(app).client is client  # unseen so far
+    assert _lock_client(app) is client  # unseen so far
     reload_settings(app)
-    assert LockConfig.of(app).client is not client
+    assert _lock_client(app) is not client
     second = uuid.uuid4().hex
     task.apply_async((second,), queue="csl-nowhere")
     assert server.client(db=5).exists(task.lock_key_for(second))
@@ -263,71 +279,88 @@ def test_reload_settings_keeps_the_lock_client_when_its_settings_did_not_change(
         broker_url=f"redis://127.0.0.1:{server.port}/3",
         singleton_lock_redis_options={"socket_timeout": 4},
     )
-    client = LockConfig.of(app).client
+    client = _lock_client(app)
     app.conf.singleton_lock_ttl = 12
     app.conf.singleton_lock_redis_options = {"socket_timeout": 4}  # equal: the same client
     reload_settings(app)
-    assert LockConfig.of(app).client is client
-    assert LockConfig.of(app).ttl == 12.0
+    assert _lock_client(app) is client
+    assert _run_lease(app) == 12.0
     app.conf.broker_url = f"redis://127.0.0.1:{server.port}/6"  # the locks follow the broker
     reload_settings(app)
-    assert LockConfig.of(app).client is not client
-    assert LockConfig.of(app).client.connection_pool.connection_kwargs["db"] == 6
+    assert _lock_client(app) is not client
+    assert _lock_client(app).connection_pool.connection_kwargs["db"] == 6
 
 
 def test_reload_settings_checks_again_at_the_next_use() -> None:
     app = _app("s_reload_wrong", broker_url="redis://127.0.0.1:1/0")
-    assert LockConfig.of(app).queue_ttl == 3600.0
+    task = _queued_lock_task(app)
+    assert task.queue_lease(app) == 3600.0
     app.conf.singleton_lock_queue_ttl = "1h"
     reload_settings(app)  # reading again raises nothing itself ...
     with pytest.raises(TypeError, match="singleton_lock_queue_ttl must be a number of seconds"):
-        LockConfig.of(app).check()  # ... the first lock (which checks) does
+        task.lock_key_for(1)  # ... the first use that checks does
     app.conf.singleton_lock_queue_ttl = 60
     reload_settings(app)
-    assert LockConfig.of(app).queue_ttl == 60.0
+    assert task.queue_lease(app) == 60.0
 
 
-def test_a_worker_start_reads_the_settings_again(caplog: pytest.LogCaptureFixture) -> None:
-    app = _app("s_worker_start", broker_url="redis://127.0.0.1:1/0")
-    assert LockConfig.of(app).ttl == 30.0
+class _WorkerStandIn:
+    """What ``worker_init``'s receivers read of the worker sent with it: its app."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+
+def test_a_worker_start_reads_the_settings_again(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a worker's start does: Celery sends ``worker_init`` with the worker (here a stand-in
+    with its app: a worker made would stay in this process's Celery state)."""
+    app = _app("s_worker_start", broker_url=f"redis://127.0.0.1:{server.port}/3")
+    assert _run_lease(app) == 30.0
     app.conf.singleton_lock_ttl = 7
-    on_start(sender=SimpleNamespace(app=app))  # what worker_init does
-    assert LockConfig.of(app).ttl == 7.0
+    signals.worker_init.send(sender=_WorkerStandIn(app))
+    assert _run_lease(app) == 7.0
     app.conf.singleton_lock_ttl = "7s"
     with pytest.raises(SystemExit) as stopped:
-        on_start(sender=SimpleNamespace(app=app))
+        signals.worker_init.send(sender=_WorkerStandIn(app))
     assert stopped.value.code == 1  # the reason is logged once, not repeated by the exit
     assert "singleton_lock_ttl must be a number of seconds" in str(stopped.value.__cause__)
     assert "the worker cannot start: singleton_lock_ttl must be a number" in caplog.text
 
 
-def test_install_before_the_app_is_configured_does_not_freeze_the_settings() -> None:
-    app = _app("s_install_early", broker_url="redis://127.0.0.1:1/0")
+def test_install_before_the_app_is_configured_does_not_freeze_the_settings(
+    server: RedisServer,
+) -> None:
+    app = _app("s_install_early", broker_url=f"redis://127.0.0.1:{server.port}/3")
     install(app)  # where the app module calls it, before the rest of its configuration
     app.conf.singleton_lock_ttl = 9
-    assert LockConfig.of(app).ttl == 9.0
+    assert _run_lease(app) == 9.0
 
 
-def test_settings_are_kept_per_app_and_go_with_it() -> None:
-    one = _app("s_one", broker_url="redis://127.0.0.1:1/0", singleton_lock_ttl=1)
-    two = _app("s_two", broker_url="redis://127.0.0.1:1/0", singleton_lock_ttl=2)
-    assert (LockConfig.of(one).ttl, LockConfig.of(two).ttl) == (1.0, 2.0)
-    read = config_module._configs  # noqa: SLF001  # where the package keeps each app's config
-    assert one in read and two in read
+def test_settings_are_kept_per_app_and_go_with_it(server: RedisServer) -> None:
+    broker = f"redis://127.0.0.1:{server.port}/3"
+    one = _app("s_one", broker_url=broker, singleton_lock_ttl=1)
+    two = _app("s_two", broker_url=broker, singleton_lock_ttl=2)
+    assert (_run_lease(one), _run_lease(two)) == (1.0, 2.0)
     assert "_singleton_lock" not in " ".join(map(str, vars(one.conf)))  # nothing of ours there
     gone = weakref.ref(one)
+    close_app(one)
     del one
     gc.collect()
-    assert gone() is None  # the cache does not keep an app alive
-    assert two in read
+    assert gone() is None  # what the package keeps of an app does not keep it alive
+    assert _run_lease(two) == 2.0
 
 
 def test_a_misspelt_setting_is_found_in_the_conf_mapping() -> None:
     app = new_app("s_misspelt")
     app.config_from_object({"CELERY_SINGLETON_LOCK_TIMOUT": 5}, namespace="CELERY")
-    problems = LockConfig.of(app).problems
-    assert len(problems) == 1
-    assert "CELERY_SINGLETON_LOCK_TIMOUT is not a celery-singleton-lock setting" in str(problems[0])
+    # one problem: raised as it is (several would be one ValueError listing them all)
+    with pytest.raises((TypeError, ValueError)) as problem:
+        _queued_lock_task(app).lock_key_for(1)
+    assert str(problem.value).startswith(
+        "CELERY_SINGLETON_LOCK_TIMOUT is not a celery-singleton-lock setting"
+    ), str(problem.value)
 
 
 # -- bad options at decoration time ----------------------------------------------------------

@@ -1,7 +1,7 @@
 """docs/combinations.md's matrix of every pair of task options is the class check's: each row's
-verdict (supported or refused) is what ``validate_options`` says of the row's options, every
-pair of two options' settings has one row, every option has a setting, and each supported
-row names the tests that prove it (tests that exist)."""
+verdict (supported or refused) is what making a ``LockedTask`` with the row's options says, every
+pair of two options' settings has one row, every option (of the README's options table) has a
+setting, and each supported row names the tests that prove it (tests that exist)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 
-from celery_singleton_lock._celery.options import OPTION_NAMES, validate_options
+from celery_singleton_lock import LockedTask
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "combinations.md"
+#: every task option: the first column of the README's options table
+OPTION_NAMES = re.findall(
+    r"^\| `(lock_\w+)` \|", (ROOT / "README.md").read_text(encoding="utf-8"), re.M
+)
 #: the model-based test of every admitted combination (cited by every supported row)
 MODEL = "tests/test_job_model.py"
 
@@ -52,8 +57,13 @@ ROWS = _rows()
 def test_each_row_says_what_the_class_check_says(row: list[str]) -> None:
     first, second, needed, said, why = row
     options = {**_options(needed), **_options(first), **_options(second)}
+    app = Celery("matrix", set_as_current=False)
+    app.finalize()  # so that app.task makes the class now, and checks its options
+
+    def job(n: int = 0) -> None: ...  # the parameter the rows' lock_unique_on names
+
     try:
-        validate_options("matrix", options)
+        app.task(base=LockedTask, name="matrix.job", shared=False, **options)(job)
     except (TypeError, ValueError) as exc:
         refused: str | None = str(exc)
     else:

@@ -10,12 +10,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import redis
 from lock_helpers import renewed_holds, wait_until
-from redis.backoff import NoBackoff
+from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock import (
@@ -26,8 +27,10 @@ from celery_singleton_lock import (
     LockTimeoutError,
     ReentrantLock,
 )
+from celery_singleton_lock._lock.deadline import deadline
 from celery_singleton_lock._lock.runtime import LockRuntime
-from celery_singleton_lock.testing import free_port
+from celery_singleton_lock.lock import DeadlineRetry
+from celery_singleton_lock.testing import RedisServer, free_port
 
 pytestmark = pytest.mark.faults
 
@@ -244,3 +247,85 @@ def test_a_redis_that_hangs_without_a_socket_timeout_still_sets_lost(
     fresh.release()
     with pytest.raises(LockNotOwnedError):
         hung.release()
+
+
+# -- resends and background calls under a deadline -------------------------------------------
+
+
+@contextmanager
+def _stopped(server: RedisServer) -> Iterator[None]:
+    """The server SIGSTOPped (it accepts connections, never answers) until the block ends."""
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+def test_resends_stop_before_a_pause_would_pass_the_deadline() -> None:
+    """The policy would resend 50 times, 0.3 s apart (15 s); under a 1 s deadline the last
+    resend starts before it, and no pause ends past it. (The policy is called directly: a
+    refused connect is not resent at all by redis-py before 6, whatever the policy.)"""
+    policy = DeadlineRetry(ConstantBackoff(0.3), 50)
+    attempts: list[float] = []
+
+    def refused() -> None:
+        attempts.append(time.monotonic())
+        raise redis.ConnectionError("refused")
+
+    started = time.monotonic()
+    with deadline(1.0), pytest.raises(redis.ConnectionError):
+        policy.call_with_retry(refused, lambda _error: None)
+    elapsed = time.monotonic() - started
+    assert 0.6 <= elapsed < 1.1, elapsed  # resent at 0.3, 0.6 and 0.9 s
+    assert len(attempts) == 4, attempts
+    # without a deadline the same policy resends as redis-py's Retry does
+    attempts.clear()
+    with pytest.raises(redis.ConnectionError):
+        DeadlineRetry(ConstantBackoff(0.01), 5).call_with_retry(refused, lambda _error: None)
+    assert len(attempts) == 6, attempts
+
+
+def test_a_background_call_outlives_a_stall_only_when_asked_to(
+    make_redis_server: Callable[..., RedisServer],
+) -> None:
+    """A cancel keeps trying while the server does not answer (it may run the lost acquire
+    when it wakes); a plain background call gives up when its time is up, and says so (a
+    pending cancel is forgotten that way)."""
+    server = make_redis_server()
+    client = redis.Redis(
+        port=server.port,
+        socket_timeout=0.3,
+        socket_connect_timeout=0.3,
+        retry=Retry(NoBackoff(), 0),
+    )
+    assert client.ping()
+
+    def setter(key: str) -> Callable[[], None]:
+        def set_key() -> None:
+            client.set(key, 1)
+
+        return set_key
+
+    lane = LockRuntime.of(client)
+    gave_up: list[str] = []
+    with _stopped(server):
+        lane.retry(
+            setter("stalled:kept"),
+            "set stalled:kept",
+            0.5,
+            budget=0.3,
+            while_stalled=True,
+            gave_up=lambda: gave_up.append("kept"),
+        )
+        lane.retry(
+            setter("stalled:dropped"),
+            "set stalled:dropped",
+            0.5,
+            gave_up=lambda: gave_up.append("dropped"),
+        )
+        time.sleep(2.0)  # the stall's length (the scenario): four times what either was given
+    wait_until(lambda: client.exists("stalled:kept"), timeout=10)
+    assert not client.exists("stalled:dropped")
+    assert gave_up == ["dropped"]

@@ -1,5 +1,6 @@
-"""Metrics (``celery_singleton_lock.metrics``): what the lock counts, read from a registry of the
-test's own; and real ``celery worker`` subprocesses serving them, scraped over HTTP."""
+"""Metrics (``celery_singleton_lock.metrics``): what the lock counts in this process while a
+test runs (:func:`metrics.enable`); and real ``celery worker`` subprocesses serving them,
+scraped over HTTP."""
 
 from __future__ import annotations
 
@@ -20,31 +21,41 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import LockBackendError, LockSpace, ReentrantLock
-from celery_singleton_lock._lock import set_observer
-from celery_singleton_lock.metrics import LockMetrics
+from celery_singleton_lock import LockBackendError, LockSpace, ReentrantLock, metrics
 from celery_singleton_lock.testing import RedisServer, free_port
+
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class Counted:
+    """What this process's metrics counted since it was made: the metrics are enabled once per
+    process (the first registry stays), so a test reads how much each sample grew."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.start = self.samples()
+
+    def samples(self) -> dict[Sample, float]:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in self.registry.collect()
+            for sample in family.samples
+        }
+
+    def __call__(self, name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return self.samples().get(key, 0.0) - self.start.get(key, 0.0)
 
 
 @pytest.fixture
-def metrics() -> Iterator[tuple[LockMetrics, CollectorRegistry]]:
-    registry = CollectorRegistry()
-    counting = LockMetrics(registry)
-    before = set_observer(counting)
+def counted() -> Iterator[Counted]:
     try:
-        yield counting, registry
+        yield Counted(metrics.enable(CollectorRegistry()).registry)
     finally:
-        set_observer(before)
+        metrics.disable()
 
 
-def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
-
-
-def test_the_lock_counts_each_outcome(
-    metrics: tuple[LockMetrics, CollectorRegistry], redis_client: Any
-) -> None:
-    _, registry = metrics
+def test_the_lock_counts_each_outcome(counted: Counted, redis_client: Any) -> None:
     name = f"m-{uuid.uuid4().hex}"
     holder = ReentrantLock(redis_client, name, ttl=0.6, owner="holder")
     assert holder.acquire(blocking=False)
@@ -56,35 +67,32 @@ def test_the_lock_counts_each_outcome(
     holder.release()
     holder.release()
 
-    assert _value(registry, "celery_singleton_lock_acquires_total", outcome="acquired") == 1
-    assert _value(registry, "celery_singleton_lock_acquires_total", outcome="reentered") == 1
-    assert _value(registry, "celery_singleton_lock_acquires_total", outcome="refused") == 2
-    assert _value(registry, "celery_singleton_lock_wait_seconds_count") == 1
-    assert _value(registry, "celery_singleton_lock_wait_seconds_sum") >= 0.25
-    assert _value(registry, "celery_singleton_lock_hold_seconds_count") == 1
-    assert _value(registry, "celery_singleton_lock_hold_seconds_sum") >= 0.9
-    assert _value(registry, "celery_singleton_lock_renewals_total") >= 2
-    assert _value(registry, "celery_singleton_lock_lost_total") == 0
+    assert counted("celery_singleton_lock_acquires_total", outcome="acquired") == 1
+    assert counted("celery_singleton_lock_acquires_total", outcome="reentered") == 1
+    assert counted("celery_singleton_lock_acquires_total", outcome="refused") == 2
+    assert counted("celery_singleton_lock_wait_seconds_count") == 1
+    assert counted("celery_singleton_lock_wait_seconds_sum") >= 0.25
+    assert counted("celery_singleton_lock_hold_seconds_count") == 1
+    assert counted("celery_singleton_lock_hold_seconds_sum") >= 0.9
+    assert counted("celery_singleton_lock_renewals_total") >= 2
+    assert counted("celery_singleton_lock_lost_total") == 0
 
 
-def test_a_lost_lease_and_a_backend_error_are_counted(
-    metrics: tuple[LockMetrics, CollectorRegistry], redis_client: Any
-) -> None:
-    _, registry = metrics
+def test_a_lost_lease_and_a_backend_error_are_counted(counted: Counted, redis_client: Any) -> None:
     name = f"m-{uuid.uuid4().hex}"
     lock = ReentrantLock(redis_client, name, ttl=0.6)
     assert lock.acquire(blocking=False)
     LockSpace(redis_client).force_release(name)  # an operator frees it under the holder
     assert lock.lost.wait(2.0)
-    assert _value(registry, "celery_singleton_lock_lost_total") == 1
+    assert counted("celery_singleton_lock_lost_total") == 1
     assert lock.lost.is_set()  # asking again counts nothing more
-    assert _value(registry, "celery_singleton_lock_lost_total") == 1
+    assert counted("celery_singleton_lock_lost_total") == 1
 
     # (no resends: redis-py's default retry would take some 10 s to give up on a refusal)
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
     with pytest.raises(LockBackendError):
         ReentrantLock(dead, name).acquire(blocking=False)
-    assert _value(registry, "celery_singleton_lock_backend_errors_total") == 1
+    assert counted("celery_singleton_lock_backend_errors_total") == 1
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -1,6 +1,7 @@
-"""Recent counts (``_ops/counts.py``, written by ``_celery/counts.py``): duplicates, refusals
-and lost locks counted per minute in Redis by real ``celery worker`` subprocesses (prefork:
-the pool children count and write), read back by :func:`recent_counts`.
+"""Recent counts (setting ``singleton_lock_counts``): duplicates, refusals and lost locks
+counted per minute in Redis by real ``celery worker`` subprocesses (prefork: the pool children
+count and write), or by this process (an eager run refused), read back by
+:func:`recent_counts`.
 
 * a duplicate skipped for a limit, a cooldown or a rate is counted, with its refusal's reason,
   within the flush interval (each check waits for the exact counts with ``wait_until``); a
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,11 +34,15 @@ from lock_helpers import START_TIMEOUT, server_time, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import LockBackendError, LockSpace, close, reload_settings
-from celery_singleton_lock._celery import counts as writer
-from celery_singleton_lock._celery.config import LockConfig
-from celery_singleton_lock._ops.counts import RecentCounts, recent_counts
-from celery_singleton_lock._ops.locks import find_limiters, find_locks
+from celery_singleton_lock import (
+    LockBackendError,
+    LockSpace,
+    RecentCounts,
+    close,
+    recent_counts,
+    reload_settings,
+)
+from celery_singleton_lock.lock import LockState
 from celery_singleton_lock.testing import RedisServer, free_port
 
 pytestmark = [pytest.mark.timeout(START_TIMEOUT + 120)]
@@ -64,6 +68,26 @@ def worker(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Ite
     log_dir = tmp_path_factory.mktemp("counts")
     with WorkerProcess(redis_base(server.port), log_dir, concurrency=3) as worker:
         yield worker
+
+
+def _refuse(app: Celery, calls: int = 1) -> None:
+    """``calls`` calls of ``fault.limited`` (``lock_limit=3``) refused for the limit, in this
+    process: eager runs of a job whose three slots others hold. Each counts a refusal
+    (``limit``) and a duplicate skipped."""
+    task = app.tasks["fault.limited"]
+    job = new_job("refused")
+    space = task.lock_space(app)
+    name = space.keys_of(task.lock_key_for(job)).name
+    for holder in range(3):
+        assert space.named(name, 3).take(f"other-{holder}", 30).acquired
+    for _ in range(calls):
+        assert task.apply((job,)).state == "IGNORED"
+
+
+def _held(client: Any) -> list[LockState]:
+    """The held locks under the default prefix, as ``locks list`` reads them."""
+    space = LockSpace(client)
+    return [state for state in space.inspect_many(list(space.find())) if state.held]
 
 
 def _flat(counts: RecentCounts) -> dict[str, int]:
@@ -131,8 +155,8 @@ def test_duplicates_and_refusals_are_counted(
     job = new_job("count-lost")
     run = short.delay(job, 1.0)
     wait_until(lambda: data.llen(f"starts:{job}") == 1, 20, "the run to start")
-    (view,) = [v for v in find_locks(locks) if v.holder == run.id]
-    assert LockSpace(locks).force_release(view.key)
+    (held,) = [state for state in _held(locks) if state.holder == run.id]
+    assert LockSpace(locks).force_release(held.keys.lock)
     assert run.get(timeout=20)["lost"]
     _reach(locks, now, lost=1)
     for call in running:
@@ -140,16 +164,17 @@ def test_duplicates_and_refusals_are_counted(
 
     # the counts' keys are neither locks nor limiters
     assert locks.keys("lock:counts:*")
-    assert all(":counts:" not in v.key for v in find_locks(locks))
+    assert all(":counts:" not in state.keys.lock for state in _held(locks))
     assert not any("counts" in keys.lock for keys in LockSpace(locks).find())
-    assert not any("counts" in r.name for r in find_limiters(locks))
+    assert not any("counts" in r.name for r in LockSpace(locks).rate_limiters())
 
 
 def test_only_the_window_is_counted(server: RedisServer) -> None:
     client = server.client(db=LOCK_DB)
     minute = int(server_time(client) // 60)
     for ago, n in ((0, 1), (59, 2), (60, 4), (90, 8)):
-        client.hincrby(writer.counts_key("window", minute - ago), "refusals:limit", n)
+        # the counts of a minute: the hash `<prefix>:counts:<epoch minute>` (docs/operating.md)
+        client.hincrby(f"window:counts:{minute - ago}", "refusals:limit", n)
     assert recent_counts(client, "window").refusals["limit"] == 3
     assert recent_counts(client, "window", minutes=61).refusals["limit"] == 7
     assert recent_counts(client, "window", minutes=120).refusals["limit"] == 15
@@ -195,37 +220,26 @@ class _Records(logging.Handler):
 
 
 def test_a_failed_write_keeps_the_counts(tmp_path: Path) -> None:
-    """The writer of this process, against a redis-server stopped and started again."""
+    """The writer of this process, against a redis-server stopped (just after the counts,
+    before the writer's next write, about a second later) and started again."""
     own = RedisServer().start()
     app = faultapp.make_app(redis_base(own.port))
     records = _Records()
     logging.getLogger("celery_singleton_lock.counts").addHandler(records)
     try:
-        task = app.tasks["fault.limited"]
-        locks = own.client(db=LOCK_DB)
-        locks.ping()
-        config = task.locking.bound(app).config
-        config.client.ping()  # the app's client, made while it is up
+        _refuse(app, 3)
         own.stop()
-        for _ in range(3):
-            writer.count(task, "refusals:limit")
         # this app's writer's (another test's app may log its own failures meanwhile)
         port = f":{own.port}."
         ours = wait_until(
             lambda: [m for m in records.messages if port in m], 10, "a failed write to be logged"
         )
-        assert "could not write 3 lock counts to Redis" in ours[0]
-        # kept (between a write's take and its put back, fewer are pending for a moment)
-        wait_until(lambda: sum(config.counter.pending().values()) == 3, 10, "3 counts kept")
-        pending = config.counter.pending()
-        assert pending == {("lock", int(time.time() // 60), "refusals:limit"): 3} or (
-            len(pending) == 2  # a minute boundary between two counts
-        )
+        assert "could not write 6 lock counts to Redis" in ours[0]  # 3 refusals, 3 skips
         own.start()
         locks = own.client(db=LOCK_DB)
         # the writer backs off while Redis fails: up to a few seconds before the next try
         wait_until(lambda: recent_counts(locks).refusals["limit"] == 3, 30, "the counts written")
-        assert config.counter.pending() == {}
+        assert recent_counts(locks).duplicates["skipped"] == 3
     finally:
         logging.getLogger("celery_singleton_lock.counts").removeHandler(records)
         close_app(app)
@@ -233,26 +247,20 @@ def test_a_failed_write_keeps_the_counts(tmp_path: Path) -> None:
 
 
 def test_a_reload_keeps_the_counts_with_the_client_or_writes_them(server: RedisServer) -> None:
-    """``reload_settings`` with the same client: the same counter goes on counting; with
-    another client (another Redis URL): what the old one counted is written at once, before
-    its thread's next write, and its thread stops."""
+    """``reload_settings`` with the same client: counting goes on; with another client
+    (another Redis URL): what was counted is written at the app's next use, at once, not at
+    the thread's next write (about a second later)."""
     app = faultapp.make_app(redis_base(server.port))
     app.conf.singleton_lock_prefix = prefix = new_job("reload")  # counts of this test's own
     locks = server.client(db=LOCK_DB)
     try:
-        task = app.tasks["fault.limited"]
-        first = LockConfig.of(app)
-        first.client.ping()
-        writer.count(task, "refusals:cooldown")
+        _refuse(app)
         reload_settings(app)
-        assert LockConfig.of(app).counter is first.counter  # the same client: counts go on
-        writer.count(task, "refusals:cooldown")
-        assert sum(first.counter.pending().values()) == 2
+        _refuse(app)
         app.conf.singleton_lock_redis_url = f"{redis_base(server.port)}/{DATA_DB}"
         reload_settings(app)
-        assert LockConfig.of(app).counter_if_made is None  # another client: a counter of its own
-        assert first.counter.pending() == {}
-        assert recent_counts(locks, prefix).refusals["cooldown"] == 2
+        app.tasks["fault.limited"].lock_key_for("next-use")  # reads the settings again
+        assert recent_counts(locks, prefix).refusals["limit"] == 2
     finally:
         close_app(app)
 
@@ -271,17 +279,15 @@ def test_close_writes_the_counts_and_ends_the_writer(server: RedisServer) -> Non
     locks = server.client(db=LOCK_DB)
     try:
         close(app)  # nothing counted yet (no client made): nothing to do
-        task = app.tasks["fault.limited"]
         before = _writers()
-        writer.count(task, "refusals:limit")
-        writer.count(task, "duplicates:skipped")
+        _refuse(app)
         (first,) = _writers() - before  # started by the first count
         assert close(app) is True  # Redis took them
         assert not first.is_alive()
         counted = recent_counts(locks, prefix)
         assert (counted.refusals["limit"], counted.duplicates["skipped"]) == (1, 1)
 
-        writer.count(task, "refusals:limit")
+        _refuse(app)
         (second,) = _writers() - before
         wait_until(lambda: recent_counts(locks, prefix).refusals["limit"] == 2, 10, "the write")
         close(app)
@@ -298,10 +304,8 @@ def test_close_says_when_redis_did_not_take_the_counts() -> None:
     own = RedisServer().start()
     app = faultapp.make_app(redis_base(own.port))
     try:
-        task = app.tasks["fault.limited"]
-        task.locking.bound(app).config.client.ping()  # the app's client, made while it is up
-        writer.count(task, "refusals:limit")
-        own.stop()
+        _refuse(app)
+        own.stop()  # before the writer's next write, about a second later
         assert close(app) is False
         own.start()
         assert close(app) is True

@@ -30,7 +30,6 @@ from lock_helpers import START_TIMEOUT
 import celery_singleton_lock
 import celery_singleton_lock.lock
 from celery_singleton_lock import LockBackendError, LockedTask, LockError, MisconfiguredError
-from celery_singleton_lock._celery.config import LockConfig
 from celery_singleton_lock._celery.options import OPTION_NAMES, options_table
 from celery_singleton_lock._celery.settings import settings_table
 
@@ -208,8 +207,13 @@ def test_a_wrong_setting_is_named_when_it_is_read(
 ) -> None:
     app = Celery("pkg_settings", set_as_current=False)
     app.conf[name] = value
+    app.finalize()  # so that app.task makes the class now
+
+    def job() -> None: ...
+
+    task = app.task(base=LockedTask, name="pkg.settings", shared=False)(job)
     with pytest.raises(error) as info:
-        LockConfig.of(app).check()
+        task.lock_key_for()  # the first use that checks the settings (no client needed)
     assert name in str(info.value) and says in str(info.value)
 
 
@@ -460,35 +464,20 @@ LOCK_WHITE_BOX = frozenset(
     }
 )
 
+#: the tests that check the package against its own definitions, not as a user sees it: each
+#: may import the private modules it checks, for the reason given
+DEFINITIONS_WHITE_BOX = {
+    "test_package.py": "the package's import rules and exports; the README tables' definitions",
+    "test_docs.py": "the docs' tables, header names, key limits, log lines against the code's",
+    "test_lifecycle.py": "docs/lifecycle.md's table is the one the code takes its states from",
+}
+
 #: the other tests that still import a private module: each is to move to public names (or to
 #: a fixture of the tests' own); none may join the list
 NOT_YET_PUBLIC = frozenset(
     {
-        "celery_procs.py",
-        "faultapp.py",
-        "test_bad_input.py",
-        "test_celery_dropped.py",
-        "test_celery_hung_redis.py",
-        "test_celery_limits.py",
-        "test_celery_options.py",
-        "test_celery_queue_seams.py",
-        "test_celery_rate.py",
-        "test_celery_settings.py",
-        "test_celery_task_classes.py",
-        "test_combinations.py",
-        "test_docs.py",
-        "test_durations.py",
         "test_hot_paths.py",
         "test_job_model.py",
-        "test_lifecycle.py",
-        "test_metrics.py",
-        "test_ops_batch.py",
-        "test_ops_counts.py",
-        "test_package.py",
-        "test_production.py",
-        "web_helpers.py",
-        "web_world.py",
-        "webproj/serve.py",
     }
 )
 
@@ -501,11 +490,13 @@ _PRIVATE_IMPORT = re.compile(
 
 def test_tests_import_private_modules_only_where_listed() -> None:
     """A test reaches the package through its public names, as a user does; the lock layer's
-    white-box tests are the exception, and the tests not yet moved are listed."""
+    white-box tests and the checks of the package's own definitions are the exceptions, and
+    the tests not yet moved are listed."""
     tests = ROOT / "tests"
     found = {
         path.relative_to(tests).as_posix()
         for path in tests.rglob("*.py")
         if _PRIVATE_IMPORT.search(path.read_text(encoding="utf-8"))
     }
-    assert found <= LOCK_WHITE_BOX | NOT_YET_PUBLIC, sorted(found - LOCK_WHITE_BOX - NOT_YET_PUBLIC)
+    allowed = LOCK_WHITE_BOX | DEFINITIONS_WHITE_BOX.keys() | NOT_YET_PUBLIC
+    assert found <= allowed, sorted(found - allowed)

@@ -4,6 +4,7 @@ a small HTTP client over http.client that keeps cookies and reads the page's for
 from __future__ import annotations
 
 import http.client
+import socketserver
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,11 +13,24 @@ from html.parser import HTMLParser
 from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
-from wsgiref.simple_server import make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from celery_singleton_lock.web import LocksWeb
-from celery_singleton_lock.web.serve import _QuietHandler, _ThreadingServer
 from celery_singleton_lock.web.serve import make_server as make_page_server
+
+
+class ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    """wsgiref's server, a thread per request (as ``locks web`` serves the page): a slow client
+    does not stall the others."""
+
+    daemon_threads = True
+
+
+class QuietHandler(WSGIRequestHandler):
+    """Requests not printed on stderr, among the tests' output."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
 
 
 @contextmanager
@@ -28,7 +42,7 @@ def served(app: Any, allowed_hosts: tuple[str, ...] = ()) -> Iterator[str]:
         server = make_page_server(app, "127.0.0.1", 0, allowed_hosts)
     else:
         server = make_server(
-            "127.0.0.1", 0, app, server_class=_ThreadingServer, handler_class=_QuietHandler
+            "127.0.0.1", 0, app, server_class=ThreadingServer, handler_class=QuietHandler
         )
     thread = threading.Thread(target=server.serve_forever, name="web-test-server", daemon=True)
     thread.start()

@@ -33,10 +33,11 @@ from celery_procs import ROOT, WorkerProcess, close_app, new_job, redis_base
 from lock_helpers import START_TIMEOUT, wait_until
 
 from celery_singleton_lock import LockSpace
-from celery_singleton_lock._celery.modes.queue import QUEUED
 from celery_singleton_lock.testing import RedisServer
 
 PREFIX = "lock"
+#: the suffix of a queued lock's name: `<job's lock name>:queued` (docs/upgrading.md)
+QUEUED = ":queued"
 #: the token that lets the page change locks (given to the server in its environment)
 TOKEN = "open-sesame-4f2a"
 #: the leader lock of the fault app's beats
