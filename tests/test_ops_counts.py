@@ -18,7 +18,9 @@ count and write), or by this process (an eager run refused), read back by
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,20 +228,27 @@ def test_a_failed_write_keeps_the_counts(tmp_path: Path) -> None:
     app = faultapp.make_app(redis_base(own.port))
     records = _Records()
     logging.getLogger("celery_singleton_lock.counts").addHandler(records)
+    # this app's writer's (another test's app may log its own failures meanwhile)
+    port = f":{own.port}."
     try:
-        _refuse(app, 3)
-        own.stop()
-        # this app's writer's (another test's app may log its own failures meanwhile)
-        port = f":{own.port}."
-        ours = wait_until(
-            lambda: [m for m in records.messages if port in m], 10, "a failed write to be logged"
-        )
-        assert "could not write 6 lock counts to Redis" in ours[0]  # 3 refusals, 3 skips
+        made = 0
+        for _ in range(3):
+            _refuse(app, 3)
+            made += 3
+            own.stop()
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: [m for m in records.messages if port in m], 5, "a failure")
+            if any(port in m for m in records.messages):
+                break
+            own.start()  # a loaded machine let the writer write before the stop: again
+        ours = [m for m in records.messages if port in m]
+        assert ours, "the writer wrote each time before the server stopped"
+        assert re.search(r"could not write \d+ lock counts to Redis", ours[0]), ours[0]
         own.start()
         locks = own.client(db=LOCK_DB)
         # the writer backs off while Redis fails: up to a few seconds before the next try
-        wait_until(lambda: recent_counts(locks).refusals["limit"] == 3, 30, "the counts written")
-        assert recent_counts(locks).duplicates["skipped"] == 3
+        wait_until(lambda: recent_counts(locks).refusals["limit"] == made, 30, "the counts")
+        assert recent_counts(locks).duplicates["skipped"] == made
     finally:
         logging.getLogger("celery_singleton_lock.counts").removeHandler(records)
         close_app(app)
