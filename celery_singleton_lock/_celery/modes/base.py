@@ -89,7 +89,7 @@ class RunMode:
         return message_lock
 
     def job_of(self, at: Attempt) -> NamedLock:
-        """The lock (or slots) a run of ``at`` takes."""
+        """The job's lock that the run of ``at`` takes, to act on in Redis."""
         return at.bound.space.named(self.run_lock(at.message), self.limit)
 
     def message_lock_of(
@@ -213,8 +213,8 @@ class RunMode:
         if run is None:
             held.release_all()
             return
-        # None after a park: the comeback was not sent; the hold kept for it is taken back
-        # and let go (a copy that waits for the run is woken), as for a retry.
+        # After a park for a comeback that was not sent, the hold is taken back first; let go
+        # as a run's end is (a copy that waits for the run is woken), with no cooldown.
         run.unpark()
         run.finish("a rate limit", failed=False, cooldown=False)
 
