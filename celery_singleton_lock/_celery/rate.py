@@ -39,8 +39,9 @@ RATE_HEADER = "singleton_lock_rate"
 #: instead of coming back: about what a comeback itself takes on a busy worker
 NEAR_TURN = 0.25
 
-#: what the mode does with the job's hold when a call gives up its turn: ``let_go(countdown)``
-#: keeps the hold for a comeback due in ``countdown`` seconds, ``let_go(None)`` frees it
+#: the mode's say on the job's hold (its ``yield_hold``) as a call waits for its turn:
+#: ``let_go(countdown)`` for a comeback due in ``countdown`` seconds, ``let_go(None)`` when
+#: nothing comes back
 LetGo = Callable[[float | None], None]
 
 

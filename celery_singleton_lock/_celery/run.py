@@ -26,6 +26,7 @@ from .hold import holder_info
 from .lifecycle import AT_RETRY
 
 if TYPE_CHECKING:
+    from .modes.base import Attempt
     from .rate import Turn
 
 __all__ = ["TaskRun", "current_run", "retry_keeping_lock", "run_locked", "seconds_until"]
@@ -47,6 +48,7 @@ class TaskRun:
     __slots__ = (
         "after_end",
         "after_park",
+        "attempt",
         "body_started",
         "finished",
         "lock",
@@ -71,8 +73,10 @@ class TaskRun:
         #: the class's ``__call__`` chain reached the body: a call of the task from now on is
         #: a nested call inside its own run
         self.body_started = False
-        #: its turn under ``lock_rate`` (``None`` without the option)
+        #: its turn under ``lock_rate`` (``None`` without the option), and how its mode took
+        #: its lock (what a pause of the limiter gives back)
         self.turn: Turn | None = None
+        self.attempt: Attempt | None = None
 
     @property
     def held_lock(self) -> ReentrantLock | None:

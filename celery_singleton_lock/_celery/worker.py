@@ -111,7 +111,8 @@ def _release_dropped(consumer: Any, message: Any, why: str) -> None:
             if run.force_release(holder=task_id, states=(AT_RETRY,)):
                 freed, job = True, run
                 if task is not None and mode is not None:  # its waiting copy comes now
-                    mode.released(task, task.locking.bound(app), run.name, task_id, True, None)
+                    job_space = task.locking.bound(app).space
+                    mode.released(task, job_space.named(run.name, mode.limit), task_id, True, None)
     except Exception as exc:
         log.error(
             "could not release the lock of dropped task %s (%s): %s; it frees itself when its "

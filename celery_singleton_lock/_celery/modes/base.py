@@ -4,8 +4,9 @@ returns; a duplicate that reaches a worker meanwhile is handled as ``lock_on_loc
 
 A mode is made once per task class, with the class's options and its parts (its cooldown, its
 ``lock_on_locked`` choice); :mod:`.publish` and :mod:`.queue` extend it. Its methods are the
-job's life: ``enter`` (a run starts), what a run's end or retry does (:mod:`..run`), and
-``release_for`` (the worker's main process, for a run whose pool process cannot).
+job's life: ``enter`` (a run starts), ``yield_hold`` (a call waits for its ``lock_rate`` turn),
+what a run's end or retry does (:mod:`..run`), and ``release_for`` (the worker's main process,
+for a run whose pool process cannot).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NamedTuple, NoReturn
 
 from celery import states
 from celery.exceptions import Ignore
@@ -36,10 +37,20 @@ from ..parts import Cooldown, refusal_reason
 from ..rate import TaskRate, Turn
 from ..run import TaskRun
 
-__all__ = ["Mode", "RunMode", "free_revoked_holder"]
+__all__ = ["Attempt", "Mode", "RunMode", "free_revoked_holder"]
 
 log = logging.getLogger("celery_singleton_lock.run")
 log_release = logging.getLogger("celery_singleton_lock.release")
+
+
+class Attempt(NamedTuple):
+    """A run taking its job's lock: what each step of its start is given."""
+
+    task: Any
+    request: Any
+    bound: Bound
+    #: the lock its message holds, or would hold
+    message: str
 
 
 class RunMode:
@@ -77,6 +88,10 @@ class RunMode:
         """The lock a run takes, from the lock its message holds."""
         return message_lock
 
+    def job_of(self, at: Attempt) -> NamedLock:
+        """The job's lock that the run of ``at`` takes, to act on in Redis."""
+        return at.bound.space.named(self.run_lock(at.message), self.limit)
+
     def message_lock_of(
         self, task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> str:
@@ -96,7 +111,7 @@ class RunMode:
         message = self.message_lock_of(task, request, args, kwargs)
         bound = task.locking.bound(task.app)
         try:
-            return self.take(task, request, bound, message)
+            return self.take(Attempt(task, request, bound, message))
         except LockBackendError as exc:
             if not bound.config.proceed_on_backend_error:
                 raise
@@ -108,7 +123,8 @@ class RunMode:
             )
             return TaskRun(task, None)
 
-    def take(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
+    def take(self, at: Attempt) -> TaskRun:
+        task, request, bound, message = at
         name = self.run_lock(message)
         # The call's limiter first: a lock_rate or lock_rate_key callable that fails does so
         # before anything is written.
@@ -118,7 +134,7 @@ class RunMode:
         if not self.holds_lock:  # lock_rate alone: no lock, the limiter only
             assert limiter is not None, "lock_limit=None is refused without lock_rate"
             run = TaskRun(task, None)
-            run.turn = self.admit(task, request, bound, message, None, limiter)
+            run.turn, run.attempt = self.admit(at, None, limiter), at
             return run
         lock = self.new_lock(task, bound, name, request.id)
         reply = lock.try_acquire()
@@ -134,13 +150,7 @@ class RunMode:
         if reply.acquired:
             held = lock.held if isinstance(lock, Semaphore) else lock
             assert held is not None, "an acquired semaphore holds a slot"
-            # self.started(...), written out: the per-task path makes no call more
-            turn = None
-            if limiter is not None:
-                turn = self.admit(task, request, bound, message, held, limiter)
-            run = self.entered(task, request, bound, held, message)
-            run.turn = turn
-            return run
+            return self.started(at, held, limiter)
         if reply.other_run:
             log.warning(
                 "not running %s[%s]: this message was delivered again while its first run is "
@@ -150,40 +160,20 @@ class RunMode:
                 lock.key,
             )
             raise Ignore()
-        job = bound.space.named(name, self.limit)
-        return self.refused(task, request, bound, message, job, lock, reply)
+        return self.refused(at, self.job_of(at), lock, reply)
 
-    def started(
-        self,
-        task: Any,
-        request: Any,
-        bound: Bound,
-        message: str,
-        held: ReentrantLock,
-        limiter: RateLimiter | None,
-    ) -> TaskRun:
-        """The run took its job's lock (``held``): its turn under ``lock_rate`` (``limiter``),
-        then its start. Every way a run gets the lock does this (:meth:`take` writes it out),
-        so that no start goes without a turn."""
-        turn = None
-        if limiter is not None:
-            turn = self.admit(task, request, bound, message, held, limiter)
-        run = self.entered(task, request, bound, held, message)
-        run.turn = turn
+    def started(self, at: Attempt, held: ReentrantLock, limiter: RateLimiter | None) -> TaskRun:
+        """The run took its job's lock (``held``): its ``lock_rate`` turn, then its start.
+        Every way a run gets the lock comes here, so that no start goes without a turn."""
+        turn = None if limiter is None else self.admit(at, held, limiter)
+        run = self.entered(at, held)
+        run.turn, run.attempt = turn, at
         return run
 
-    def admit(
-        self,
-        task: Any,
-        request: Any,
-        bound: Bound,
-        message: str,
-        held: ReentrantLock | None,
-        limiter: RateLimiter,
-    ) -> Turn:
-        """The run holds its job's lock (``held``; ``None`` with ``lock_rate`` alone): take its
-        turn under ``lock_rate``, or give the hold up (:meth:`yield_hold`) and come back. When
-        the limiter fails (Redis), what this run took is let go before the error goes on."""
+    def admit(self, at: Attempt, held: ReentrantLock | None, limiter: RateLimiter) -> Turn:
+        """Take the run's ``lock_rate`` turn, or give its hold up (:meth:`yield_hold`) and come
+        back (``held``: ``None`` with ``lock_rate`` alone). When the limiter fails (Redis),
+        what the run took is let go before the error goes on."""
         assert self.rate is not None
         let_go_done = False
 
@@ -191,45 +181,42 @@ class RunMode:
             nonlocal let_go_done
             let_go_done = True
             if held is not None:
-                self.yield_hold(task, request, bound, message, held, countdown)
+                self.yield_hold(at, held, countdown)
 
         try:
-            return self.rate.admit(task, request, limiter, self.conflict, let_go)
+            return self.rate.admit(at.task, at.request, limiter, self.conflict, let_go)
         except LockBackendError:
             if held is not None and not let_go_done:
                 with suppress(Exception):  # resent in the background when Redis fails
                     held.release_all()
             raise
 
-    def yield_hold(
-        self,
-        task: Any,
-        request: Any,
-        bound: Bound,
-        message: str,
-        held: ReentrantLock,
-        countdown: float | None,
-    ) -> None:
-        """A run that just took its job's lock waits for its ``lock_rate`` turn (it comes back
-        in ``countdown`` seconds) or gives up (``None``): a run-time lock is let go either way,
-        for the job's other calls meanwhile."""
-        held.release_all()
-
     def rate_paused(self, task: Any, request: Any, run: TaskRun, seconds: float) -> NoReturn:
         """The body of ``run`` raised a rate limit of ``seconds``: pause its limiter and come
-        back after it (a run-time lock is let go meanwhile, a publish-time one kept)."""
-        assert self.rate is not None and run.turn is not None
+        back after it (its hold as :meth:`yield_hold` says)."""
+        assert self.rate is not None and run.turn is not None and run.attempt is not None
+        at, held = run.attempt, run.lock
 
         def let_go(countdown: float | None) -> None:
-            if countdown is not None and self.at_publish:
-                run.park(countdown)
-                return
-            # None after a park: the comeback was not sent; the hold kept for it is taken
-            # back and let go (a copy that waits for the run is woken), as for a retry.
-            run.unpark()
-            run.finish("a rate limit", failed=False, cooldown=False)
+            if held is not None:
+                self.yield_hold(at, held, countdown, run)
 
         self.rate.paused(task, request, run.turn, seconds, self.conflict, let_go)
+
+    def yield_hold(
+        self, at: Attempt, held: ReentrantLock, countdown: float | None, run: TaskRun | None = None
+    ) -> None:
+        """What the job's hold does while a call waits for its ``lock_rate`` turn, before its
+        body or (``run``) after the body paused the limiter: the call comes back in
+        ``countdown`` seconds, or never (``None``). A run-time lock is let go either way, for
+        the job's other calls meanwhile."""
+        if run is None:
+            held.release_all()
+            return
+        # After a park for a comeback that was not sent, the hold is taken back first; let go
+        # as a run's end is (a copy that waits for the run is woken), with no cooldown.
+        run.unpark()
+        run.finish("a rate limit", failed=False, cooldown=False)
 
     def new_lock(
         self, task: Any, bound: Bound, name: str, task_id: str
@@ -269,25 +256,16 @@ class RunMode:
     ) -> None:
         """``install()``'s receiver for a message sent by name: nothing to take."""
 
-    def entered(
-        self, task: Any, request: Any, bound: Bound, lock: ReentrantLock, message: str
-    ) -> TaskRun:
+    def entered(self, at: Attempt, lock: ReentrantLock) -> TaskRun:
         """The run holds its job's lock."""
-        return TaskRun(task, lock)
+        return TaskRun(at.task, lock)
 
     def refused(
-        self,
-        task: Any,
-        request: Any,
-        bound: Bound,
-        message: str,
-        job: NamedLock,
-        lock: ReentrantLock | Semaphore,
-        refusal: AcquireReply,
+        self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
     ) -> TaskRun:
         """A run-time duplicate: ``lock_on_locked``'s choice (it raises)."""
-        reason = refusal_reason(task, self.cooldown, job, refusal.holder)
-        self.conflict.refused(task, request, lock.key, refusal, reason)
+        reason = refusal_reason(at.task, self.cooldown, job, reply.holder)
+        self.conflict.refused(at.task, at.request, lock.key, reply, reason)
 
     def failed_before_body(
         self,
@@ -336,12 +314,12 @@ class RunMode:
         seconds = None if self.cooldown is None or not ran else self.cooldown.after(True)
         if seconds is not None and job.park(task_id, seconds, info=info, state=AT_COOLDOWN):
             log_release.info("%s cools down for %.1f s after %s[%s]", key, seconds, task.name, why)
-            self.released(task, bound, name, task_id, True, wait, cooldown=seconds)
+            self.released(task, job, task_id, True, wait, cooldown=seconds)
             return
         # Resent from the background when Redis fails, for as long as the run's lease could
         # keep the hold.
         reply = job.release(task_id, retry_for=bound.ttl)
-        self.released(task, bound, name, task_id, reply.freed, wait)
+        self.released(task, job, task_id, reply.freed, wait)
         if reply.freed:
             log_release.info("released %s of %s[%s] after %s", key, task.name, task_id, why)
 
@@ -352,17 +330,11 @@ class RunMode:
         """The run's message lock, when it is another lock than the run's (queue mode)."""
 
     def released(
-        self,
-        task: Any,
-        bound: Bound,
-        name: str,
-        task_id: str,
-        freed: bool,
-        wait: Any,
-        cooldown: float = 0.0,
+        self, task: Any, job: NamedLock, task_id: str, freed: bool, wait: Any, cooldown: float = 0.0
     ) -> None:
-        """The main process let the run's lock go, or parked it for a ``cooldown`` of that many
-        seconds (queue mode wakes the copy waiting, to come back when the job is free)."""
+        """The main process let the run's hold on ``job`` go, or parked it for a ``cooldown``
+        of that many seconds (queue mode wakes the copy waiting, to come back when the job is
+        free)."""
 
 
 #: every mode is a :class:`RunMode`

@@ -33,7 +33,7 @@ from ..lifecycle import AT_COMEBACK, AT_PUBLISH, AT_RETRY
 from ..options import LockOptions
 from ..parts import Debounce, refusal_reason, skip_replaced
 from ..run import TaskRun, seconds_until
-from .base import RunMode, free_revoked_holder
+from .base import Attempt, RunMode, free_revoked_holder
 
 __all__ = ["PublishMode", "queue_lease"]
 
@@ -78,21 +78,17 @@ class PublishMode(RunMode):
         return self.limit  # a message's hold is its run's
 
     def yield_hold(
-        self,
-        task: Any,
-        request: Any,
-        bound: Bound,
-        message: str,
-        held: ReentrantLock,
-        countdown: float | None,
+        self, at: Attempt, held: ReentrantLock, countdown: float | None, run: TaskRun | None = None
     ) -> None:
-        """The job stays taken for the call that waits for its ``lock_rate`` turn (a duplicate
-        meanwhile still finds it), as for a retry; freed when the call gives up."""
+        """The job stays taken for the call that comes back for its ``lock_rate`` turn (a
+        duplicate meanwhile still finds it), as for a retry; let go when it gives up."""
         if countdown is None:
-            held.release_all()
-            return
-        lease = countdown + task.locking.queue_ttl(task.app)
-        held.park(lease, holder_info(task.name, request.id), AT_COMEBACK)
+            super().yield_hold(at, held, None, run)
+        elif run is not None:  # its body ran: parked as for a retry
+            run.park(countdown)
+        else:
+            lease = countdown + at.task.locking.queue_ttl(at.task.app)
+            held.park(lease, holder_info(at.task.name, at.request.id), AT_COMEBACK)
 
     # -- publish ----------------------------------------------------------------------------
 
@@ -275,17 +271,17 @@ class PublishMode(RunMode):
 
     # -- the run ----------------------------------------------------------------------------
 
-    def take(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
-        if self.debounce is not None:
-            self.debounce.skip_if_replaced(task, request, bound.space.named(message))
-        return self.take_run(task, request, bound, message)
+    def take(self, at: Attempt) -> TaskRun:
+        self.skip_if_replaced(at)
+        return self.take_run(at)
 
-    def take_run(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
+    def take_run(self, at: Attempt) -> TaskRun:
         """The run takes the job's lock (or, with ``lock_release_on_start``, lets its publish's
         hold go), once its message is known to be the job's."""
         if not self.release_on_start:
-            return super().take(task, request, bound, message)
-        job = bound.space.named(self.run_lock(message), self.limit)
+            return super().take(at)
+        task, request = at.task, at.request
+        job = self.job_of(at)
         released = job.release(request.id)
         if not released.owned and self.debounce is not None:
             holder = job.holder()
@@ -294,21 +290,17 @@ class PublishMode(RunMode):
         return TaskRun(task, None)
 
     def refused(
-        self,
-        task: Any,
-        request: Any,
-        bound: Bound,
-        message: str,
-        job: NamedLock,
-        lock: ReentrantLock | Semaphore,
-        refusal: AcquireReply,
+        self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
     ) -> TaskRun:
+        # A later call may have taken its publish hold over since the run looked; else it is
+        # a duplicate like any other (sent by name while the job was held, a cooldown).
+        self.skip_if_replaced(at)
+        return super().refused(at, job, lock, reply)
+
+    def skip_if_replaced(self, at: Attempt) -> None:
+        """With ``lock_debounce``: end the run (SKIPPED) if a later call replaced its message."""
         if self.debounce is not None:
-            # A later call may have taken its publish hold over since the run looked (the
-            # note says so); else it is a duplicate like any other (a call sent by name while
-            # the job was held, a cooldown), answered by lock_on_locked.
-            self.debounce.skip_if_replaced(task, request, bound.space.named(message))
-        return super().refused(task, request, bound, message, job, lock, refusal)
+            self.debounce.skip_if_replaced(at.task, at.request, at.bound.space.named(at.message))
 
     def failed_before_body(
         self,

@@ -24,7 +24,7 @@ from ..hold import HoldState, holder_info, report_duplicate, store_skipped
 from ..lifecycle import AT_COMEBACK, AT_PUBLISH, AT_RETRY
 from ..rate import Waited
 from ..run import TaskRun
-from .base import RunMode
+from .base import Attempt, RunMode
 from .publish import PublishMode
 from .wake import (
     WAIT_HEADER,
@@ -79,31 +79,29 @@ class QueueMode(PublishMode):
 
     # -- the run ----------------------------------------------------------------------------
 
-    def take(self, task: Any, request: Any, bound: Bound, message: str) -> TaskRun:
+    def take(self, at: Attempt) -> TaskRun:
+        task, request, bound, message = at
         if self.rate is not None and self.rate.asks:
             # a callable's bad answer fails the run before its queued lock is taken
             self.rate.answer(task, message, request.args, request.kwargs)
         wait = request_wait(request)
-        if wait is not None:
-            # a wake or a fallback: only the first of them runs the copy
-            job = bound.space.named(self.run_lock(message), self.limit)
-            again = claim_wait(task, request, job, bound.space.keys(message).lock, wait)
-        else:
-            again = False
-        self.still_queued(task, request, bound, message, wait, again)
-        return self.take_run(task, request, bound, message)
+        # a wake or a fallback: only the first of them runs the copy
+        again = wait is not None and claim_wait(
+            task, request, self.job_of(at), bound.space.keys(message).lock, wait
+        )
+        self.still_queued(at, wait, again)
+        return self.take_run(at)
 
-    def still_queued(
-        self, task: Any, request: Any, bound: Bound, message: str, wait: Wait | None, again: bool
-    ) -> None:
+    def still_queued(self, at: Attempt, wait: Wait | None, again: bool) -> None:
         """Make sure this message is the job's one queued copy: re-enter its queued lock (or
         take it, when its hold ran out while it waited). Held by another task, this message is
         not that copy: a later call replaced it (``lock_debounce``), or it duplicates a copy
         published by name; it is skipped either way."""
+        task, request, bound, message = at
         queued = bound.space.named(message)
-        if wait is None and self.debounce is not None:
+        if wait is None:
             # (a wake or fallback of a replaced copy learns it from its wait record instead)
-            self.debounce.skip_if_replaced(task, request, queued)
+            self.skip_if_replaced(at)
         lease = task.locking.queue_ttl(task.app)
         info = holder_info(task.name, request.id)
         if wait is not None and self.debounce is not None and not again:
@@ -112,19 +110,18 @@ class QueueMode(PublishMode):
             # replacement's note says so), or its hold ran out unreplaced: taken again.
             if queued.park(request.id, lease, info=info, state=AT_PUBLISH):
                 return
-            self.debounce.skip_if_replaced(task, request, queued)
+            self.skip_if_replaced(at)
         reply = queued.take(request.id, lease, info=info, state=AT_PUBLISH)
         if reply.acquired:
             return
         key = queued.keys[0].lock
-        if wait is None and self.has_place(task, request, bound, message):
+        if wait is None and self.has_place(at):
             return
         if wait is not None:
-            end_claim(bound.space.named(self.run_lock(message), self.limit), request.id, wait)
-        if self.debounce is not None:
-            # replaced by a later call since it looked; else a duplicate (sent by name while
-            # the job had its queued copy) of the queued copy, as without lock_debounce
-            self.debounce.skip_if_replaced(task, request, queued)
+            end_claim(self.job_of(at), request.id, wait)
+        # replaced by a later call since it looked; else a duplicate (sent by name while the
+        # job had its queued copy) of the queued copy, as without lock_debounce
+        self.skip_if_replaced(at)
         log.info(
             "skipped %s[%s]: task %s is this job's queued copy (lock %s)",
             task.name,
@@ -136,7 +133,7 @@ class QueueMode(PublishMode):
         store_skipped(task, request, {"holder": reply.holder, "lock": key, "reason": "queued"})
         raise Ignore()
 
-    def has_place(self, task: Any, request: Any, bound: Bound, message: str) -> bool:
+    def has_place(self, at: Attempt) -> bool:
         """This message was refused the queued lock (another copy is the job's queued copy):
         is it the message of a run that started, coming back to its place? A retry, a
         ``lock_rate`` pause's comeback or a redelivery after its worker was lost finds its
@@ -146,16 +143,15 @@ class QueueMode(PublishMode):
         still takes the job's lock if nothing holds it, rather than be lost; a new call's
         message never does. One read, on this path only (a Redis error goes on, as the lock's
         own check's does)."""
-        holds = bound.space.named(self.run_lock(message), self.limit).inspect()
-        if any(request.id in s.owners for s in holds):
+        holds = self.job_of(at).inspect()
+        if any(at.request.id in s.owners for s in holds):
             return True
-        return started_before(request) and not any(s.held for s in holds)
+        return started_before(at.request) and not any(s.held for s in holds)
 
-    def entered(
-        self, task: Any, request: Any, bound: Bound, lock: ReentrantLock, message: str
-    ) -> TaskRun:
+    def entered(self, at: Attempt, lock: ReentrantLock) -> TaskRun:
         """The run has the job's lock: free the queued lock for the next copy; the run's end
         wakes the copy that waits for it."""
+        task, request, bound, message = at
         task_id = request.id
         try:
             self.release_queued(task, bound, message, task_id)
@@ -168,7 +164,7 @@ class QueueMode(PublishMode):
                 bound.space.keys(message).lock,
                 exc,
             )
-        job = bound.space.named(self.run_lock(message), self.limit)
+        job = self.job_of(at)
         wait = request_wait(request)
 
         def after_end(cooldown: float) -> None:
@@ -184,17 +180,17 @@ class QueueMode(PublishMode):
         return TaskRun(task, lock, after_end, after_park)
 
     def yield_hold(
-        self,
-        task: Any,
-        request: Any,
-        bound: Bound,
-        message: str,
-        held: ReentrantLock,
-        countdown: float | None,
+        self, at: Attempt, held: ReentrantLock, countdown: float | None, run: TaskRun | None = None
     ) -> None:
-        """A copy that waits for its ``lock_rate`` turn stays the job's queued copy (its queued
-        lock is kept, as for a retry: never replaced meanwhile); the job's lock is let go."""
+        """A copy that waits for its ``lock_rate`` turn before its body stays the job's queued
+        copy (its queued lock is kept, as for a retry: never replaced meanwhile); the job's
+        lock is let go. A paused run freed its queued lock as it started: it keeps the job's
+        lock instead, as in publish mode."""
+        if run is not None:
+            super().yield_hold(at, held, countdown, run)
+            return
         held.release_all()
+        task, request, bound, message = at
         if countdown is None:
             self.release_queued(task, bound, message, request.id)
             return
@@ -203,29 +199,23 @@ class QueueMode(PublishMode):
         bound.space.named(message).park(request.id, lease, info=info, state=AT_COMEBACK)
 
     def refused(
-        self,
-        task: Any,
-        request: Any,
-        bound: Bound,
-        message: str,
-        job: NamedLock,
-        lock: ReentrantLock | Semaphore,
-        refusal: AcquireReply,
+        self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
     ) -> TaskRun:
         """The job runs: wait beside its lock for the run to end (never dropped). An eager
         call cannot wait in a queue: it ends as a duplicate does eagerly in the other modes
         (``lock_on_locked``; a retry is skipped at once)."""
+        task, request, bound, message = at
         if request.is_eager:
             # its queued lock goes first: nothing of the call is left to wait
             self.release_queued(task, bound, message, request.id)
-            return RunMode.refused(self, task, request, bound, message, job, lock, refusal)
-        reply = wait_for_run(task, request, job, lock, refusal)  # raises its retry, or:
+            return RunMode.refused(self, at, job, lock, reply)
+        reply = wait_for_run(task, request, job, lock, reply)  # raises its retry, or:
         held = lock.held if isinstance(lock, Semaphore) else lock  # a slot came free
         assert reply.acquired and held is not None
         limiter = None
         if self.rate is not None:  # its start takes a lock_rate turn as any start does
             limiter = self.rate.limiter(task, bound, job.name, request.args, request.kwargs)
-        return self.started(task, request, bound, message, held, limiter)
+        return self.started(at, held, limiter)
 
     # -- debounce and the worker's main process -----------------------------------------------
 
@@ -244,15 +234,7 @@ class QueueMode(PublishMode):
         bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
 
     def released(
-        self,
-        task: Any,
-        bound: Bound,
-        name: str,
-        task_id: str,
-        freed: bool,
-        wait: Any,
-        cooldown: float = 0.0,
+        self, task: Any, job: NamedLock, task_id: str, freed: bool, wait: Any, cooldown: float = 0.0
     ) -> None:
         if freed or wait is not None:
-            job = bound.space.named(name, self.limit)
             wake_waiting(task, job, task_id, wait, wake=freed, countdown=cooldown)
