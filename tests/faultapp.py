@@ -457,11 +457,14 @@ def make_app(base: str, *, visibility: float | None = None, beat: bool = False) 
     )
     def mixed(self: Any, key: str, mode: str = "ok") -> str:
         """A no-op that ends as ``mode`` says: "ok", "fail" (an exception) or "retry" (once,
-        keeping its lock, then ok)."""
+        keeping its lock, then ok). A retried one that ran records its id in ``mixed:ran``
+        (its SUCCESS may be overwritten by the RETRY its first run stores late)."""
         if mode == "fail":
             raise ValueError(f"{key} fails on purpose")
-        if mode == "retry" and self.request.retries == 0:
-            raise self.retry(countdown=0)
+        if mode == "retry":
+            if self.request.retries == 0:
+                raise self.retry(countdown=0)
+            data(self.app).sadd("mixed:ran", self.request.id)
         return key
 
     # Beyond one at a time (tests/test_celery_limits.py): each records its runs as work does.

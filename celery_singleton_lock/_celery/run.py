@@ -26,7 +26,7 @@ from .hold import holder_info
 from .lifecycle import AT_RETRY
 
 if TYPE_CHECKING:
-    from .modes.base import Attempt
+    from .config import Bound
     from .rate import Turn
 
 __all__ = ["TaskRun", "current_run", "retry_keeping_lock", "run_locked", "seconds_until"]
@@ -48,11 +48,11 @@ class TaskRun:
     __slots__ = (
         "after_end",
         "after_park",
-        "attempt",
         "body_started",
         "finished",
         "lock",
         "parked",
+        "start",
         "task",
         "turn",
     )
@@ -73,10 +73,11 @@ class TaskRun:
         #: the class's ``__call__`` chain reached the body: a call of the task from now on is
         #: a nested call inside its own run
         self.body_started = False
-        #: its turn under ``lock_rate`` (``None`` without the option), and how its mode took
-        #: its lock (what a pause of the limiter gives back)
+        #: its turn under ``lock_rate`` (``None`` without the option), and its app's bound
+        #: config and message lock, what a pause of the limiter gives back (never its request:
+        #: a run is kept by its request weakly, and would keep it alive)
         self.turn: Turn | None = None
-        self.attempt: Attempt | None = None
+        self.start: tuple[Bound, str] | None = None
 
     @property
     def held_lock(self) -> ReentrantLock | None:

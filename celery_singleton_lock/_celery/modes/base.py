@@ -134,7 +134,7 @@ class RunMode:
         if not self.holds_lock:  # lock_rate alone: no lock, the limiter only
             assert limiter is not None, "lock_limit=None is refused without lock_rate"
             run = TaskRun(task, None)
-            run.turn, run.attempt = self.admit(at, None, limiter), at
+            run.turn, run.start = self.admit(at, None, limiter), (at.bound, at.message)
             return run
         lock = self.new_lock(task, bound, name, request.id)
         reply = lock.try_acquire()
@@ -167,7 +167,7 @@ class RunMode:
         Every way a run gets the lock comes here, so that no start goes without a turn."""
         turn = None if limiter is None else self.admit(at, held, limiter)
         run = self.entered(at, held)
-        run.turn, run.attempt = turn, at
+        run.turn, run.start = turn, (at.bound, at.message)
         return run
 
     def admit(self, at: Attempt, held: ReentrantLock | None, limiter: RateLimiter) -> Turn:
@@ -194,8 +194,8 @@ class RunMode:
     def rate_paused(self, task: Any, request: Any, run: TaskRun, seconds: float) -> NoReturn:
         """The body of ``run`` raised a rate limit of ``seconds``: pause its limiter and come
         back after it (its hold as :meth:`yield_hold` says)."""
-        assert self.rate is not None and run.turn is not None and run.attempt is not None
-        at, held = run.attempt, run.lock
+        assert self.rate is not None and run.turn is not None and run.start is not None
+        at, held = Attempt(task, request, *run.start), run.lock
 
         def let_go(countdown: float | None) -> None:
             if held is not None:
