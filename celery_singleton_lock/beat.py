@@ -34,6 +34,7 @@ from kombu.utils.imports import symbol_by_name
 from redis.exceptions import RedisError
 
 from ._beat_redbeat import seams_for
+from ._celery import beat_records
 from ._celery.config import LockConfig
 from ._errors import LockError, LockLostError
 from ._lock import ReentrantLock
@@ -200,7 +201,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
     def _merge_records(self) -> None:
         """Move every entry's last run forward to what the leaders recorded (never back)."""
         records: dict[str, datetime] = {}
-        for name, text in self._space.records(self._lock_name, RECORDS).items():
+        for name, text in beat_records.records(self._space, self._lock_name, RECORDS).items():
             try:
                 recorded = datetime.fromisoformat(text)
             except ValueError:
@@ -275,7 +276,8 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         leader = self._leader
         if leader is None:
             raise LockLostError(f"beat {self._me} does not lead")
-        reply = self._space.record_if_held(
+        reply = beat_records.record_if_held(
+            self._space,
             self._lock_name,
             leader.owner,
             RECORDS,

@@ -21,11 +21,9 @@ from ._lock import (
     RateLimiter,
     RateReply,
     RateState,
-    RecordReply,
     ReentrantLock,
     ReleaseReply,
     Semaphore,
-    WaitReply,
 )
 
 __all__ = [
@@ -39,9 +37,7 @@ __all__ = [
     "RateLimiter",
     "RateReply",
     "RateState",
-    "RecordReply",
     "ReentrantLock",
     "ReleaseReply",
     "Semaphore",
-    "WaitReply",
 ]

@@ -72,7 +72,8 @@ def _parked(result: Any, task: LockedTask, job: str) -> None:
     assert wait_until(lambda: result.state == "RETRY", 20, "the queued copy to wait"), result.state
     space = task.locking.space(task.app)
     name = task.locking.lock_name(task.name, [job], {})
-    wait_until(lambda: result.id in space.records(name, "wait"), 10, "its wait record")
+    key = space.keys(name).records("wait")
+    wait_until(lambda: space.client.hexists(key, result.id), 10, "its wait record")
 
 
 def _left_nothing(server: RedisServer, task: LockedTask, job: str) -> bool:

@@ -316,7 +316,8 @@ class Seam:
         task = self.app.tasks[name]
         space = task.locking.space(self.app)
         lock = task.locking.lock_name(task.name, [job], {})
-        wait_until(lambda: result.id in space.records(lock, "wait"), 10, "its wait record")
+        key = space.keys(lock).records("wait")
+        wait_until(lambda: space.client.hexists(key, result.id), 10, "its wait record")
 
     def go(self, job: str) -> None:
         self.data.set(f"go:{job}", 1)

@@ -24,6 +24,7 @@ from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock import LockLostError, LockNotOwnedError, LockSpace, ReentrantLock
+from celery_singleton_lock._celery.beat_records import record_if_held, records
 from celery_singleton_lock._lock import commands
 from celery_singleton_lock._lock import scripts as _scripts
 from celery_singleton_lock._lock.commands import ReleaseReply
@@ -576,18 +577,22 @@ def test_a_record_is_written_only_with_the_margin_of_lease_left(redis_client: An
     assert space.named("recorded").take("leader", 30).acquired
     key = space.keys("recorded").lock
 
-    assert space.record_if_held("recorded", "leader", "last_run", "tick", "1", min_lease=5, keep=60)
-    assert space.records("recorded", "last_run") == {"tick": "1"}
+    assert record_if_held(
+        space, "recorded", "leader", "last_run", "tick", "1", min_lease=5, keep=60
+    )
+    assert records(space, "recorded", "last_run") == {"tick": "1"}
 
     # what a lease looks like whose renewals stalled: 2 s left, a margin of 5 s
     redis_client.pexpire(key, 2000)
-    reply = space.record_if_held(
-        "recorded", "leader", "last_run", "tick", "2", min_lease=5, keep=60
+    reply = record_if_held(
+        space, "recorded", "leader", "last_run", "tick", "2", min_lease=5, keep=60
     )
     assert (reply.recorded, reply.held) == (False, True)
     assert 0 < reply.lease_left <= 2
-    assert space.records("recorded", "last_run") == {"tick": "1"}
+    assert records(space, "recorded", "last_run") == {"tick": "1"}
 
-    reply = space.record_if_held("recorded", "other", "last_run", "tick", "3", min_lease=0, keep=60)
+    reply = record_if_held(
+        space, "recorded", "other", "last_run", "tick", "3", min_lease=0, keep=60
+    )
     assert (reply.recorded, reply.held) == (False, False)
-    assert space.records("recorded", "last_run") == {"tick": "1"}
+    assert records(space, "recorded", "last_run") == {"tick": "1"}

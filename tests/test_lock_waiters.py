@@ -1,7 +1,8 @@
-"""The wait records beside a lock (lua/wait_*.lua through ``LockSpace``), on a real server.
+"""The wait records beside a lock (lua/wait_*.lua, run by ``_celery/modes/waiters.py`` on a
+``NamedLock``'s keys), on a real server.
 
 The queued copy of Celery's ``lock_at="queue"`` waits for a run with them
-(``celery_singleton_lock/_celery/wake.py``); these tests check the scripts' rules alone:
+(``celery_singleton_lock/_celery/modes/wake.py``); these tests check the scripts' rules alone:
 
 * a waiter's record is written only while every slot of the lock is held, checked in the same
   step (or when forced), and names the lease that frees first;
@@ -17,8 +18,17 @@ from __future__ import annotations
 from typing import Any
 
 from celery_singleton_lock import LockSpace, ReentrantLock
-from celery_singleton_lock._lock import CLAIMED, WAIT_OVER, WAIT_REPLACED
-from celery_singleton_lock._lock.space import CLAIMED_ELSEWHERE, WAITERS
+from celery_singleton_lock._celery.modes.waiters import (
+    CLAIMED,
+    CLAIMED_ELSEWHERE,
+    WAIT_OVER,
+    WAIT_REPLACED,
+    WAITERS,
+    add_waiter,
+    claim_waiter,
+    replace_waiter,
+    waiters,
+)
 
 
 def _held(client: Any, name: str, owner: str = "run-1", ttl: float = 30) -> ReentrantLock:
@@ -29,28 +39,26 @@ def _held(client: Any, name: str, owner: str = "run-1", ttl: float = 30) -> Reen
 
 def test_a_waiter_is_written_only_while_the_lock_is_held(redis_client: Any) -> None:
     space = LockSpace(redis_client)
-    assert not space.named("job").add_waiter("q1", "t1\npayload", 60)  # free: nothing written
-    assert space.named("job").waiters() == {}
+    assert not add_waiter(space.named("job"), "q1", "t1\npayload", 60)  # free: nothing written
+    assert waiters(space.named("job")) == {}
     lock = _held(redis_client, "job", ttl=20)
-    parked = space.named("job").add_waiter("q1", "t1\npayload", 60)
+    parked = add_waiter(space.named("job"), "q1", "t1\npayload", 60)
     assert parked and 19 < parked.lease_left <= 20
-    assert space.named("job").waiters() == {"q1": "t1\npayload"}
+    assert waiters(space.named("job")) == {"q1": "t1\npayload"}
     lock.release()
-    forced = space.named("job").add_waiter("q1", "t2\npayload", 60, force=True)
+    forced = add_waiter(space.named("job"), "q1", "t2\npayload", 60, force=True)
     assert forced and forced.lease_left == 0  # written although free: its fallback comes at once
-    assert space.named("job").waiters() == {
-        "q1": "t2\npayload"
-    }  # the newer wait replaced the older
+    assert waiters(space.named("job")) == {"q1": "t2\npayload"}  # the newer wait replaced the older
 
 
 def test_every_slot_must_be_held_and_the_soonest_lease_is_told(redis_client: Any) -> None:
     space = LockSpace(redis_client)
     first = space.semaphore("slots", 2, ttl=30, owner="run-1")
     assert first.acquire(blocking=False)
-    assert not space.named("slots", 2).add_waiter("q1", "t\np", 60)  # slot 2 is free
+    assert not add_waiter(space.named("slots", 2), "q1", "t\np", 60)  # slot 2 is free
     second = space.semaphore("slots", 2, ttl=10, owner="run-2")
     assert second.acquire(blocking=False)
-    parked = space.named("slots", 2).add_waiter("q1", "t\np", 60)
+    parked = add_waiter(space.named("slots", 2), "q1", "t\np", 60)
     assert parked and 9 < parked.lease_left <= 10
     first.release()
     second.release()
@@ -59,42 +67,44 @@ def test_every_slot_must_be_held_and_the_soonest_lease_is_told(redis_client: Any
 def test_one_message_claims_a_wait(redis_client: Any) -> None:
     space = LockSpace(redis_client)
     lock = _held(redis_client, "job")
-    assert space.named("job").add_waiter("q1", "t1\npayload", 60)
-    assert space.named("job").claim_waiter("q1", "t1", "wake") == (CLAIMED, "")
-    assert space.named("job").claim_waiter("q1", "t1", "wake") == (CLAIMED, "again")  # its resend
-    assert space.named("job").claim_waiter("q1", "t1", "fallback") == (CLAIMED_ELSEWHERE, "")
-    assert space.named("job").waiters() == {}  # claimed: no run's end wakes it again
+    assert add_waiter(space.named("job"), "q1", "t1\npayload", 60)
+    assert claim_waiter(space.named("job"), "q1", "t1", "wake") == (CLAIMED, "")
+    assert claim_waiter(space.named("job"), "q1", "t1", "wake") == (CLAIMED, "again")  # its resend
+    assert claim_waiter(space.named("job"), "q1", "t1", "fallback") == (CLAIMED_ELSEWHERE, "")
+    assert waiters(space.named("job")) == {}  # claimed: no run's end wakes it again
     # the claimer waits again (the lock is still held): the older token claims nothing
-    assert space.named("job").add_waiter("q1", "t2\npayload", 60)
-    assert space.named("job").claim_waiter("q1", "t1", "fallback") == (CLAIMED_ELSEWHERE, "")
-    assert space.named("job").claim_waiter("q1", "t2", "wake") == (CLAIMED, "")
+    assert add_waiter(space.named("job"), "q1", "t2\npayload", 60)
+    assert claim_waiter(space.named("job"), "q1", "t1", "fallback") == (CLAIMED_ELSEWHERE, "")
+    assert claim_waiter(space.named("job"), "q1", "t2", "wake") == (CLAIMED, "")
     # its run ends: its claim goes with it, and its other messages find the wait over
-    assert space.named("job").waiters(drop="q1", token="t2", claim="!t2 wake") == {}
-    assert space.named("job").claim_waiter("q1", "t2", "fallback") == (WAIT_OVER, "")
+    assert waiters(space.named("job"), drop="q1", token="t2", claim="!t2 wake") == {}
+    assert claim_waiter(space.named("job"), "q1", "t2", "fallback") == (WAIT_OVER, "")
     lock.release()
 
 
 def test_a_dropped_record_is_only_the_wait_named(redis_client: Any) -> None:
     space = LockSpace(redis_client)
     lock = _held(redis_client, "job")
-    assert space.named("job").add_waiter("q1", "t2\npayload", 60)
-    space.named("job").waiters(drop="q1", token="t1", claim="!t1 m", listing=False)  # an older wait
-    assert space.named("job").waiters() == {"q1": "t2\npayload"}
-    space.named("job").waiters(drop="q1", token="t2", listing=False)  # revoked while it waits
-    assert space.named("job").waiters() == {}
+    assert add_waiter(space.named("job"), "q1", "t2\npayload", 60)
+    waiters(
+        space.named("job"), drop="q1", token="t1", claim="!t1 m", listing=False
+    )  # an older wait
+    assert waiters(space.named("job")) == {"q1": "t2\npayload"}
+    waiters(space.named("job"), drop="q1", token="t2", listing=False)  # revoked while it waits
+    assert waiters(space.named("job")) == {}
     lock.release()
 
 
 def test_a_replaced_waiter_learns_who_replaced_it(redis_client: Any) -> None:
     space = LockSpace(redis_client)
     lock = _held(redis_client, "job")
-    assert not space.named("job").replace_waiter("q1", "q2")  # not waiting (yet): nothing marked
-    assert space.named("job").add_waiter("q1", "t1\npayload", 60)
-    assert space.named("job").add_waiter("q2", "t9\npayload", 60)
-    assert space.named("job").replace_waiter("q1", "q2")
-    assert space.named("job").waiters() == {"q2": "t9\npayload"}  # the replaced one is not woken
-    assert space.named("job").claim_waiter("q1", "t1", "wake") == (WAIT_REPLACED, "q2")
-    assert space.named("job").claim_waiter("q1", "t1", "fallback") == (WAIT_OVER, "")
+    assert not replace_waiter(space.named("job"), "q1", "q2")  # not waiting (yet): nothing marked
+    assert add_waiter(space.named("job"), "q1", "t1\npayload", 60)
+    assert add_waiter(space.named("job"), "q2", "t9\npayload", 60)
+    assert replace_waiter(space.named("job"), "q1", "q2")
+    assert waiters(space.named("job")) == {"q2": "t9\npayload"}  # the replaced one is not woken
+    assert claim_waiter(space.named("job"), "q1", "t1", "wake") == (WAIT_REPLACED, "q2")
+    assert claim_waiter(space.named("job"), "q1", "t1", "fallback") == (WAIT_OVER, "")
     lock.release()
 
 
@@ -103,9 +113,9 @@ def test_the_records_live_as_asked_in_the_lock_s_hash_tag(redis_client: Any) -> 
     lock = _held(redis_client, "job}x")  # a name with a brace: escaped in every key alike
     key = space.keys("job}x").records(WAITERS)
     assert key == lock.key + ":wait"
-    assert space.named("job}x").add_waiter("q1", "t\np", 100)
+    assert add_waiter(space.named("job}x"), "q1", "t\np", 100)
     assert 99_000 < redis_client.pttl(key) <= 100_000
-    assert space.named("job}x").add_waiter("q2", "t\np", 10)  # a shorter keep does not shorten it
+    assert add_waiter(space.named("job}x"), "q2", "t\np", 10)  # a shorter keep does not shorten it
     assert redis_client.pttl(key) > 99_000
     # every key the scripts touch is in one Redis Cluster slot
     tag = key[key.index("{") : key.index("}") + 1]

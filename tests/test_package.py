@@ -443,7 +443,8 @@ def test_importing_the_package_connects_no_celery_receiver() -> None:
 # -- which tests may import a private module -------------------------------------------------
 
 #: the lock layer's own white-box tests (and their helpers): they test the insides of
-#: ``celery_singleton_lock._lock`` (its scripts, keys, runtime, heartbeat) and may import them
+#: ``celery_singleton_lock._lock`` (its scripts, keys, runtime, heartbeat) and may import them;
+#: with them the scripts the Celery layer runs on a lock's keys (``test_lock_waiters.py``)
 LOCK_WHITE_BOX = frozenset(
     {
         "lock_helpers.py",

@@ -3,7 +3,9 @@
 The rest of the package uses only what this module exports: :class:`ReentrantLock` (and
 :class:`Semaphore`) for a hold this process keeps and renews, :class:`LockSpace` and its
 :class:`NamedLock` for holds kept elsewhere, :class:`RateLimiter` for at most N starts per
-period, and their typed replies.
+period, and their typed replies. A feature built on a lock (the Celery layer's waiting copies,
+beat's send records) keeps its own protocol: it declares its :class:`Script` of lua/ and runs it
+on the lock's keys in :meth:`NamedLock.operation`, with the lock's deadline and error mapping.
 
 Modules, bottom up: ``keys``, ``owner`` (tokens), ``checks`` (arguments, the client),
 ``deadline`` (one deadline per operation), ``scripts`` (lua/), ``observe`` (what it reports),
@@ -15,8 +17,9 @@ wake-ups), ``runtime`` (all of those for one client and process, a Sentinel mast
 
 from __future__ import annotations
 
-from .checks import MAX_LEASE_SECONDS, check_duration, is_cluster
+from .checks import MAX_LEASE_SECONDS, check_duration, check_lease_ms, is_cluster
 from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, text
+from .commands import seconds as lease_seconds  # (what a script's milliseconds left are)
 from .deadline import DeadlineRetry, time_left
 from .deadline import deadline as operation_deadline  # (the module has the same name)
 from .keys import LockKeys, RateKeys, check_prefix, escape_name, glob_escape
@@ -24,22 +27,12 @@ from .observe import LockObserver, set_observer
 from .owner import new_run_token
 from .rate import Rate, RateLimiter, RateReply, RateState, inspect_rate
 from .reentrant import ReentrantLock
+from .scripts import Script
 from .semaphore import Semaphore
-from .space import (
-    CLAIMED,
-    WAIT_OVER,
-    WAIT_REPLACED,
-    LockSpace,
-    NamedLock,
-    RecordReply,
-    WaitReply,
-)
+from .space import LockSpace, NamedLock
 
 __all__ = [
-    "CLAIMED",
     "MAX_LEASE_SECONDS",
-    "WAIT_OVER",
-    "WAIT_REPLACED",
     "AcquireReply",
     "DeadlineRetry",
     "LockKeys",
@@ -52,18 +45,19 @@ __all__ = [
     "RateLimiter",
     "RateReply",
     "RateState",
-    "RecordReply",
     "ReentrantLock",
     "ReleaseReply",
+    "Script",
     "Semaphore",
-    "WaitReply",
     "backend_errors",
     "check_duration",
+    "check_lease_ms",
     "check_prefix",
     "escape_name",
     "glob_escape",
     "inspect_rate",
     "is_cluster",
+    "lease_seconds",
     "new_run_token",
     "operation_deadline",
     "set_observer",

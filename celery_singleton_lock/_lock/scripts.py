@@ -41,7 +41,8 @@ def _read(filename: str) -> str:
 
 
 class Script:
-    """One Lua script: its source and SHA1, run by EVALSHA and loaded on NOSCRIPT."""
+    """One Lua script of lua/ (``filename``): its source and SHA1, run by EVALSHA and loaded on
+    NOSCRIPT; not sent once the current operation's deadline has passed."""
 
     __slots__ = ("name", "sha", "source")
 
@@ -87,7 +88,8 @@ class Script:
         return f"<Script {self.name} {self.sha[:8]}>"
 
 
-# Every script is safe to resend (request ids, or a second run changes nothing) but
+# The lock's own scripts (a feature built on the lock declares its own Script of lua/ beside
+# it). Every script is safe to resend (request ids, or a second run changes nothing) but
 # force_release, which sent twice could free a lock taken in between.
 ACQUIRE = Script("acquire.lua")
 RELEASE = Script("release.lua")
@@ -96,11 +98,6 @@ INSPECT = Script("inspect.lua")
 FORCE_RELEASE = Script("force_release.lua")
 PARK = Script("park.lua")
 CANCEL = Script("cancel.lua")
-RECORD_IF_HELD = Script("record_if_held.lua")
-WAIT_PARK = Script("wait_park.lua")
-WAIT_CLAIM = Script("wait_claim.lua")
-WAIT_END = Script("wait_end.lua")
-WAIT_MARK = Script("wait_mark.lua")
 RATE_TAKE = Script("rate_take.lua")
 RATE_PAUSE = Script("rate_pause.lua")
 RATE_INSPECT = Script("rate_inspect.lua")

@@ -3,16 +3,15 @@ name, all its permits, acted on in Redis only.
 
 A :class:`ReentrantLock` is a hold this process keeps and renews; a :class:`NamedLock` acts on
 holds kept elsewhere: taken for an owner another process goes on as, released or parked for an
-owner that is gone, inspected or force-released by an operator. Beside a lock it keeps records
-(:meth:`LockSpace.record_if_held`) and waiters: owners that left when refused and are woken
-by the release that ends a hold (lua/wait_*.lua).
+owner that is gone, inspected or force-released by an operator. A feature built on a lock runs
+its own scripts on the lock's keys through :meth:`NamedLock.operation`.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import commands, observe, scripts
 from .checks import RedisClient, by_node, check_backend_timeout, check_client, check_lease_ms
@@ -24,41 +23,9 @@ from .rate import Rate, RateLimiter, RateState, find_rate_limiters
 from .reentrant import ReentrantLock
 from .semaphore import Semaphore, check_permits, owned_by, permit_keys, release_owned, take_permit
 
-#: :meth:`NamedLock.claim_waiter`'s answers: claimed; the waiter waits no more; another
-#: wake-up claimed it (or it waits again with another token); the waiter was replaced
-CLAIMED, WAIT_OVER, CLAIMED_ELSEWHERE, WAIT_REPLACED = 1, 0, 2, 3
-#: the kind of records (:meth:`LockKeys.records`) a lock's waiters keep beside it
-WAITERS = "wait"
 #: inspect calls per pipeline: 10,000 locks in 20 round trips, and one reply (a few kB a lock
 #: at most) well under what a connection buffers
 INSPECT_BATCH = 500
-
-
-class RecordReply(NamedTuple):
-    """What :meth:`LockSpace.record_if_held` did."""
-
-    #: the record was written: the owner held the lock with enough lease left
-    recorded: bool
-    #: the owner still held the lock
-    held: bool
-    #: seconds left on the lock's lease when held (-1.0: no lease)
-    lease_left: float = 0.0
-
-    def __bool__(self) -> bool:
-        return self.recorded
-
-
-class WaitReply(NamedTuple):
-    """What :meth:`NamedLock.add_waiter` did."""
-
-    #: the record was written: every permit was held (or the write was forced)
-    waiting: bool
-    #: when written: seconds left on the lease that frees first (0.0: a permit is free, -1.0:
-    #: no lease)
-    lease_left: float = 0.0
-
-    def __bool__(self) -> bool:
-        return self.waiting
 
 
 class LockSpace:
@@ -185,32 +152,6 @@ class LockSpace:
                 with contextlib.suppress(ValueError):
                     yield LockKeys.from_lock_key(text(raw))
 
-    def record_if_held(
-        self,
-        name: str,
-        owner: str,
-        kind: str,
-        field: str,
-        value: str,
-        *,
-        min_lease: float,
-        keep: float,
-    ) -> RecordReply:
-        """Write ``field = value`` into the ``kind`` records beside lock ``name``, only while
-        ``owner`` holds it with at least ``min_lease`` seconds of lease left (one step). The
-        records live ``keep`` seconds after this write."""
-        keys, keep_ms = self.keys(name), check_lease_ms(keep)
-        args = (owner, field, value, round(max(min_lease, 0.0) * 1000), keep_ms)
-        with bounded(self.backend_timeout), backend_errors("record", name):
-            code, pttl = scripts.RECORD_IF_HELD(self.client, (keys.lock, keys.records(kind)), args)
-        return RecordReply(int(code) == 1, int(code) != 0, commands.seconds(pttl))
-
-    def records(self, name: str, kind: str) -> dict[str, str]:
-        """The ``kind`` records beside lock ``name`` (see :meth:`record_if_held`)."""
-        with bounded(self.backend_timeout), backend_errors("read the records of", name):
-            raw = self.client.hgetall(self.keys(name).records(kind))
-        return {text(field): text(value) for field, value in raw.items()}
-
 
 class NamedLock:
     """The lock ``name`` of a :class:`LockSpace`, all its ``permits`` (``keys``: permit 1
@@ -322,49 +263,15 @@ class NamedLock:
         """The owner of the first permit found held, or ``None``."""
         return next((state.holder for state in self.inspect() if state.held), None)
 
-    # -- waiters: records beside the lock, each woken by a release that ends a hold -----------
-
-    def _waiters(self, script: scripts.Script, what: str, keys: tuple[str, ...], *args: Any) -> Any:
+    @contextlib.contextmanager
+    def operation(self, what: str) -> Iterator[Any]:
+        """One operation in Redis on this lock's keys for a feature built on the lock (its own
+        scripts and reads): yields the client; the space's ``backend_timeout`` bounds the block
+        (the package's scripts are not sent once it passed), and a Redis error in it is a
+        :class:`LockBackendError` saying ``what`` was done to the lock. Pass every key a
+        script touches in its KEYS, made from :attr:`keys` (one hash tag: one Cluster slot)."""
         with bounded(self._space.backend_timeout), backend_errors(what, self.name):
-            return script(self._space.client, (self.keys[0].records(WAITERS), *keys), args)
-
-    def add_waiter(
-        self, waiter: str, record: str, keep: float, *, force: bool = False
-    ) -> WaitReply:
-        """Write ``waiter``'s ``record`` beside the lock while every permit is held, checked in
-        the same step (``force``: even when one is free); the records live at least ``keep``
-        seconds from now. A holder that ends releases first and reads the records after
-        (:meth:`waiters`): either this call finds a permit free or that read finds the record."""
-        keep_ms = check_lease_ms(keep)
-        locks = tuple(keys.lock for keys in self.keys)
-        flag = "1" if force else ""
-        code, pttl = self._waiters(
-            scripts.WAIT_PARK, "write a waiter beside", locks, waiter, record, keep_ms, flag
-        )
-        return WaitReply(int(code) == 1, commands.seconds(pttl))
-
-    def claim_waiter(self, waiter: str, token: str, mark: str) -> tuple[int, str]:
-        """Claim the wait ``token`` of ``waiter`` for the wake-up ``mark``: :data:`CLAIMED`
-        (with ``"again"`` when this mark claimed it before), :data:`WAIT_OVER`,
-        :data:`CLAIMED_ELSEWHERE`, or :data:`WAIT_REPLACED` and who replaced the waiter."""
-        code, by = self._waiters(scripts.WAIT_CLAIM, "claim a wait beside", (), waiter, token, mark)
-        return int(code), text(by)
-
-    def replace_waiter(self, waiter: str, by: str) -> bool:
-        """``waiter`` was replaced by ``by``: its next claim learns so, and no release wakes it.
-        ``False``: it had no record."""
-        return bool(int(self._waiters(scripts.WAIT_MARK, "mark a waiter beside", (), waiter, by)))
-
-    def waiters(
-        self, *, drop: str = "", token: str = "", claim: str = "", listing: bool = True
-    ) -> dict[str, str]:
-        """The records of the unclaimed waiters (with ``listing``), after dropping the record
-        of ``drop`` if it is still the wait ``token`` or its ``claim``: one round trip."""
-        flag = "1" if listing else ""
-        reply = self._waiters(
-            scripts.WAIT_END, "read the waiters beside", (), drop, token, claim, flag
-        )
-        return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
+            yield self._space.client
 
     def __repr__(self) -> str:
         return f"<NamedLock {self.keys[0].lock!r} permits={self.permits}>"

@@ -26,6 +26,7 @@ from ..rate import Waited
 from ..run import TaskRun
 from .base import Attempt, RunMode
 from .publish import PublishMode
+from .waiters import replace_waiter
 from .wake import (
     WAIT_HEADER,
     Wait,
@@ -224,7 +225,7 @@ class QueueMode(PublishMode):
         its wake or fallback starts, and no run's end wakes it again."""
         bound = task.locking.bound(task.app)
         try:
-            bound.space.named(self.run_lock(job.name), self.limit).replace_waiter(holder, by)
+            replace_waiter(bound.space.named(self.run_lock(job.name), self.limit), holder, by)
         except LockBackendError as exc:  # its message finds its queued lock gone instead
             log.warning("could not mark task %s as replaced by %s: %s", holder, by, exc)
 

@@ -31,17 +31,10 @@ from celery.exceptions import Ignore, Reject
 from kombu.serialization import dumps, loads, prepare_accept_content
 
 from ..._errors import LockBackendError
-from ..._lock import (
-    CLAIMED,
-    WAIT_OVER,
-    WAIT_REPLACED,
-    AcquireReply,
-    NamedLock,
-    ReentrantLock,
-    Semaphore,
-)
+from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
 from ..hold import HEADER, store_retry
 from ..parts import skip_replaced
+from .waiters import CLAIMED, WAIT_OVER, WAIT_REPLACED, add_waiter, claim_waiter, waiters
 
 __all__ = [
     "WAIT_HEADER",
@@ -114,7 +107,7 @@ def claim_wait(task: Any, request: Any, job: NamedLock, queued_key: str, wait: W
     and is delivered again); else end it: as replaced (SKIPPED) when a later call replaced the
     copy while it waited (``lock_debounce``), else without a trace (its other message runs
     the copy, or ran it, or the copy's wait was dropped)."""
-    code, again = job.claim_waiter(request.id, wait.token, wait.mark)
+    code, again = claim_waiter(job, request.id, wait.token, wait.mark)
     if code == CLAIMED:
         return again == "again"
     by = again
@@ -133,7 +126,7 @@ def end_claim(job: NamedLock, task_id: str, wait: Wait) -> None:
     """The copy whose wait this message claimed (or was woken for) will not run: drop its
     record. Best effort: a record left behind ends with the records' lifetime."""
     try:
-        job.waiters(drop=task_id, token=wait.token, claim=wait.claim, listing=False)
+        waiters(job, drop=task_id, token=wait.token, claim=wait.claim, listing=False)
     except LockBackendError as exc:
         log.warning(
             "could not drop the wait record of task %s beside %s: %s", task_id, job.name, exc
@@ -198,7 +191,7 @@ def wait_for_run(
     # The record outlives the fallback's countdown by as long as a queued message's hold does.
     keep = countdown + locking.queue_ttl(app)
     for attempt in range(PARK_TRIES):
-        parked = job.add_waiter(request.id, record, keep, force=attempt == PARK_TRIES - 1)
+        parked = add_waiter(job, request.id, record, keep, force=attempt == PARK_TRIES - 1)
         if parked:
             if parked.lease_left == 0:
                 # Written although a slot is free (lost to another taker each time): its wake
@@ -234,7 +227,8 @@ def wake_waiting(
     taken that long yet (a cooldown): the copies come back as it ends. One round trip, plus
     one publish per copy woken; never raises (a copy not woken comes back by its fallback)."""
     try:
-        waiting = job.waiters(
+        waiting = waiters(
+            job,
             drop=task_id if wait is not None else "",
             token=wait.token if wait is not None else "",
             claim=wait.claim if wait is not None else "",
