@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 import os
 import re
+import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal, TypeVar
 
 import redis
@@ -19,7 +21,7 @@ from celery_singleton_lock import ReentrantLock
 from celery_singleton_lock._lock import runtime
 from celery_singleton_lock._lock.runtime import publish_command
 from celery_singleton_lock.lock import LockKeys
-from celery_singleton_lock.testing import find_redis_server
+from celery_singleton_lock.testing import RedisServer, find_redis_server
 
 T = TypeVar("T")
 
@@ -287,3 +289,14 @@ def paused_holder_worker(port: int, name: str, ttl: float, report: Any, go_on: A
     go_on.wait(60)  # set by the test once this process was stopped and continued
     lost = lock.lost.is_set()
     report.put(("woke", lost, fenced_write(client, fence, "late write of the paused holder")))
+
+
+@contextmanager
+def stopped(server: RedisServer) -> Iterator[None]:
+    """The server SIGSTOPped (it accepts connections, never answers) until the block ends."""
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)

@@ -20,13 +20,12 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import redis
 from celery_fixtures import CeleryEnv, Gates, app_task, celery_env, new_app
-from lock_helpers import wait_until
+from lock_helpers import stopped, wait_until
 from redis.backoff import NoBackoff
 
 from celery_singleton_lock import LockBackendError, LockedTask, ReentrantLock, reload_settings
@@ -95,17 +94,6 @@ def locks(lock_server: RedisServer) -> Iterator[Any]:
     client = lock_server.client(db=DB)
     yield client
     client.close()
-
-
-@contextmanager
-def stopped(server: RedisServer) -> Iterator[None]:
-    """The server SIGSTOPped (it accepts connections, never answers) until the block ends."""
-    assert server.process is not None
-    os.kill(server.process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
 
 
 def warm_up(env: CeleryEnv) -> None:

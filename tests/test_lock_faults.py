@@ -10,12 +10,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import redis
-from lock_helpers import renewed_holds, wait_until
+from lock_helpers import renewed_holds, stopped, wait_until
 from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
@@ -252,17 +251,6 @@ def test_a_redis_that_hangs_without_a_socket_timeout_still_sets_lost(
 # -- resends and background calls under a deadline -------------------------------------------
 
 
-@contextmanager
-def _stopped(server: RedisServer) -> Iterator[None]:
-    """The server SIGSTOPped (it accepts connections, never answers) until the block ends."""
-    assert server.process is not None
-    os.kill(server.process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
-
-
 def test_resends_stop_before_a_pause_would_pass_the_deadline() -> None:
     """The policy would resend 50 times, 0.3 s apart (15 s); under a 1 s deadline the last
     resend starts before it, and no pause ends past it. (The policy is called directly: a
@@ -310,7 +298,7 @@ def test_a_background_call_outlives_a_stall_only_when_asked_to(
 
     lane = LockRuntime.of(client)
     gave_up: list[str] = []
-    with _stopped(server):
+    with stopped(server):
         lane.retry(
             setter("stalled:kept"),
             "set stalled:kept",
