@@ -21,8 +21,8 @@ __all__ = ["CelerySingletonException", "DuplicateTaskError", "Singleton", "clear
 
 
 def clear_locks(app: Any) -> None:
-    """Delete every key under the prefix of the app's ``Singleton`` tasks, held or not: only
-    when no worker runs. Not needed at a worker's start: a dead worker's locks expire."""
+    """Delete every key under the prefix of the app's ``Singleton`` tasks, held or not (fencing
+    tokens start again): only when no worker runs. A dead worker's locks expire on their own."""
     config = Config(app)
     get_backend(config).clear(config.key_prefix)
 

@@ -21,9 +21,6 @@ __all__ = ["DEFAULT_KEY_PREFIX", "BaseBackend", "RedisBackend", "get_backend"]
 #: celery-singleton's ``singleton_key_prefix``, kept: migrated keys stay where operators look
 DEFAULT_KEY_PREFIX = "SINGLETONLOCK_"
 
-#: the lease of ``lock(expiry=None)`` (celery-singleton's "never"): every lock here has one
-UNSET_EXPIRY = 3600.0
-
 
 class BaseBackend(ABC):
     """celery-singleton's lock store interface, by lock name: ``lock`` (take for a task id
@@ -53,7 +50,8 @@ class RedisBackend(BaseBackend):
         self.redis = space.client
 
     def lock(self, lock: str, task_id: str, expiry: float | None = None) -> bool:
-        lease = UNSET_EXPIRY if expiry is None else seconds("expiry", expiry)
+        # celery-singleton's None is "never": every lock here has a lease
+        lease = 3600.0 if expiry is None else seconds("expiry", expiry)
         return self.space.named(lock).take(task_id, lease).acquired
 
     def unlock(self, lock: str) -> None:
