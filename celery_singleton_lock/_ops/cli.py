@@ -72,7 +72,7 @@ def _table(views: Sequence[Any], columns: Sequence[tuple[str, str]] = _COLUMNS) 
 
 
 def _locate(client: Any, key: str, prefixes: list[str]) -> str:
-    """The prefix of ``key`` (a name: the first prefix under which it is held)."""
+    """The prefix of ``key`` (a lock key's own; a name's: the first prefix holding it)."""
     for prefix in prefixes:
         if key.startswith(f"{prefix}:{{"):
             return prefix
