@@ -1,10 +1,5 @@
 """``celery -A proj locks ...`` and ``python -m celery_singleton_lock --url URL ...``: ``list``,
-``show KEY``, ``release KEY`` (a force release) and ``purge``; ``--json`` for machines.
-
-Under an app, the commands cover every prefix its locked tasks use (the app's
-``singleton_lock_prefix``, and a drop-in's own such as ``SINGLETONLOCK_``) unless ``--prefix``
-names one; with ``--url``, the prefix is ``lock`` unless ``--prefix`` says otherwise.
-"""
+``show KEY``, ``release KEY`` (a force release) and ``purge``; ``--json`` for machines."""
 
 from __future__ import annotations
 
@@ -20,8 +15,6 @@ from .._lock import LockSpace, Rate, RateKeys, RateLimiter, RateState
 from . import locks as ops
 from .target import prefix_option, target, url_option
 
-__all__ = ["locks", "main"]
-
 _COLUMNS = (
     ("key", "KEY"),
     ("task", "TASK"),
@@ -36,8 +29,6 @@ _COLUMNS = (
     ("slots", "SLOTS"),
 )
 
-
-#: ``locks list``'s table of rate limiters
 _LIMITER_COLUMNS = (
     ("key", "LIMITER"),
     ("used", "USED"),
@@ -53,7 +44,7 @@ def _cell(value: Any) -> str:
 
 
 def _limiter_row(state: RateState, prefix: str) -> dict[str, Any]:
-    """A limiter as ``locks list`` shows it (``--json``: with ``"kind": "limiter"``)."""
+    """A limiter as ``locks list`` shows it."""
     rule = str(Rate(state.limit, state.period)) if state.limit else None
     return {
         "kind": "limiter",
@@ -70,20 +61,18 @@ def _limiter_row(state: RateState, prefix: str) -> dict[str, Any]:
 
 
 def _table(views: Sequence[Any], columns: Sequence[tuple[str, str]] = _COLUMNS) -> str:
-    """``views`` (objects, or dicts) as a table of ``columns``."""
-
-    def get(view: Any, field: str) -> Any:
-        return view.get(field) if isinstance(view, dict) else getattr(view, field)
-
+    """``views`` (dataclasses, or dicts) as a table of ``columns``."""
     rows = [[title for _, title in columns]]
-    rows += [[_cell(get(v, field)) for field, _ in columns] for v in views]
+    for view in views:
+        row = view if isinstance(view, dict) else vars(view)
+        rows.append([_cell(row[field]) for field, _ in columns])
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
     return "\n".join(line.rstrip() for line in lines)
 
 
 def _locate(client: Any, key: str, prefixes: list[str]) -> str:
-    """The prefix of ``key`` (a lock key, or a name: the first prefix under which it is held)."""
+    """The prefix of ``key`` (a lock key's own; a name's: the first prefix holding it)."""
     for prefix in prefixes:
         if key.startswith(f"{prefix}:{{"):
             return prefix
@@ -96,8 +85,8 @@ _key = click.argument("key")
 
 
 class _Locks(click.Group):
-    """The ``locks`` group; its ``web`` command is imported when asked for (it needs the
-    ``web`` extra, and the ``celery`` command imports this module on every run)."""
+    """Imports ``web`` when asked for: it needs the ``web`` extra, and ``celery`` imports this
+    module on every run."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), "web"})
@@ -109,7 +98,7 @@ class _Locks(click.Group):
             except ImportError as exc:
                 message = str(exc)
 
-                # whatever options it was given: the missing extra is what to say
+                # whatever its options: the missing extra is what to say
                 @click.command(
                     name="web",
                     help="Serve a web page of the locks.",
@@ -129,8 +118,8 @@ def locks() -> None:
 
 
 def _command(*options: Any, name: str | None = None) -> Callable[[Callable[..., None]], Any]:
-    """A sub-command with ``options``, ``--url``, ``--prefix`` and ``--json``: its function
-    gets the Redis client, the prefixes to act on, ``as_json`` and its own options."""
+    """A sub-command with ``options``, ``--url``, ``--prefix`` and ``--json``: ``body`` gets the
+    Redis client, the prefixes, ``as_json`` and its own options."""
 
     def make(body: Callable[..., None]) -> Any:
         @functools.wraps(body)

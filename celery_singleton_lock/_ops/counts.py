@@ -1,6 +1,5 @@
-"""What happened to the locks under a prefix lately: duplicates, refusals and locks lost, as
-the Celery layer counts them per minute in Redis (:mod:`celery_singleton_lock._celery.counts`,
-setting ``singleton_lock_counts``)."""
+"""Duplicates, refusals and lost locks under a prefix lately, as the Celery layer counts them
+per minute in Redis (:mod:`celery_singleton_lock._celery.counts`, ``singleton_lock_counts``)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,6 @@ from .._celery.counts import LOST, RETENTION_S, counts_key
 from .._errors import LockBackendError
 from .._lock import check_prefix, text
 from .locks import raw_clock
-
-__all__ = ["DUPLICATE_ACTIONS", "REFUSAL_REASONS", "RecentCounts", "recent_counts"]
 
 #: what was done with a duplicate: at run time, at publish, or a debounce's replacement
 DUPLICATE_ACTIONS = ("skipped", "retried", "raised", "returned", "replaced")
@@ -43,26 +40,20 @@ class RecentCounts:
         return sum(self.duplicates.values())
 
 
-def _check_minutes(minutes: object) -> int:
+def recent_counts(client: Any, prefix: str = "lock", minutes: int = 60) -> RecentCounts:
+    """The counts under ``prefix`` of the last ``minutes`` minutes, by the server's clock (the
+    local one on a Cluster): one pipeline of ``HGETALL``, one key per minute."""
+    check_prefix(prefix)
     if type(minutes) is not int or not 1 <= minutes <= MAX_MINUTES:
         raise ValueError(
             f"minutes must be an int from 1 to {MAX_MINUTES} (the counts are kept "
             f"{MAX_MINUTES} minutes), got {minutes!r}"
         )
-    return minutes
-
-
-def recent_counts(client: Any, prefix: str = "lock", minutes: int = 60) -> RecentCounts:
-    """The counts under ``prefix`` of the last ``minutes`` minutes, by the server's clock (the
-    local one on a Cluster): one pipeline of ``HGETALL``, one key per minute."""
-    check_prefix(prefix)
-    minutes = _check_minutes(minutes)
     try:
         now = int(raw_clock(client) // 60)
-        keys = [counts_key(prefix, minute) for minute in range(now - minutes + 1, now + 1)]
         pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(key)
+        for minute in range(now - minutes + 1, now + 1):
+            pipe.hgetall(counts_key(prefix, minute))
         hashes = pipe.execute()
     except RedisError as exc:
         raise LockBackendError(

@@ -14,19 +14,7 @@ from typing import Any
 from .._celery.lifecycle import PURGEABLE
 from .._lock import LockSpace, LockState, RateState, backend_errors, is_cluster
 
-__all__ = [
-    "LockView",
-    "find_limiters",
-    "find_locks",
-    "job_limit",
-    "purge",
-    "server_clock",
-    "show",
-    "views_of",
-]
-
-#: keys each SCAN call of :func:`find_locks` looks at: a lock is two keys (its hash and its
-#: meta hash), so 10,000 locks take about four calls
+#: keys per SCAN call of :func:`find_locks`: a lock is two keys (its hash and its meta hash)
 SCAN_COUNT = 5000
 
 
@@ -62,14 +50,12 @@ def _info(state: LockState) -> dict[str, Any]:
 
 
 def _limit_of(info: dict[str, Any]) -> int:
-    """The job's ``lock_limit`` as its hold's info says (1 when it says none)."""
     limit = info.get("limit")
     return limit if type(limit) is int and limit > 1 else 1
 
 
 def job_limit(state: LockState) -> int:
-    """The ``lock_limit`` of the job whose permit ``state`` is, as its holder's info says (1
-    for a job of one slot, or a lock that is not a task's)."""
+    """The ``lock_limit`` of the job whose permit ``state`` is, as its holder's info says."""
     return _limit_of(_info(state))
 
 
@@ -92,25 +78,23 @@ def _view(state: LockState, info: dict[str, Any], now: float) -> LockView:
 
 
 def server_clock(client: Any) -> float:
-    """The server's clock in Unix seconds (the local clock for a Redis Cluster client, whose
-    nodes answer one by one). Unlike :meth:`LockSpace.server_time`, a Redis that fails or
-    hangs is an error (:class:`LockBackendError`): an operator's read gives up at once
-    instead of going on to wait again on each of its next commands."""
+    """The server's clock in Unix seconds (local on a Cluster). Unlike
+    :meth:`LockSpace.server_time`, a failing Redis raises :class:`LockBackendError` at once,
+    rather than an operator's read waiting again on each of its next commands."""
     with backend_errors("read", "", "the server's clock (TIME)"):
         return raw_clock(client)
 
 
 def raw_clock(client: Any) -> float:
     """:func:`server_clock`, a redis-py error raised as it is."""
-    if is_cluster(client):
+    if is_cluster(client):  # its nodes answer one by one
         return time.time()
     unix, micros = client.time()
     return float(unix) + float(micros) / 1e6
 
 
 def find_locks(client: Any, prefix: str = "lock", pattern: str = "*") -> list[LockView]:
-    """Every held lock under ``prefix`` whose name matches the glob ``pattern``, by key: found
-    by SCAN, then read in pipelined batches (a few round trips for thousands of locks)."""
+    """Every held lock under ``prefix`` whose name matches the glob ``pattern``, by key."""
     space = LockSpace(client, prefix)
     now = server_clock(client)
     # A key SCAN returned twice (a rehash) is read once.
@@ -119,8 +103,8 @@ def find_locks(client: Any, prefix: str = "lock", pattern: str = "*") -> list[Lo
 
 
 def views_of(states: Iterable[LockState], now: float) -> list[LockView]:
-    """The held ones of ``states`` as ``locks list`` shows them (``now``: the server's clock),
-    by key, each slot of a job of several counted among the others found."""
+    """The held ones of ``states`` by key (``now``: the server's clock), with the slots held
+    of each job of several among them."""
     views: dict[str, LockView] = {}
     limits: dict[str, int] = {}
     for state in states:
@@ -137,23 +121,20 @@ def views_of(states: Iterable[LockState], now: float) -> list[LockView]:
 
 
 def find_limiters(client: Any, prefix: str = "lock", pattern: str = "*") -> list[RateState]:
-    """Every ``lock_rate`` limiter under ``prefix`` in use now (a start in its window, a turn
-    reserved, or a pause), whose name matches the glob ``pattern``, by name."""
+    """Every ``lock_rate`` limiter under ``prefix`` in use now whose name matches ``pattern``."""
     found = LockSpace(client, prefix).rate_limiters()
     return sorted((r for r in found if fnmatch.fnmatchcase(r.name, pattern)), key=lambda r: r.name)
 
 
 def show(client: Any, key_or_name: str, prefix: str = "lock") -> LockView | None:
     """One lock, by its Redis key or its name; ``None`` when it is not held."""
-    space = LockSpace(client, prefix)
-    state = space.inspect(key_or_name)
+    state = LockSpace(client, prefix).inspect(key_or_name)
     return _view(state, _info(state), server_clock(client)) if state.held else None
 
 
 def purge(client: Any, prefix: str = "lock", pattern: str = "*", queued_only: bool = False) -> int:
     """Force-release every lock under ``prefix`` matching ``pattern``; with ``queued_only``,
-    only those held for a message no run has entered (checked in Redis with the release: not
-    a run's, a retry's, a cooldown's, a beat leader's nor a plain lock's). Returns how many."""
+    only those held for a message no run has entered (checked in Redis with the release)."""
     space = LockSpace(client, prefix)
     states = PURGEABLE if queued_only else ()
     return sum(space.force_release(keys.lock, states=states) for keys in list(space.find(pattern)))

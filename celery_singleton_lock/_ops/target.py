@@ -13,13 +13,9 @@ from .._celery.config import LockConfig
 from .._celery.task import LockedTask
 from .._errors import LockError
 
-__all__ = ["app_prefixes", "prefix_option", "target", "url_option"]
-
-#: ``--url`` of every ``locks`` command
 url_option = click.option(
     "--url", default=None, help="Redis URL (default: the Celery app's settings)"
 )
-#: ``--prefix`` of every ``locks`` command
 prefix_option = click.option(
     "--prefix",
     default=None,

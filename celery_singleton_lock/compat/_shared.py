@@ -1,5 +1,5 @@
-"""What the two drop-ins share: checks that name the peer's option, and the peer's settings
-taken as the defaults of ours."""
+"""What the two drop-ins share: checks that name the peer's option, the peer's settings as
+the defaults of ours."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def dotted(path_or_class: Any) -> Any:
 
 @contextlib.contextmanager
 def peer_option_errors(renamed: Mapping[str, str]) -> Iterator[None]:
-    """Errors of ``LockedTask``'s option checks in the block name the peer's option the user
-    wrote (``renamed``: our option -> the peer's)."""
+    """``LockedTask``'s option errors in the block name the peer's option (``renamed``: ours ->
+    the peer's)."""
     try:
         yield
     except (TypeError, ValueError) as exc:
@@ -46,9 +46,8 @@ def peer_option_errors(renamed: Mapping[str, str]) -> Iterator[None]:
 
 
 def adopt_defaults(app: Any, defaults: Mapping[str, Any]) -> None:
-    """Make each of ``defaults`` (our setting -> the peer's value) the default of our setting
-    where the user did not set ours, so code configured for the peer keeps its Redis. A URL
-    that is not Redis (a broker's) is left out: our own fallback and errors take over."""
+    """Make each of ``defaults`` (our setting -> the peer's value) the default of our unset
+    setting; a URL that is not Redis (a broker's) is left out, for our fallback to take over."""
     adopted = {}
     for name, value in defaults.items():
         if value is None or value == {} or app.conf.get(name) is not None:

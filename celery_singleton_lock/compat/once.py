@@ -1,12 +1,7 @@
 """A drop-in for celery-once 3.0.1: change ``from celery_once import QueueOnce, AlreadyQueued``
-to ``from celery_singleton_lock.compat.once import QueueOnce, AlreadyQueued``.
-
-A ``QueueOnce`` task is a ``lock_at="publish"`` task: ``apply_async`` takes the job's lock for
-the new task id, or raises :class:`AlreadyQueued` (``graceful``: returns a ``REJECTED``
-result). Unlike celery-once's one fixed timeout, the running task's lock is renewed, a retry
-keeps it, and it is released as the task ends. The ``ONCE`` setting is read as celery-once
-reads it (``backend``, ``settings.url``, ``settings.default_timeout``).
-"""
+to ``from celery_singleton_lock.compat.once import QueueOnce, AlreadyQueued``. A ``QueueOnce``
+is a ``lock_at="publish"`` task, its lock renewed while it runs (see docs/migration.md); the
+``ONCE`` setting is read as celery-once reads it."""
 
 from __future__ import annotations
 
@@ -23,26 +18,24 @@ from ._shared import adopt_defaults, dotted, lock_name, peer_option_errors, seco
 
 __all__ = ["AlreadyQueued", "QueueOnce", "Redis"]
 
-#: the keys celery-once reads from a task's ``once`` dict; ``apply_async(once=...)`` accepts
-#: them too (celery-once documents ``keys`` there), of which a call applies ``CALL_KEYS``
+#: the keys of a task's ``once``; ``apply_async(once=...)`` accepts them, applies ``CALL_KEYS``
 ONCE_KEYS = frozenset({"graceful", "keys", "timeout", "unlock_before_run"})
 CALL_KEYS = frozenset({"graceful", "timeout"})
 
 log = logging.getLogger("celery_singleton_lock.compat.once")
 
-#: ``apply_async(once={"timeout": ...})`` of the call in progress
 _call_timeout: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "celery_singleton_lock_once_timeout", default=None
 )
 
-#: the ``ONCE["backend"]`` paths served (by :class:`Redis`), and celery-once's File backend's
+#: the ``ONCE["backend"]`` paths served (by :class:`Redis`), and celery-once's File backend
 _REDIS = {"celery_once.backends.Redis", "celery_once.backends.redis.Redis", f"{__name__}.Redis"}
 _FILE = {"celery_once.backends.File", "celery_once.backends.file.File"}
 
 
 class AlreadyQueued(AlreadyQueuedError):
-    """A duplicate ``apply_async``: ``countdown`` is the seconds left on the queued task's
-    lock. Also an :class:`~celery_singleton_lock.AlreadyQueuedError` (``task_id``, ``key``)."""
+    """A duplicate ``apply_async``: ``countdown`` is the seconds left on the queued task's lock;
+    an :class:`~celery_singleton_lock.AlreadyQueuedError` (``task_id``, ``key``)."""
 
     def __init__(self, countdown: float, task_id: str = "", key: str = "") -> None:
         super().__init__(task_id, countdown, key)
@@ -59,21 +52,18 @@ class Redis:
 
     def __init__(self, space: LockSpace) -> None:
         self.space = space
-
-    @property
-    def redis(self) -> Any:
-        return self.space.client
+        self.redis = space.client
 
     def raise_or_lock(self, key: str, timeout: float, task_id: str = "") -> None:
-        """Take ``key`` (a name from ``task.get_key``) for ``timeout`` seconds, or raise
-        :class:`AlreadyQueued` with the seconds left on its lease."""
+        """Take ``key`` (a name from ``get_key``) for ``timeout`` seconds, or raise
+        :class:`AlreadyQueued`."""
         owner = task_id or f"raise_or_lock:{key}"
         reply = self.space.named(key).take(owner, seconds("timeout", timeout))
         if not reply.acquired:
             raise AlreadyQueued(max(reply.lease_left, 0.0), reply.holder, key)
 
     def clear_lock(self, key: str) -> bool:
-        """Free ``key`` (a name from ``task.get_key``), whoever holds it."""
+        """Free ``key`` (a name from ``get_key``), whoever holds it."""
         return self.space.force_release(key)
 
 
@@ -100,12 +90,12 @@ def _once_config(app: Any) -> Mapping[str, Any]:
     return once
 
 
-def _checked(where: str, once: object, allowed: frozenset[str]) -> Mapping[str, Any]:
+def _checked(where: str, once: object) -> Mapping[str, Any]:
     if not isinstance(once, Mapping):
         raise TypeError(f"{where} must be a dict, got {once!r}")
-    unknown = sorted(set(once) - allowed)
+    unknown = sorted(set(once) - ONCE_KEYS)
     if unknown:
-        raise TypeError(f"{where}: unknown key(s) {unknown}; the keys are {sorted(allowed)}")
+        raise TypeError(f"{where}: unknown key(s) {unknown}; the keys are {sorted(ONCE_KEYS)}")
     if "graceful" in once and not isinstance(once["graceful"], bool):
         raise TypeError(f"{where}['graceful'] must be True or False, got {once['graceful']!r}")
     return once
@@ -114,13 +104,11 @@ def _checked(where: str, once: object, allowed: frozenset[str]) -> Mapping[str, 
 class QueueOnce(LockedTask):
     """celery-once's base class: ``@app.task(base=QueueOnce, once={...})``.
 
-    ``once`` (on the task; ``graceful`` and ``timeout`` also per call, as
-    ``apply_async(once={...})``): ``graceful`` (return a ``REJECTED`` result instead of
-    raising :class:`AlreadyQueued`), ``keys`` (the parameters that make the key; ``[]``: the
-    task name alone), ``timeout`` (seconds the lock lasts while the message waits; default
-    ``ONCE["settings"]["default_timeout"]``, else ``singleton_lock_queue_ttl``),
-    ``unlock_before_run`` (release as the run starts).
-    """
+    ``once`` (``graceful`` and ``timeout`` also per call, ``apply_async(once={...})``):
+    ``graceful`` (return a ``REJECTED`` result, not raise :class:`AlreadyQueued`), ``keys`` (the
+    parameters that make the key; ``[]``: the task name alone), ``timeout`` (seconds the lock
+    lasts while queued; default ``ONCE["settings"]["default_timeout"]``, else
+    ``singleton_lock_queue_ttl``), ``unlock_before_run`` (release as the run starts)."""
 
     lock_at = "publish"
     lock_on_duplicate = "raise"  # apply_async turns AlreadyQueuedError into AlreadyQueued
@@ -128,7 +116,7 @@ class QueueOnce(LockedTask):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         task = str(cls.__dict__.get("name") or cls.__qualname__)
-        once = _checked(f"task {task!r}: once", cls.once, ONCE_KEYS)
+        once = _checked(f"task {task!r}: once", cls.once)
         if once.get("keys") is not None:
             cls.lock_unique_on = list(once["keys"])
         if once.get("timeout") is not None:
@@ -154,8 +142,6 @@ class QueueOnce(LockedTask):
             if default is not None:
                 return seconds("ONCE['settings']['default_timeout']", default)
         return super().queue_lease(app)
-
-    # -- celery-once's attributes ----------------------------------------------------------------
 
     @property
     def config(self) -> Any:
@@ -185,10 +171,10 @@ class QueueOnce(LockedTask):
         return lock_name(self, args, kwargs)
 
     def apply_async(self, *args: Any, **options: Any) -> Any:
-        call = _checked("apply_async(once=...)", options.pop("once", None) or {}, ONCE_KEYS)
+        call = _checked("apply_async(once=...)", options.pop("once", None) or {})
         ignored = sorted(set(call) - CALL_KEYS)
         if ignored:
-            # celery-once accepts them in a call and applies them to none: the same here, said.
+            # celery-once accepts them in a call and ignores them: the same here, said.
             log.warning(
                 "%s: apply_async(once=...) ignores %s, as celery-once does: set them in the "
                 "task's once={...}",

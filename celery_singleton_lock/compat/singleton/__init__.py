@@ -1,15 +1,11 @@
 """A drop-in for celery-singleton 0.3.1: change ``from celery_singleton import Singleton`` to
-``from celery_singleton_lock.compat.singleton import Singleton``. Its ``util``, ``config``,
-``backends`` and ``exceptions`` modules are here under the same names.
-
-A ``Singleton`` task is a ``lock_at="publish"`` task: ``apply_async`` takes the job's lock for
-the new task id, or returns (or raises for) the task already queued or running. The lock is
-renewed while the task runs and released as it ends, on every path (celery-singleton released
-it in ``on_success`` / ``on_failure`` only, and a crashed worker's stayed for ``lock_expiry``).
-"""
+``from celery_singleton_lock.compat.singleton import Singleton``; its ``util``, ``config``,
+``backends`` and ``exceptions`` modules are here under the same names. A ``Singleton`` is a
+``lock_at="publish"`` task, its lock renewed while it runs (see docs/migration.md)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -19,15 +15,14 @@ from .._shared import adopt_defaults, peer_option_errors, seconds
 from .backends import RedisBackend, get_backend
 from .config import Config
 from .exceptions import CelerySingletonException, DuplicateTaskError
-from .util import generate_lock, peer_name, unique_arguments
+from .util import generate_lock, peer_name
 
 __all__ = ["CelerySingletonException", "DuplicateTaskError", "Singleton", "clear_locks"]
 
 
 def clear_locks(app: Any) -> None:
-    """Delete every key under the prefix of the app's ``Singleton`` tasks (see
-    ``RedisBackend.clear``): only when no worker runs. No longer needed at a worker's start: a
-    crashed worker's locks end within one lease."""
+    """Delete every key under the prefix of the app's ``Singleton`` tasks, held or not (fencing
+    tokens start again): only when no worker runs. A dead worker's locks expire on their own."""
     config = Config(app)
     get_backend(config).clear(config.key_prefix)
 
@@ -35,14 +30,11 @@ def clear_locks(app: Any) -> None:
 class Singleton(LockedTask):
     """celery-singleton's base class: ``@app.task(base=Singleton)``.
 
-    Options, as celery-singleton's: ``unique_on`` (a parameter name or a list of them; ``[]``:
-    the task name alone), ``raise_on_duplicate`` (raise :class:`DuplicateTaskError` rather than
-    return the queued task's ``AsyncResult``; default ``singleton_raise_on_duplicate``),
-    ``lock_expiry`` (seconds the lock lasts while the message waits; default
-    ``singleton_lock_expiry``, else ``singleton_lock_queue_ttl``). Every :class:`LockedTask`
-    option works too. The keys are under ``Config(app).key_prefix`` (celery-singleton's
-    ``SINGLETONLOCK_`` by default), and ``singleton_json_encoder_class`` writes the arguments.
-    """
+    Options as celery-singleton's: ``unique_on`` (a parameter name or a list; ``[]``: the task
+    name alone), ``raise_on_duplicate`` (raise :class:`DuplicateTaskError`, not return the queued
+    task's ``AsyncResult``; default ``singleton_raise_on_duplicate``), ``lock_expiry`` (seconds
+    the lock lasts while queued; default ``singleton_lock_expiry``, else
+    ``singleton_lock_queue_ttl``); and every :class:`LockedTask` option."""
 
     own_lock_attributes = frozenset({"lock_expiry"})
     lock_at = "publish"
@@ -83,8 +75,6 @@ class Singleton(LockedTask):
         )
         super().on_bound(app)
 
-    # -- LockedTask's extension points ----------------------------------------------------------
-
     @classmethod
     def key_prefix(cls, app: Any) -> str:
         return Config(app).key_prefix
@@ -100,11 +90,8 @@ class Singleton(LockedTask):
 
     @classmethod
     def key_encoder(cls) -> type[json.JSONEncoder] | None:
-        """``singleton_json_encoder_class``, read for every name (as celery-singleton reads it
-        per publish)."""
+        """``singleton_json_encoder_class``, read per name (as celery-singleton reads it)."""
         return Config(cls.app).json_encoder_class
-
-    # -- celery-singleton's methods -------------------------------------------------------------
 
     @property
     def singleton_config(self) -> Config:
@@ -126,16 +113,20 @@ class Singleton(LockedTask):
         task_args: Sequence[Any] | None = None,
         task_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """The lock name of a call of ``task_name`` (a name, not a Redis key: see
-        ``util.generate_lock``): its own lock's name when the app registers it as a locked task;
-        for any other name, the name celery-singleton makes of it with this task's ``unique_on``
-        and ``singleton_json_encoder_class``."""
+        """The lock name (not a Redis key) of a call of ``task_name``: its own lock's when the app
+        registers it as a locked task, else celery-singleton's with this task's ``unique_on``."""
         app = self._get_app()
-        task = app.tasks.get(task_name)
-        if isinstance(task, LockedTask):
+        if isinstance(app.tasks.get(task_name), LockedTask):
             return generate_lock(task_name, task_args, task_kwargs, app=app)
-        args, kwargs = unique_arguments(self, task_args, task_kwargs)
-        return peer_name(task_name, args, kwargs, self.singleton_config.json_encoder_class)
+        unique_on = self.locking.options.lock_unique_on
+        if unique_on:  # only those arguments, bound to the parameters (defaults applied)
+            bound = inspect.signature(self.run).bind(*(task_args or ()), **(task_kwargs or {}))
+            bound.apply_defaults()
+            task_args, task_kwargs = [], {name: bound.arguments[name] for name in unique_on}
+        elif unique_on is not None:
+            task_args, task_kwargs = [], {}
+        encoder = self.singleton_config.json_encoder_class
+        return peer_name(task_name, task_args, task_kwargs, encoder)
 
     def get_existing_task_id(self, lock: str) -> str | None:
         """The id of the task holding ``lock`` (a name from :meth:`generate_lock`)."""
@@ -159,8 +150,7 @@ class Singleton(LockedTask):
         self.unlock(self.generate_lock(self.name, task_args, task_kwargs))
 
     def on_duplicate(self, existing_task_id: str) -> Any:
-        """A duplicate publish: raise :class:`DuplicateTaskError`, or return the queued task's
-        ``AsyncResult``."""
+        """A duplicate: raise :class:`DuplicateTaskError`, or return the queued task's result."""
         if self._raise_on_duplicate:
             raise DuplicateTaskError(
                 f"Attempted to queue a duplicate of task ID {existing_task_id}",

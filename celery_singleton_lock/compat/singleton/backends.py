@@ -21,28 +21,22 @@ __all__ = ["DEFAULT_KEY_PREFIX", "BaseBackend", "RedisBackend", "get_backend"]
 #: celery-singleton's ``singleton_key_prefix``, kept: migrated keys stay where operators look
 DEFAULT_KEY_PREFIX = "SINGLETONLOCK_"
 
-#: the lease of ``lock(expiry=None)`` (celery-singleton's "never"): every lock here has one
-UNSET_EXPIRY = 3600.0
-
 
 class BaseBackend(ABC):
-    """What celery-singleton asks of a lock store, by lock name."""
+    """celery-singleton's lock store interface, by lock name: ``lock`` (take for a task id
+    for ``expiry`` seconds), ``unlock`` (whoever holds it), ``get`` (the holder) and ``clear``."""
 
     @abstractmethod
-    def lock(self, lock: str, task_id: str, expiry: float | None = None) -> bool:
-        """Take ``lock`` for ``task_id`` for ``expiry`` seconds; whether it was taken."""
+    def lock(self, lock: str, task_id: str, expiry: float | None = None) -> bool: ...
 
     @abstractmethod
-    def unlock(self, lock: str) -> None:
-        """Free ``lock``, whoever holds it."""
+    def unlock(self, lock: str) -> None: ...
 
     @abstractmethod
-    def get(self, lock: str) -> str | None:
-        """The task id holding ``lock``, or ``None``."""
+    def get(self, lock: str) -> str | None: ...
 
     @abstractmethod
-    def clear(self, key_prefix: str) -> None:
-        """Free every lock under ``key_prefix``."""
+    def clear(self, key_prefix: str) -> None: ...
 
 
 class RedisBackend(BaseBackend):
@@ -56,7 +50,8 @@ class RedisBackend(BaseBackend):
         self.redis = space.client
 
     def lock(self, lock: str, task_id: str, expiry: float | None = None) -> bool:
-        lease = UNSET_EXPIRY if expiry is None else seconds("expiry", expiry)
+        # celery-singleton's None is "never": every lock here has a lease
+        lease = 3600.0 if expiry is None else seconds("expiry", expiry)
         return self.space.named(lock).take(task_id, lease).acquired
 
     def unlock(self, lock: str) -> None:
@@ -66,11 +61,9 @@ class RedisBackend(BaseBackend):
         return self.space.inspect(lock).holder
 
     def clear(self, key_prefix: str) -> None:
-        """Delete every key that starts with ``key_prefix``, as celery-singleton's does: each
-        lock, whoever holds it, what it keeps beside it (its ``:meta`` hash, a beat leader's
-        records), and celery-singleton's own ``SINGLETONLOCK_<md5>`` keys. Held locks are
-        force-released first, so that their waiters wake (a DEL publishes nothing). Live
-        holders lose their locks and fencing tokens start again: for when no worker runs."""
+        """Delete every key that starts with ``key_prefix``, as celery-singleton's does (each
+        lock, its ``:meta`` hash, celery-singleton's own ``SINGLETONLOCK_<md5>`` keys). Held
+        locks are force-released first, for their waiters to wake (a DEL publishes nothing)."""
         space = LockSpace(self.redis, key_prefix)
         for keys in list(space.find()):
             space.force_release(keys.lock)
@@ -86,7 +79,7 @@ class RedisBackend(BaseBackend):
 
 
 def get_backend(config: Config) -> RedisBackend:
-    """The app's backend: the lock client and prefix its ``Singleton`` tasks use. Another
-    ``singleton_backend_class`` raises :class:`~celery_singleton_lock.MisconfiguredError`."""
+    """The backend of the app's ``Singleton`` tasks. Another ``singleton_backend_class`` raises
+    :class:`~celery_singleton_lock.MisconfiguredError`."""
     config.check_backend_class()
     return RedisBackend(space=config.space())

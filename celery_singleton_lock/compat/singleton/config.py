@@ -22,22 +22,19 @@ class Config:
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    def _get(self, name: str) -> Any:
-        return self.app.conf.get(name)
-
     @property
     def key_prefix(self) -> str:
-        """The prefix of the ``Singleton`` tasks' keys: ``singleton_lock_prefix`` when set,
-        else ``singleton_key_prefix``, else celery-singleton's ``SINGLETONLOCK_``."""
-        if self._get("singleton_lock_prefix") is not None:
+        """``singleton_lock_prefix`` when set, else ``singleton_key_prefix``, else
+        celery-singleton's ``SINGLETONLOCK_``."""
+        if self.app.conf.get("singleton_lock_prefix") is not None:
             return LockedTask.key_prefix(self.app)
-        prefix = self._get("singleton_key_prefix") or DEFAULT_KEY_PREFIX
+        prefix = self.app.conf.get("singleton_key_prefix") or DEFAULT_KEY_PREFIX
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise ValueError(f"singleton_key_prefix must be a str without braces, got {prefix!r}")
         return prefix
 
     def space(self) -> LockSpace:
-        """The app's locks under :attr:`key_prefix`: its lock client, its backend timeout."""
+        """The app's locks under :attr:`key_prefix`."""
         locks = LockedTask.lock_space(self.app)
         return LockSpace(locks.client, self.key_prefix, backend_timeout=locks.backend_timeout)
 
@@ -49,7 +46,7 @@ class Config:
     def check_backend_class(self) -> None:
         """:class:`~celery_singleton_lock.MisconfiguredError` unless ``singleton_backend_class``
         is unset or names the Redis backend."""
-        path = dotted(self._get("singleton_backend_class") or _REDIS_BACKENDS[0])
+        path = dotted(self.app.conf.get("singleton_backend_class") or _REDIS_BACKENDS[0])
         if path not in _REDIS_BACKENDS:
             raise MisconfiguredError(
                 f"singleton_backend_class={path!r} cannot be used: celery-singleton's backend "
@@ -63,33 +60,33 @@ class Config:
 
     @property
     def backend_kwargs(self) -> dict[str, Any]:
-        return dict(self._get("singleton_backend_kwargs") or {})
+        return dict(self.app.conf.get("singleton_backend_kwargs") or {})
 
     @property
     def backend_url(self) -> str | None:
         """``singleton_backend_url``, else a ``redis://`` result backend, else the broker."""
-        url = self._get("singleton_backend_url")
+        url = self.app.conf.get("singleton_backend_url")
         if url is None:
-            url = self._get("result_backend")
+            url = self.app.conf.get("result_backend")
             if not url or not str(url).startswith("redis://"):
-                url = self._get("broker_url")
+                url = self.app.conf.get("broker_url")
         return None if url is None else str(url)
 
     @property
     def raise_on_duplicate(self) -> bool | None:
-        value = self._get("singleton_raise_on_duplicate")
+        value = self.app.conf.get("singleton_raise_on_duplicate")
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"singleton_raise_on_duplicate must be True or False, got {value!r}")
         return value
 
     @property
     def lock_expiry(self) -> float | None:
-        value = self._get("singleton_lock_expiry")
+        value = self.app.conf.get("singleton_lock_expiry")
         return None if value is None else seconds("singleton_lock_expiry", value)
 
     @property
     def json_encoder_class(self) -> type[JSONEncoder] | None:
-        value = self._get("singleton_json_encoder_class")
+        value = self.app.conf.get("singleton_json_encoder_class")
         if isinstance(value, str):
             module, _, name = value.rpartition(".")
             value = getattr(importlib.import_module(module), name)
