@@ -110,6 +110,20 @@ def counting_client(port: int, **options: Any) -> Any:
     return client
 
 
+def count_wakeups(client: Any) -> list[int]:
+    """Count, in ``[0]`` from now on, the wake-up messages ``client``'s waiting threads read."""
+    hub = runtime.LockRuntime.of(client).hub
+    read, seen = hub.read, [0]
+
+    def counted(pubsub: Any, timeout: float) -> Any:
+        reply = read(pubsub, timeout)
+        seen[0] += reply is not None
+        return reply
+
+    hub.read = counted  # type: ignore[method-assign]  # a counting wrapper, this hub only
+    return seen
+
+
 def held_fence(lock: ReentrantLock) -> int:
     """The fencing token of a lock the caller holds (every hold has one)."""
     fence = lock.fence

@@ -16,7 +16,7 @@ from lock_helpers import evalsha_calls, wait_until
 
 from celery_singleton_lock import LockNotOwnedError, ReentrantLock
 from celery_singleton_lock._lock.runtime import LockRuntime
-from celery_singleton_lock._lock.subscription import Subscription
+from celery_singleton_lock._lock.wakeup import Subscription
 from celery_singleton_lock.testing import RedisServer
 
 #: how long each waiter of the hand-off test holds the lock
@@ -208,81 +208,3 @@ def test_a_woken_waiter_that_leaves_without_trying_passes_the_wake_up_on(
         thread.join(5)
     hub.leave(sub)
     client.close()
-
-
-def _command_calls(admin: Any, name: str) -> int:
-    return int(admin.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0))
-
-
-def hand_off(client: Any, holder: ReentrantLock) -> None:
-    """``holder`` takes its lock, a thread of ``client`` blocks on it, ``holder`` releases: the
-    thread is woken (in well under the holder's 10 s lease), takes the lock and releases it."""
-    channel = holder.key + ":wake"
-    assert holder.acquire()
-    got: list[bool] = []
-
-    def wait() -> None:
-        lock = ReentrantLock(client, holder.name, ttl=10, owner="waiter")
-        got.append(lock.acquire(timeout=10))
-        lock.release()  # publishes: its refused acquire said it may wait
-
-    waiter = threading.Thread(target=wait)
-    waiter.start()
-    wait_until(lambda: _asleep(client, channel) == 1, 5, "the waiter asleep")
-    released = time.monotonic()
-    holder.release()
-    waiter.join(10)
-    assert got == [True]
-    assert time.monotonic() - released < 2.0, "woken by the lease's end, not the release"
-
-
-def test_the_next_wait_takes_the_kept_subscription_without_a_stale_wake_up(
-    redis_server: RedisServer,
-) -> None:
-    """The waiter that leaves last keeps its subscription (it sends nothing on its way out of
-    the acquire); the next wait for that lock in the process takes it without a SUBSCRIBE, and
-    a release published while nobody waited (the waiter's own) does not wake it: it sleeps to
-    the real release, one acquire refused and one taken. Nobody waiting for about a second, the
-    lane ends the subscription and keeps its connection for the next waits."""
-    admin = redis_server.client()
-    client = redis_server.client()
-    holder = ReentrantLock(client, "kept", ttl=10, owner="holder")
-    channel = holder.key + ":wake"
-    hub = LockRuntime.of(client).hub
-    hand_off(client, holder)
-    assert hub.channels == []  # nobody waits
-    assert _subscribers(admin, channel) == 1  # kept
-    subscribes, received = _command_calls(admin, "subscribe"), hub.received
-    before = evalsha_calls(admin)
-    hand_off(client, holder)
-    assert _command_calls(admin, "subscribe") == subscribes  # the kept one, taken again
-    assert hub.received == received + 1  # the holder's release only, not the waiter's own
-    # the holder's acquire and release, the waiter's refused and taken acquire and its release
-    assert evalsha_calls(admin) - before == 5
-    wait_until(lambda: _subscribers(admin, channel) == 0, 3, "the kept subscription ended")
-    assert hub.subscription(channel) is None
-    wait_until(
-        lambda: any(c["cmd"] == "unsubscribe" for c in admin.client_list()),
-        3,
-        "its connection kept idle",
-    )
-    client.close()
-    admin.close()
-
-
-def test_a_kept_subscription_whose_connection_was_killed_still_wakes_the_next_wait(
-    redis_server: RedisServer,
-) -> None:
-    """The server drops the connection of a kept subscription (a restart, a timeout, CLIENT
-    KILL): the next wait finds out as it takes it, and is woken by the next release all the
-    same, on the connection redis-py made again or on a new one."""
-    admin = redis_server.client()
-    client = redis_server.client()
-    holder = ReentrantLock(client, "kept-killed", ttl=10, owner="holder")
-    hand_off(client, holder)
-    assert _subscribers(admin, holder.key + ":wake") == 1
-    assert admin.client_kill_filter(_type="pubsub") == 1
-    hand_off(client, holder)
-    hand_off(client, holder)
-    client.close()
-    admin.close()

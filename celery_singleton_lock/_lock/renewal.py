@@ -56,8 +56,6 @@ class _Retry:
     gave_up: Callable[[], None] | None
     next_try: float = field(default_factory=time.monotonic)
     attempts: int = 0
-    #: done without a log line (a chore the lane repeats, not a call handed over)
-    quiet: bool = False
 
 
 class Lane:
@@ -113,21 +111,15 @@ class Lane:
         budget: float | None = None,
         while_stalled: bool = False,
         gave_up: Callable[[], None] | None = None,
-        delay: float = 0.0,
-        quiet: bool = False,
     ) -> None:
         """Call ``call`` from this lane until it succeeds, for at most ``give_up_after`` s
         (``while_stalled``: counted from the last attempt that timed out), each attempt bounded
-        by ``budget`` s; ``gave_up()`` when the lane gives up on it. ``delay``: the first try
-        no sooner than that many seconds from now; ``quiet``: no log line when it is done."""
+        by ``budget`` s; ``gave_up()`` when the lane gives up on it."""
         span = give_up_after if while_stalled else None
-        now = time.monotonic()
-        job = _Retry(call, what, now + delay + give_up_after, budget, span, gave_up, now + delay)
-        job.quiet = quiet
+        job = _Retry(call, what, time.monotonic() + give_up_after, budget, span, gave_up)
         with self.cond:
             self._retries.append(job)
-            if delay <= 0 or job.next_try < self._wake_at:
-                self.cond.notify()  # (a later job the lane's sleep already covers needs none)
+            self.cond.notify()
 
     # -- the thread ------------------------------------------------------------------------------
 
@@ -237,8 +229,7 @@ class Lane:
                 job.next_try = now + min(0.1 * 2**job.attempts, 5.0)  # do not hammer a dead Redis
             return not isinstance(exc, (RedisConnectionError, RedisTimeoutError))
         self._drop(job)
-        if not job.quiet:
-            log.info("%s: done after %d attempts", job.what, job.attempts)
+        log.info("%s: done after %d attempts", job.what, job.attempts)
         return True
 
     def _postpone(self, jobs: Sequence[_Retry], until: float) -> None:
