@@ -95,6 +95,15 @@ def check_wait(value: object, parameter: str = "timeout") -> float | None:
     )
 
 
+def wait_of(blocking: object, timeout: float | None, default: float | None) -> float | None:
+    """The wait of ``acquire(blocking, timeout)`` (``default`` when ``timeout`` is None)."""
+    if not isinstance(blocking, bool):
+        raise TypeError(f"blocking must be True or False, got {blocking!r}")
+    if not blocking and timeout is not None:
+        raise ValueError("timeout cannot be given with blocking=False")
+    return 0.0 if not blocking else default if timeout is None else check_wait(timeout)
+
+
 def check_backend_timeout(value: object, parameter: str = "backend_timeout") -> float | None:
     """``None`` (the client's own bounds only) or seconds > 0."""
     return check_duration(

@@ -6,40 +6,24 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Any
 
 from .._errors import LockLostError, LockNotOwnedError, LockTimeoutError
 from . import commands, observe
-from .checks import RedisClient, check_backend_timeout, check_client, check_lease_ms, check_wait
+from .checks import (
+    RedisClient,
+    check_backend_timeout,
+    check_client,
+    check_lease_ms,
+    check_wait,
+    wait_of,
+)
 from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
 from .deadline import bounded
 from .hold import Hold
 from .keys import LockKeys, check_name, check_prefix
 from .owner import default_owner, new_request_id
 from .runtime import LockRuntime
-
-
-def wait_of(blocking: object, timeout: float | None, default: float | None) -> float | None:
-    """The wait of ``acquire(blocking, timeout)`` (``default`` when ``timeout`` is None)."""
-    if not isinstance(blocking, bool):
-        raise TypeError(f"blocking must be True or False, got {blocking!r}")
-    if not blocking and timeout is not None:
-        raise ValueError("timeout cannot be given with blocking=False")
-    return 0.0 if not blocking else default if timeout is None else check_wait(timeout)
-
-
-class LockOptions(TypedDict, total=False):
-    """The keyword options of :class:`ReentrantLock`, which a :class:`Semaphore` takes too."""
-
-    ttl: float
-    owner: str | None
-    renew: bool
-    timeout: float | None
-    prefix: str
-    info: str
-    run_token: str
-    state: str
-    backend_timeout: float | None
 
 
 class ReentrantLock:

@@ -208,8 +208,7 @@ class Lane:
             if job.span is not None and isinstance(exc, RedisTimeoutError):
                 job.give_up_at = max(job.give_up_at, now + job.span)
             if now >= job.give_up_at:
-                self._drop(job, gave_up=True)
-                log.error("gave up trying to %s after %d attempts: %s", job.what, job.attempts, exc)
+                self._drop(job, gave_up=exc)
             else:
                 job.next_try = now + min(0.1 * 2**job.attempts, 5.0)  # do not hammer a dead Redis
             return not isinstance(exc, (RedisConnectionError, RedisTimeoutError))
@@ -221,23 +220,22 @@ class Lane:
         now = time.monotonic()
         for job in jobs:
             if now >= job.give_up_at:
-                self._drop(job, gave_up=True)
-                log.error(
-                    "gave up trying to %s after %d attempts: Redis did not answer",
-                    job.what,
-                    job.attempts,
-                )
+                self._drop(job, gave_up="Redis did not answer")
             else:
                 job.next_try = max(job.next_try, until)
 
-    def _drop(self, job: _Retry, *, gave_up: bool = False) -> None:
+    def _drop(self, job: _Retry, *, gave_up: object = None) -> None:
+        """Take ``job`` out; ``gave_up``: why the lane gives up on it."""
         with self.cond:
             self._retries.remove(job)
-        if gave_up and job.gave_up is not None:
+        if gave_up is None:
+            return
+        if job.gave_up is not None:
             try:
                 job.gave_up()
             except Exception:  # pragma: no cover - a bug guard: the lane must not die
                 log.exception("the give-up handler of %s failed", job.what)
+        log.error("gave up trying to %s after %d attempts: %s", job.what, job.attempts, gave_up)
 
     # -- renewing --------------------------------------------------------------------------------
 

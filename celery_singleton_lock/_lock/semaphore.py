@@ -9,16 +9,30 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Unpack
+from typing import Any, TypedDict, Unpack
 
 from .._errors import LockBackendError, LockTimeoutError
 from . import commands
-from .checks import RedisClient, check_backend_timeout, check_lease_ms, check_wait
+from .checks import RedisClient, check_backend_timeout, check_lease_ms, check_wait, wait_of
 from .commands import ALL_HOLDS, NOT_OWNED, AcquireReply, ReleaseReply
 from .deadline import bounded
 from .keys import LockKeys
-from .reentrant import LockOptions, ReentrantLock, wait_of
+from .reentrant import ReentrantLock
 from .runtime import LockRuntime
+
+
+class LockOptions(TypedDict, total=False):
+    """The keyword options of :class:`ReentrantLock`, which a :class:`Semaphore` takes too."""
+
+    ttl: float
+    owner: str | None
+    renew: bool
+    timeout: float | None
+    prefix: str
+    info: str
+    run_token: str
+    state: str
+    backend_timeout: float | None
 
 
 def check_permits(permits: object) -> int:

@@ -46,13 +46,12 @@ Background = Callable[[Callable[[], None], str, float], None]
 
 
 class Contended:
-    """The locks (by channel) refused lately through one client: a blocking acquire of one of
-    them subscribes before its first try, so a blocked wait sends one refused acquire, not two."""
+    """The locks (by channel) refused lately through one client: a blocking acquire of one
+    subscribes before its first try (one refused acquire, not two)."""
 
     __slots__ = ("_refused",)
 
     def __init__(self) -> None:
-        #: channel -> when last refused (a plain dict: single reads and writes are atomic)
         self._refused: dict[str, float] = {}
 
     def note(self, channel: str) -> None:
@@ -66,9 +65,9 @@ class Contended:
 
 
 def probe_publish_command(client: Any, prefix: str) -> str:
-    """``"spublish"`` for a Redis Cluster client whose servers have sharded pub/sub (Redis 7+),
-    else ``"publish"``: one ``SPUBLISH`` on a channel under ``prefix`` (which the locks' ACL
-    rule allows). Raises what the client raised when the server gave no answer."""
+    """``"spublish"`` for a Redis Cluster client with sharded pub/sub (Redis 7+), else
+    ``"publish"``: one ``SPUBLISH`` under ``prefix`` (the locks' ACL rule allows it). Raises
+    what the client raised when the server gave no answer."""
     if not (hasattr(client, "get_nodes") and hasattr(client.pubsub(), "ssubscribe")):
         return "publish"
     channel = f"{prefix}:{{csl-probe}}:probe"
@@ -97,15 +96,11 @@ class Subscription:
         self.hub = hub
         self.channel = channel
         self.cond = threading.Condition(threading.Lock())
-        #: releases heard and not yet taken by a waiter: each wakes one
-        self.wakeups = 0
-        #: threads that joined and have not left
-        self.waiters = 0
-        #: threads inside :meth:`wait` now
-        self.sleeping = 0
+        self.wakeups = 0  # releases heard and not yet taken: each wakes one waiter
+        self.waiters = 0  # threads that joined and have not left
+        self.sleeping = 0  # threads inside wait() now
         self.pubsub: Any = None
-        #: the subscription failed: its waiters poll by lease until they leave
-        self.broken = False
+        self.broken = False  # the subscription failed: its waiters poll by lease
         self._reading = False
 
     def wait(self, timeout: float) -> bool:
@@ -182,7 +177,7 @@ class Subscription:
 class WakeHub:
     """A process's wake-up subscriptions through one client: one per lock a thread waits for,
     each on a pub/sub connection of its own, and a few idle connections kept for the next
-    waits. It holds its client weakly: a client its user dropped takes the hub with it."""
+    waits. It holds its client weakly."""
 
     def __init__(
         self,
@@ -193,7 +188,6 @@ class WakeHub:
         background: Background,
     ) -> None:
         self._client = client
-        #: ``sharded(channel)``: SSUBSCRIBE rather than SUBSCRIBE, asked at the first subscription
         self._sharded_of = sharded
         self.sharded = False
         self._sharded_known = False
@@ -206,12 +200,10 @@ class WakeHub:
         self._closed = False
 
     def subscription(self, channel: str) -> Subscription | None:
-        """The subscription of ``channel`` while a thread of this process waits on it."""
         return self._subscriptions.get(channel)
 
     @property
     def channels(self) -> list[str]:
-        """The channels a thread of this process waits on now."""
         with self._mutex:
             return list(self._subscriptions)
 
@@ -282,8 +274,7 @@ class WakeHub:
                 _close(pubsub)
 
     def _unsubscribe(self, pubsub: Any, channel: str) -> None:
-        """End a subscription nobody waits on, and keep its connection while fewer than
-        ``keep_idle`` are idle (never raises)."""
+        """End a subscription, its connection kept while fewer than ``keep_idle`` are idle."""
         with self._mutex:
             room = not self._closed and len(self._idle) < self._keep_idle
         if room:
@@ -343,8 +334,7 @@ class WakeHub:
         return pubsub.parse_response(block=False, timeout=timeout)
 
     def read(self, pubsub: Any, timeout: float) -> Any:
-        """The next message published on the subscription, or None after ``timeout`` s (or
-        sooner, at a pong)."""
+        """The next message published, or None after ``timeout`` s (or at a pong)."""
         deadline = time.monotonic() + timeout
         while True:
             reply = self._raw(pubsub, max(deadline - time.monotonic(), 0.0))
