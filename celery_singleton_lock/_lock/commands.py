@@ -171,14 +171,13 @@ def acquire(
         _cancel(client, runtime, PendingCancel(keys, owner, request, lease_ms))
         _raise_backend_error("acquire", keys.name, exc)
     if isinstance(reply, int):  # a new holder: its fence alone
-        _log_acquire.debug("acquired %s as %s (hold 1, fence %s)", keys.lock, owner, reply)
-        return AcquireReply(True, 1, reply)
-    if int(reply[0]) == 1:
-        _log_acquire.debug(
-            "acquired %s as %s (hold %s, fence %s)", keys.lock, owner, reply[1], reply[2]
-        )
-        return AcquireReply(True, int(reply[1]), int(reply[2]))
-    return AcquireReply(False, 0, None, seconds(reply[1]), text(reply[2]), len(reply) > 3)
+        count, fence = 1, reply
+    elif int(reply[0]) == 1:
+        count, fence = int(reply[1]), int(reply[2])
+    else:
+        return AcquireReply(False, 0, None, seconds(reply[1]), text(reply[2]), len(reply) > 3)
+    _log_acquire.debug("acquired %s as %s (hold %s, fence %s)", keys.lock, owner, count, fence)
+    return AcquireReply(True, count, fence)
 
 
 def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:

@@ -6,6 +6,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from .._errors import LockLostError, LockNotOwnedError, LockTimeoutError
@@ -122,8 +123,6 @@ class ReentrantLock:
     def _hold(self) -> Hold | None:
         return LockRuntime.of(self._client).holds.find(self._keys.lock, self.owner)
 
-    # -- acquire -------------------------------------------------------------------------------
-
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Acquire or re-enter the lock; whether it is held. ``blocking=False`` tries once;
         else wait up to ``timeout`` seconds (``None``: the lock's own ``timeout``), woken by the
@@ -223,21 +222,15 @@ class ReentrantLock:
 
         return attempt
 
-    # -- release -------------------------------------------------------------------------------
-
     def release(self) -> None:
         """Release one hold; the last one of this process goes to Redis. Raises
         :class:`LockNotOwnedError` when this owner does not hold it (or its lease was lost)."""
-        runtime = LockRuntime.of(self._client)
-        hold = runtime.holds.find(self._keys.lock, self.owner)
-        if hold is None:
-            raise LockNotOwnedError(
-                f"cannot release lock {self._name!r}: it is not held by owner {self.owner!r}"
-            )
-        with hold.mutex:
-            if hold.count <= 0 or hold.dead:
+        runtime, owner = LockRuntime.of(self._client), self.owner
+        hold = runtime.holds.find(self._keys.lock, owner)
+        with hold.mutex if hold is not None else nullcontext():
+            if hold is None or hold.count <= 0 or hold.dead:
                 raise LockNotOwnedError(
-                    f"cannot release lock {self._name!r}: it is not held by owner {hold.owner!r}"
+                    f"cannot release lock {self._name!r}: it is not held by owner {owner!r}"
                 )
             if hold.count > 1:
                 hold.count -= 1
@@ -327,8 +320,6 @@ class ReentrantLock:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
-
-    # -- state ---------------------------------------------------------------------------------
 
     def owned(self) -> bool:
         """Whether this owner holds the lock in Redis now (one round trip)."""

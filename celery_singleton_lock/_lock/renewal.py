@@ -109,8 +109,6 @@ class Lane:
             self._retries.append(job)
             self.cond.notify()
 
-    # -- the thread ------------------------------------------------------------------------------
-
     def _run(self) -> None:
         while True:
             try:
@@ -236,8 +234,6 @@ class Lane:
             except Exception:  # pragma: no cover - a bug guard: the lane must not die
                 log.exception("the give-up handler of %s failed", job.what)
         log.error("gave up trying to %s after %d attempts: %s", job.what, job.attempts, gave_up)
-
-    # -- renewing --------------------------------------------------------------------------------
 
     def _renew(self, due: Sequence[Hold]) -> None:
         self._follow_master()  # renew where the master is now

@@ -65,21 +65,6 @@ def owned_by(client: Any, keys: Sequence[LockKeys], owner: str) -> list[int]:
     return [index for index, there in enumerate(found) if there]
 
 
-def permit_holders(client: Any, keys: Sequence[LockKeys]) -> dict[str, int]:
-    """Owner -> hold count over every permit (one pipeline of HGETALL)."""
-    with commands.backend_errors("read", keys[0].name, f"the holders of {keys[0].name!r}"):
-        pipe = client.pipeline(transaction=False)
-        for permit in keys:
-            pipe.hgetall(permit.lock)
-        hashes = pipe.execute()
-    counts: dict[str, int] = {}
-    for fields in hashes:
-        for owner, count in fields.items():
-            name = commands.text(owner)
-            counts[name] = counts.get(name, 0) + int(count)
-    return counts
-
-
 def take_permit(
     attempt: Callable[[int], AcquireReply], permits: int, owned: Sequence[int]
 ) -> AcquireReply:
@@ -223,8 +208,18 @@ class Semaphore:
 
     def holders(self) -> dict[str, int]:
         """Owner -> hold count over every permit, as Redis has them now."""
-        with bounded(self._backend_timeout):
-            return permit_holders(self._client, self._keys)
+        subject = f"the holders of {self.name!r}"
+        with bounded(self._backend_timeout), commands.backend_errors("read", self.name, subject):
+            pipe = self._client.pipeline(transaction=False)
+            for permit in self._keys:
+                pipe.hgetall(permit.lock)
+            hashes = pipe.execute()
+        counts: dict[str, int] = {}
+        for fields in hashes:
+            for owner, count in fields.items():
+                name = commands.text(owner)
+                counts[name] = counts.get(name, 0) + int(count)
+        return counts
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take or re-enter a permit; whether one is held (as :meth:`ReentrantLock.acquire`)."""
