@@ -30,7 +30,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from celery_singleton_lock import LockBackendError, LockSpace, RateLimiter, ReentrantLock
-from celery_singleton_lock._lock.runtime import LockRuntime, publish_command
+from celery_singleton_lock._lock.runtime import LockRuntime
 from celery_singleton_lock.testing import RedisServer, find_redis_server, free_port
 
 #: redis-py retries a refused login (with backoff, for seconds): these tests want the answer now
@@ -123,7 +123,9 @@ def test_redis_cluster() -> None:
             # message stays on the lock's shard instead of crossing the cluster bus; Redis 6.2
             # has none, and the push goes by PUBLISH over the bus
             sharded = server_version() >= (7, 0)
-            assert publish_command(client, "lock") == ("spublish" if sharded else "publish")
+            assert LockRuntime.of(client).publish_command("lock") == (
+                "spublish" if sharded else "publish"
+            )
             received = count_wakeups(client)
             assert _handoff(client, "cluster-handoff") < 0.5
             assert received[0] == 1
@@ -199,11 +201,13 @@ def test_a_probe_for_sharded_pub_sub_that_gets_no_answer_is_made_again() -> None
         try:
             for server in servers:
                 server.stop()  # its files stay: it starts again as the same node
-            assert publish_command(client, "lock") == "publish"
+            assert LockRuntime.of(client).publish_command("lock") == "publish"
             for server in servers:
                 server.start()
             wait_until(
-                lambda: publish_command(client, "lock") == expected, 30, "the probe's answer"
+                lambda: LockRuntime.of(client).publish_command("lock") == expected,
+                30,
+                "the probe's answer",
             )
         finally:
             client.close()

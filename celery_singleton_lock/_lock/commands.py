@@ -16,7 +16,7 @@ from . import observe, scripts
 from .deadline import budget
 from .keys import LockKeys
 from .owner import new_request_id
-from .runtime import ACQUIRE_CHECK_INTERVAL, LockRuntime, PendingCancel, publish_command
+from .runtime import ACQUIRE_CHECK_INTERVAL, LockRuntime, PendingCancel
 from .scripts import META_RETENTION_MS
 
 #: ``release(..., drop=ALL_HOLDS)`` drops every hold of the owner (lua/release.lua's 0)
@@ -322,7 +322,7 @@ def force_release(
         if not isinstance(state, str) or not state:
             raise ValueError(f"states must be non-empty labels, got {state!r}")
     args: tuple[Any, ...] = (
-        publish_command(client, keys.prefix),
+        LockRuntime.of(client).publish_command(keys.prefix),
         keys.channel,
         META_RETENTION_MS,
         holder,

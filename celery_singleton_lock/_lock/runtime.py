@@ -300,10 +300,6 @@ _last: tuple[weakref.ref[Any], LockRuntime] | None = None
 _registry_lock = threading.Lock()
 
 
-def publish_command(client: Any, prefix: str) -> str:
-    return LockRuntime.of(client).publish_command(prefix)
-
-
 def _after_fork_in_child() -> None:
     # The parent's runtimes are never closed from here: their threads and connections are its.
     global _runtimes, _registry_lock, _last

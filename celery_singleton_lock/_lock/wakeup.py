@@ -189,8 +189,7 @@ class WakeHub:
     ) -> None:
         self._client = client
         self._sharded_of = sharded
-        self.sharded = False
-        self._sharded_known = False
+        self.sharded: bool | None = None  # (None: not asked yet)
         self._keep_idle = keep_idle
         self._background = background
         # Reentrant: close() may run from the garbage collector on a thread that holds it.
@@ -299,9 +298,8 @@ class WakeHub:
                 raise RuntimeError("the client of this wake-up hub is gone")
             pubsub = client.pubsub(ignore_subscribe_messages=False)
         try:
-            if not self._sharded_known:
+            if self.sharded is None:
                 self.sharded = self._sharded_of(channel)
-                self._sharded_known = True
             if self.sharded:
                 pubsub.ssubscribe(channel)
             else:
