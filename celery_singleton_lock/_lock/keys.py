@@ -43,6 +43,8 @@ def glob_escape(text: str) -> str:
 
 
 _GLOB = re.compile(r"[\\*?\[\]]")
+#: a lock key as for_name writes it (not ":s01", ":s1"): ":meta" and others are no lock
+_LOCK_KEY = re.compile(r"((?:(?!:\{).)*):\{([^}]*)\}(?::s([2-9]|[1-9][0-9]+))?", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -77,22 +79,14 @@ class LockKeys:
     @classmethod
     def from_lock_key(cls, lock_key: str) -> LockKeys:
         """The keys of a lock found by SCAN: ``prefix:{name}`` or ``prefix:{name}:s<k>``."""
-        prefix, sep, rest = lock_key.partition(":{")
-        tag, brace, suffix = rest.partition("}")
-        slot = 1
-        if suffix:
-            digits = suffix[2:] if suffix.startswith(":s") else ""
-            # Only the form for_name writes (not ":s01", ":s1"): ":meta" and others are no lock.
-            if digits.isdecimal() and digits.isascii() and str(int(digits)) == digits:
-                slot = int(digits)
-            if slot < 2:
-                slot = 0
-        if not sep or not brace or slot == 0:
+        match = _LOCK_KEY.fullmatch(lock_key)
+        if match is None:
             raise ValueError(
                 f"{lock_key!r} is not a lock key of the form 'prefix:{{name}}' or "
                 "'prefix:{name}:s<k>'"
             )
-        return cls.for_name(prefix, unescape_name(tag), slot)
+        prefix, tag, slot = match.groups()
+        return cls.for_name(prefix, unescape_name(tag), int(slot or 1))
 
     def records(self, kind: str) -> str:
         """A hash of records kept beside the lock, in its hash tag."""
