@@ -1,11 +1,9 @@
-"""The lock on its own, for code that uses it without Celery: the lock classes (also importable
-from :mod:`celery_singleton_lock`) and every type their methods return.
+"""The lock on its own, without Celery: the lock classes and every type their methods return.
 
 :class:`ReentrantLock` (and :class:`Semaphore`, N holders at once) is a hold this process keeps
-and renews; :class:`LockSpace` and its :class:`NamedLock` act on holds kept elsewhere (an
-operator's view); :class:`RateLimiter` admits at most N starts per period (:class:`Rate`). A
-client of your own whose retry policy is a :class:`DeadlineRetry` stops resending at a lock's
-``backend_timeout``.
+and renews; :class:`LockSpace` and its :class:`NamedLock` act on holds kept elsewhere;
+:class:`RateLimiter` admits at most N starts per period. A client whose retry policy is a
+:class:`DeadlineRetry` stops resending at a lock's ``backend_timeout``.
 """
 
 from __future__ import annotations

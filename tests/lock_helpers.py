@@ -19,7 +19,6 @@ from redis.retry import Retry
 
 from celery_singleton_lock import ReentrantLock
 from celery_singleton_lock._lock import runtime
-from celery_singleton_lock._lock.runtime import publish_command
 from celery_singleton_lock.lock import LockKeys
 from celery_singleton_lock.testing import RedisServer, find_redis_server
 
@@ -110,6 +109,20 @@ def counting_client(port: int, **options: Any) -> Any:
     return client
 
 
+def count_wakeups(client: Any) -> list[int]:
+    """Count, in ``[0]`` from now on, the wake-up messages ``client``'s waiting threads read."""
+    hub = runtime.LockRuntime.of(client).hub
+    read, seen = hub.read, [0]
+
+    def counted(pubsub: Any, timeout: float) -> Any:
+        reply = read(pubsub, timeout)
+        seen[0] += reply is not None
+        return reply
+
+    hub.read = counted  # type: ignore[method-assign]  # a counting wrapper, this hub only
+    return seen
+
+
 def held_fence(lock: ReentrantLock) -> int:
     """The fencing token of a lock the caller holds (every hold has one)."""
     fence = lock.fence
@@ -126,7 +139,7 @@ def wake_subscribers(client: Any, key: str) -> int:
     channel = keys.channel
     if hasattr(client, "get_node_from_key"):  # a RedisCluster: the channel's node answers
         node = client.get_node_from_key(channel)
-        if publish_command(client, keys.prefix) == "spublish":
+        if runtime.LockRuntime.of(client).publish_command(keys.prefix) == "spublish":
             reply = client.pubsub_shardnumsub(channel, target_nodes=node)
         else:  # Redis 6.2: plain pub/sub, on the node of the channel's slot (redis-py's pick)
             reply = client.pubsub_numsub(channel, target_nodes=node)

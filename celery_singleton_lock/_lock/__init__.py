@@ -1,18 +1,9 @@
-"""The lock layer: a reentrant, renewed, fenced Redis hash lock. It never imports Celery.
-
-The rest of the package uses only what this module exports: :class:`ReentrantLock` (and
-:class:`Semaphore`) for a hold this process keeps and renews, :class:`LockSpace` and its
-:class:`NamedLock` for holds kept elsewhere, :class:`RateLimiter` for at most N starts per
-period, and their typed replies. A feature built on a lock (the Celery layer's waiting copies,
-beat's send records) keeps its own protocol: it declares its :class:`Script` of lua/ and runs it
-on the lock's keys in :meth:`NamedLock.operation`, with the lock's deadline and error mapping.
-
-Modules, bottom up: ``keys``, ``owner`` (tokens), ``checks`` (arguments, the client),
-``deadline`` (one deadline per operation), ``scripts`` (lua/), ``observe`` (what it reports),
-``hold``, ``renewal`` (a client's renewal lane), ``subscription`` and ``wakeup`` (push
-wake-ups), ``runtime`` (all of those for one client and process, a Sentinel master followed),
-``commands`` (one script call each), ``reentrant``, ``semaphore``, ``rate`` (a rate limiter),
-``space``.
+"""The lock layer: a reentrant, renewed, fenced Redis hash lock. It never imports Celery; the
+rest of the package uses only what this module exports. A feature built on a lock (waiting
+copies, beat's send records) declares its own :class:`Script` of lua/ and runs it on the lock's
+keys in :meth:`NamedLock.operation`. Modules, bottom up: keys, owner, checks, deadline, scripts,
+observe, hold, renewal, wakeup, runtime (all of those for one client), commands, reentrant,
+semaphore, rate, space.
 """
 
 from __future__ import annotations

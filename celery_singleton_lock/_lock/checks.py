@@ -1,7 +1,6 @@
-"""Checks of the lock's arguments, raised before anything is sent to Redis: a ``TypeError`` or
-``ValueError`` that names the parameter and what it takes. :func:`check_duration` is the
-package's one check of a number of seconds (the layers above use it too).
-"""
+"""Checks of the lock's arguments before anything is sent: a ``TypeError`` or ``ValueError``
+naming the parameter and what it takes. :func:`check_duration` is the package's one check of
+seconds."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.client import Pipeline
 from redis.cluster import ClusterPipeline
 
-#: The longest lease the lock takes: ten years, far below what the scripts write exactly
-#: (lease + meta retention < 2**53 ms).
+#: The longest lease: ten years, far below what the scripts write exactly (< 2**53 ms).
 MAX_LEASE_SECONDS = 10 * 365 * 24 * 3600
 
 
@@ -25,8 +23,6 @@ def _shown(seconds: float) -> str:
 
 
 class _Bounds(TypedDict, total=False):
-    """:func:`check_duration`'s keywords but ``allow_none`` (which decides its return type)."""
-
     minimum: float
     include_minimum: bool
     maximum: float | None
@@ -59,14 +55,12 @@ def check_duration(
     example: str = "30",
     too_long: str = "",
 ) -> float | None:
-    """``value`` as float seconds: a real number (not a bool), finite, above ``minimum`` (or
-    equal with ``include_minimum``), at most ``maximum`` (``None``: unbounded); ``None`` only
-    with ``allow_none`` (meaning ``none_means``). A wrong type is a ``TypeError``, a number out
-    of bounds (NaN, infinities) a ``ValueError``, with ``too_long`` appended above ``maximum``."""
+    """``value`` as float seconds: a finite real number (not a bool) above ``minimum`` (or equal
+    with ``include_minimum``), at most ``maximum`` (``None``: unbounded); ``None`` only with
+    ``allow_none`` (meaning ``none_means``). ``too_long`` is appended above ``maximum``."""
     if value is None and allow_none:
         return None
-    # The common case first: a valid number costs two comparisons (the messages are made only
-    # for an error: every lock object checks its lease).
+    # The common case first (every lock object checks its lease): messages only for an error.
     if (
         type(value) in (int, float)
         and math.isfinite(value)  # type: ignore[arg-type]  # int or float, as just checked
@@ -101,8 +95,17 @@ def check_wait(value: object, parameter: str = "timeout") -> float | None:
     )
 
 
+def wait_of(blocking: object, timeout: float | None, default: float | None) -> float | None:
+    """The wait of ``acquire(blocking, timeout)`` (``default`` when ``timeout`` is None)."""
+    if not isinstance(blocking, bool):
+        raise TypeError(f"blocking must be True or False, got {blocking!r}")
+    if not blocking and timeout is not None:
+        raise ValueError("timeout cannot be given with blocking=False")
+    return 0.0 if not blocking else default if timeout is None else check_wait(timeout)
+
+
 def check_backend_timeout(value: object, parameter: str = "backend_timeout") -> float | None:
-    """``None`` (the client's own bounds only) or seconds > 0 (zero would fail every call)."""
+    """``None`` (the client's own bounds only) or seconds > 0."""
     return check_duration(
         value,
         parameter,
@@ -115,8 +118,7 @@ def check_backend_timeout(value: object, parameter: str = "backend_timeout") -> 
 
 def check_lease_ms(value: object, parameter: str = "lease") -> int:
     """A lease in seconds, at least a millisecond, as whole milliseconds."""
-    # The common case without check_duration's keywords (a lease is checked per job); its
-    # test is check_duration's, which words the error of any other value.
+    # The common case without check_duration's keywords (a lease is checked per job).
     if type(value) in (int, float) and 0.001 <= value <= MAX_LEASE_SECONDS:  # type: ignore[operator]
         return round(value * 1000)  # type: ignore[operator]
     seconds = check_duration(
@@ -137,17 +139,13 @@ class RedisClient(Protocol):
     Sentinel ``master_for(...)`` client."""
 
     def evalsha(self, *args: Any, **kwargs: Any) -> Any: ...
-
     def script_load(self, *args: Any, **kwargs: Any) -> Any: ...
-
     def pipeline(self, *args: Any, **kwargs: Any) -> Any: ...
-
     def execute_command(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 def check_client(client: object, parameter: str = "client") -> RedisClient:
-    """``client`` when it is a synchronous redis-py client, else a ``TypeError`` naming
-    ``parameter`` and what to pass instead."""
+    """``client`` when it is a synchronous redis-py client, else a ``TypeError``."""
     if type(client) in _checked_types and "evalsha" not in getattr(client, "__dict__", ()):
         return cast(RedisClient, client)
     # A pipeline has the client's methods but queues commands instead of running them, and an
@@ -176,21 +174,19 @@ def check_client(client: object, parameter: str = "client") -> RedisClient:
     return cast(RedisClient, client)
 
 
-#: client classes that passed (every lock checks its client; an instance with an evalsha of
-#: its own is checked every time)
+#: client classes that passed (an instance with an evalsha of its own is checked every time)
 _checked_types: set[type] = set()
 
 
 def is_cluster(client: object) -> bool:
-    """Whether ``client`` is redis-py's cluster client: a script's keys are then in one slot,
-    and a pipeline of scripts goes node by node."""
+    """Whether ``client`` is redis-py's cluster client (a pipeline of scripts goes by node)."""
     return hasattr(client, "keyslot") and hasattr(client, "get_nodes")
 
 
 def by_node(client: Any, keys: Sequence[str]) -> list[tuple[Any, list[int]]]:
-    """The indexes of ``keys`` grouped by the node of a cluster ``client`` that serves each, with
-    that node's own client (redis-py refuses EVALSHA in a cluster pipeline: a node's does not);
-    all of them with ``client`` itself for any other client."""
+    """The indexes of ``keys`` by the node of a cluster ``client`` that serves each, with its
+    own client (redis-py refuses EVALSHA in a cluster pipeline, a node's does not); all with
+    ``client`` itself for any other client."""
     if not is_cluster(client):
         return [(client, list(range(len(keys))))]
     nodes: dict[str, tuple[Any, list[int]]] = {}

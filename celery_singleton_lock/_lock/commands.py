@@ -1,9 +1,6 @@
-"""The lock's operations on Redis: one script call each, typed replies, Redis errors mapped.
-
-The one place where script replies become :class:`AcquireReply`, :class:`ReleaseReply` and
-:class:`LockState`, and redis-py errors :class:`LockBackendError`; and where an acquire whose
-reply was lost is cancelled (lua/cancel.lua), now or from the client's lane.
-"""
+"""The lock's operations on Redis: one script call each, typed replies, redis-py errors as
+:class:`LockBackendError`; an acquire whose reply was lost is cancelled (lua/cancel.lua), now
+or from the client's lane."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from . import observe, scripts
 from .deadline import budget
 from .keys import LockKeys
 from .owner import new_request_id
-from .runtime import ACQUIRE_CHECK_INTERVAL, LockRuntime, PendingCancel, publish_command
+from .runtime import ACQUIRE_CHECK_INTERVAL, LockRuntime, PendingCancel
 from .scripts import META_RETENTION_MS
 
 #: ``release(..., drop=ALL_HOLDS)`` drops every hold of the owner (lua/release.lua's 0)
@@ -43,9 +40,8 @@ def seconds(pttl: Any) -> float:
 
 
 def backend_advice(exc: RedisError) -> str:
-    """What to check after ``exc``: the user's ACL rule when Redis refused a command (redis-py's
-    ``NoPermissionError``, or a script's command refused, which comes as a plain
-    ``ResponseError`` worded by the server), else that Redis is reachable."""
+    """What to check after ``exc``: the ACL rule when Redis refused a command (a script's comes
+    as a plain ``ResponseError`` worded by the server), else that Redis is reachable."""
     refused = ("can't run this command", "no permissions to run", "NOPERM")  # Redis, Valkey
     if isinstance(exc, NoPermissionError) or any(words in str(exc) for words in refused):
         return (
@@ -60,7 +56,7 @@ def _raise_backend_error(
 ) -> NoReturn:
     if observe.observer is not None:
         observe.observer.backend_error()
-    detail = str(exc).rstrip(".")  # redis-py's messages may end with a period of their own
+    detail = str(exc).rstrip(".")  # (some of redis-py's end with one)
     raise LockBackendError(
         f"Redis failed to {operation} {subject or f'lock {name!r}'}: {type(exc).__name__}: "
         f"{detail}. {backend_advice(exc)}."
@@ -69,8 +65,8 @@ def _raise_backend_error(
 
 @contextmanager
 def backend_errors(operation: str, name: str, subject: str | None = None) -> Iterator[None]:
-    """Turn a redis-py error in the block into :class:`LockBackendError` about lock ``name``
-    (or ``subject``: what was being done, in words)."""
+    """A redis-py error in the block as :class:`LockBackendError` about lock ``name`` (or
+    ``subject``)."""
     try:
         yield
     except RedisError as exc:
@@ -85,8 +81,7 @@ class AcquireReply(NamedTuple):
     hold_count: int = 0
     #: the fencing token when acquired
     fence: int | None = None
-    #: seconds left on the holder's lease when refused (-1.0: none known: no lease, or this
-    #: request was voided)
+    #: seconds left on the holder's lease when refused (-1.0: no lease, or the request voided)
     lease_left: float = 0.0
     #: the holder's owner token when refused
     holder: str = ""
@@ -101,7 +96,7 @@ class AcquireReply(NamedTuple):
 class ReleaseReply(NamedTuple):
     """What a release did (lua/release.lua's -1 / 0 / n, typed)."""
 
-    #: the owner held the lock; ``False``: never held, already released, or its lease was lost
+    #: the owner held the lock (``False``: not held, released, or its lease was lost)
     owned: bool
     #: holds of this owner left in Redis (0: none)
     holds_left: int = 0
@@ -156,17 +151,16 @@ def acquire(
     run_token: str = "",
     state: str = "",
 ) -> AcquireReply:
-    """Take or re-enter the lock in Redis (``request``: the id that makes a resend harmless).
-    The owner's pending cancels on the lock run first; when they cannot, nothing is sent."""
+    """Take or re-enter the lock (``request``: the id that makes a resend harmless), after the
+    owner's pending cancels on it (when they cannot run, nothing is sent)."""
     runtime = LockRuntime.of(client)
     runtime.follow_master(ACQUIRE_CHECK_INTERVAL)
-    if runtime.cancels.by_owner:  # (empty, the usual case: the one cost on the hot path)
+    if runtime.cancels.by_owner:  # (empty, usually: the one cost on the hot path)
         try:
             settle(client, keys, owner, runtime)
         except RedisError as exc:
             _raise_backend_error("acquire", keys.name, exc, _settling(keys, owner))
-    # try/except, not backend_errors(): a generator-based context manager costs about a
-    # microsecond, and this is the hot path.
+    # not backend_errors(): a generator context manager costs a microsecond on the hot path
     try:
         args: tuple[Any, ...] = (owner, lease_ms, request, lease_ms + META_RETENTION_MS)
         if info or run_token or state:
@@ -177,18 +171,16 @@ def acquire(
         _cancel(client, runtime, PendingCancel(keys, owner, request, lease_ms))
         _raise_backend_error("acquire", keys.name, exc)
     if isinstance(reply, int):  # a new holder: its fence alone
-        _log_acquire.debug("acquired %s as %s (hold 1, fence %s)", keys.lock, owner, reply)
-        return AcquireReply(True, 1, reply)
-    if int(reply[0]) == 1:
-        _log_acquire.debug(
-            "acquired %s as %s (hold %s, fence %s)", keys.lock, owner, reply[1], reply[2]
-        )
-        return AcquireReply(True, int(reply[1]), int(reply[2]))
-    return AcquireReply(False, 0, None, seconds(reply[1]), text(reply[2]), len(reply) > 3)
+        count, fence = 1, reply
+    elif int(reply[0]) == 1:
+        count, fence = int(reply[1]), int(reply[2])
+    else:
+        return AcquireReply(False, 0, None, seconds(reply[1]), text(reply[2]), len(reply) > 3)
+    _log_acquire.debug("acquired %s as %s (hold %s, fence %s)", keys.lock, owner, count, fence)
+    return AcquireReply(True, count, fence)
 
 
 def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
-    """Run ``cancel`` once; it is no longer pending when Redis answered."""
     keys = cancel.keys
     args = (
         cancel.owner,
@@ -206,11 +198,9 @@ def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> Non
 
 
 def _cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
-    """Make sure the acquire whose reply never came holds nothing: now if Redis answers within
-    the operation's deadline, else from the client's lane. The lane keeps trying as long as a
-    hold that acquire could take might live: its lease plus the meta hash's retention (which
-    keeps the void mark), counted from the last attempt that timed out (a stalled server may
-    run the acquire when it wakes)."""
+    """Make sure the acquire whose reply never came holds nothing: now, else from the lane for
+    as long as a hold it took might live (its lease plus the meta retention that keeps the void
+    mark), counted from the last attempt that timed out (a stalled server may run it later)."""
     runtime.cancels.add(cancel)  # first: another thread acting as the owner settles it too
     try:
         _run_cancel(client, runtime, cancel)
@@ -240,9 +230,8 @@ def _cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
 
 
 def settle(client: Any, keys: LockKeys, owner: str, runtime: LockRuntime | None = None) -> None:
-    """Run the cancels still pending for ``owner`` on the lock of ``keys`` (any permit),
-    oldest first: before the owner's next operation on it. Raises the ``RedisError`` of one
-    that Redis did not answer (it stays pending): the operation must not run on top of it."""
+    """Run ``owner``'s pending cancels on the lock of ``keys``, oldest first; raises the
+    ``RedisError`` of one Redis did not answer (the operation must not run on top of it)."""
     runtime = runtime or LockRuntime.of(client)
     if runtime.cancels.by_owner:
         for cancel in runtime.cancels.of(keys, owner):
@@ -260,8 +249,8 @@ def _settling(keys: LockKeys, owner: str) -> str:
 def park(
     client: Any, keys: LockKeys, owner: str, lease_ms: int, info: str = "", state: str = ""
 ) -> bool:
-    """Keep ``owner``'s hold, unrenewed, for ``lease_ms``, its run token cleared (its info and
-    state replaced unless empty); ``False`` when the owner did not hold it."""
+    """Keep ``owner``'s hold, unrenewed, for ``lease_ms``, its run token cleared; ``False``
+    when the owner did not hold it."""
     runtime = LockRuntime.of(client)
     if runtime.cancels.by_owner:
         with backend_errors("park", keys.name, _settling(keys, owner)):
@@ -280,10 +269,9 @@ def release(
     retry_for: float = 0.0,
     retry_unless: Callable[[], bool] | None = None,
 ) -> ReleaseReply:
-    """Drop ``drop`` holds of ``owner`` (:data:`ALL_HOLDS`: every one). A resend of the same
-    call is answered as the first one was. With ``retry_for`` > 0, a release that Redis fails
-    is raised and also sent again from the client's lane for up to ``retry_for`` s, unless
-    ``retry_unless()`` says the owner took the lock anew. A pending cancel runs first."""
+    """Drop ``drop`` holds of ``owner`` (:data:`ALL_HOLDS`: every one). With ``retry_for`` > 0
+    a release Redis fails is raised and resent from the lane for up to ``retry_for`` s, unless
+    ``retry_unless()`` (the owner took the lock anew)."""
     runtime = LockRuntime.of(client)
     args: tuple[Any, ...] = (owner, drop, new_request_id(), META_RETENTION_MS, keys.channel)
     if runtime.publish_command(keys.prefix) == "spublish":
@@ -324,9 +312,8 @@ def force_release(
     states: Collection[str] = (),
     note: tuple[str, str] | None = None,
 ) -> bool:
-    """Delete the lock whoever holds it (only when ``holder`` does, and with ``states`` only
-    while its hold is in one of them and no run token is recorded); wakes waiters. ``note``:
-    ``(key, value)`` written in the same step, kept for as long as the hold had lease left."""
+    """Delete the lock (see :meth:`LockSpace.force_release`); wakes waiters. ``note``:
+    ``(key, value)`` written in the same step, kept as long as the hold had lease left."""
     if isinstance(states, str):
         raise TypeError(
             f"states must be a collection of labels, such as ('parked',), not {states!r}"
@@ -335,7 +322,7 @@ def force_release(
         if not isinstance(state, str) or not state:
             raise ValueError(f"states must be non-empty labels, got {state!r}")
     args: tuple[Any, ...] = (
-        publish_command(client, keys.prefix),
+        LockRuntime.of(client).publish_command(keys.prefix),
         keys.channel,
         META_RETENTION_MS,
         holder,
@@ -351,14 +338,12 @@ def force_release(
 
 
 def inspect(client: Any, keys: LockKeys) -> LockState:
-    """The lock's state, read atomically."""
     with backend_errors("inspect", keys.name):
         reply = scripts.INSPECT(client, keys.pair, ())
     return lock_state(keys, reply)
 
 
 def lock_state(keys: LockKeys, reply: Any) -> LockState:
-    """lua/inspect.lua's ``reply`` for the lock of ``keys``, typed."""
     pttl, fence = int(reply[0]), text(reply[1])
     return LockState(
         keys=keys,
@@ -373,12 +358,11 @@ def lock_state(keys: LockKeys, reply: Any) -> LockState:
 
 
 def is_held(client: Any, *keys: LockKeys) -> bool:
-    """Whether anyone holds any of the locks of ``keys`` (one name's permits) now."""
+    """Whether anyone holds any of ``keys`` (one name's permits) now."""
     with backend_errors("check", keys[0].name):
         return bool(client.exists(*(permit.lock for permit in keys)))
 
 
 def is_owned(client: Any, keys: LockKeys, owner: str) -> bool:
-    """Whether ``owner`` holds the lock now."""
     with backend_errors("check", keys.name):
         return bool(client.hexists(keys.lock, owner))

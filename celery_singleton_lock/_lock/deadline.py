@@ -1,14 +1,8 @@
-"""One deadline for a whole lock operation, redis-py's resends included.
-
-redis-py bounds each wait on a socket and resends as its retry policy says, but nothing bounds
-the two together: against a Redis that hangs, an acquire waited the socket timeout once per
-attempt, and its cancel as long again. Under a :class:`deadline` no script is sent once it has
-passed (:mod:`.scripts`), a client whose retry policy is a :class:`DeadlineRetry` starts no
-resend that would end past it, and what must still be settled (a cancel, a release) goes to
-the client's lane. It is a context variable: it follows the calling thread into redis-py's
-retry loop and never leaks into another; the lane runs each background attempt under a
-deadline of its own (:func:`budget`). One wait for a reply stays bounded by the client's
-``socket_timeout`` only: redis-py has no public way to wait less on a pooled connection.
+"""One deadline for a whole lock operation, redis-py's resends included (redis-py bounds each
+socket wait, not all its attempts together). Under a :class:`deadline` no script is sent once
+it passed, a :class:`DeadlineRetry` starts no resend past it, and what must still be settled
+goes to the client's lane. A context variable: it follows the thread into redis-py's retry
+loop. One wait for a reply is bounded by the client's ``socket_timeout`` only.
 """
 
 from __future__ import annotations
@@ -32,14 +26,12 @@ _current: ContextVar[tuple[float, float] | None] = ContextVar(
     "celery_singleton_lock_deadline", default=None
 )
 
-#: what :func:`bounded` returns without a deadline: stateless, so one object serves every call
 NO_DEADLINE: AbstractContextManager[None] = nullcontext()
 
 
 class deadline:
-    """Bound the lock's Redis calls in the block to end ``seconds`` from now, resends included;
-    an enclosing deadline that ends sooner wins. (A class, not a generator: it is on the hot
-    path.)"""
+    """Bound the lock's Redis calls in the block to end ``seconds`` from now; an enclosing one
+    that ends sooner wins. (A class, not a generator: the hot path.)"""
 
     __slots__ = ("_token", "seconds")
 
@@ -60,7 +52,6 @@ class deadline:
 
 
 def bounded(seconds: float | None) -> AbstractContextManager[None]:
-    """:class:`deadline` of ``seconds``, or nothing at all when ``None``."""
     return NO_DEADLINE if seconds is None else deadline(seconds)
 
 
@@ -71,23 +62,20 @@ def time_left() -> float | None:
 
 
 def budget() -> float | None:
-    """The length of the current deadline (what a background retry of the operation gets for
-    each attempt), ``None`` without one."""
+    """The length of the current deadline (a background attempt's), ``None`` without one."""
     current = _current.get()
     return None if current is None else current[1]
 
 
 def expired() -> RedisTimeoutError:
-    """The error of a call that was not even sent: its operation's time had run out."""
     return RedisTimeoutError("no time left: the lock operation's deadline has passed")
 
 
 class DeadlineRetry(Retry):
     """redis-py's :class:`~redis.retry.Retry`, but a resend (and the pause before it) starts
-    only when it would begin before the current :class:`deadline`, and a call made past it
-    raises :class:`redis.exceptions.TimeoutError` unsent. Without a deadline it retries as
-    ``Retry(backoff, retries)`` does. (The backoff is slept here, in the failure handler:
-    ``Retry`` would sleep it after, where nothing could stop it at the deadline.)"""
+    only before the current lock operation's deadline, and a call past it raises
+    :class:`redis.exceptions.TimeoutError` unsent. Without a deadline, as
+    ``Retry(backoff, retries)``."""
 
     def __init__(
         self,
@@ -100,10 +88,8 @@ class DeadlineRetry(Retry):
         ),
     ) -> None:
         super().__init__(NoBackoff(), retries, supported_errors)
-        #: ``Any``: redis-py's backoff classes are not annotated in every version it supports
-        self.backoff: Any = backoff
-        #: the resends allowed (negative: no limit; ``Retry.get_retries()`` is not in every
-        #: redis-py version supported)
+        self.backoff: Any = backoff  # (not annotated in every redis-py version)
+        #: negative: no limit (``Retry.get_retries()`` is not in every redis-py version)
         self.resends = retries
         self.supported_errors = tuple(supported_errors)
 
@@ -126,17 +112,14 @@ class DeadlineRetry(Retry):
         *args: Any,
         **kwargs: Any,
     ) -> T:
-        # The common case, twice per command on the hot path: a reply, with time left or no
-        # deadline. It reads the context variable and the clock once and sends; the retry
-        # machinery (the backoff, the closure, redis-py's loop) is entered on an error only.
+        # The hot path (twice per command): the retry machinery is entered on an error only.
         current = _current.get()
         at = None if current is None else current[0]
         if at is not None and time.monotonic() >= at:
             raise expired()
         try:
             return do()
-        # Retry's own tuple: a client's retry_on_error / retry_on_timeout widen it (redis-py's
-        # update_supported_errors), not ``supported_errors``.
+        # Retry's own tuple: a client's retry_on_error / retry_on_timeout widen it.
         except self._supported_errors as error:
             return self._retrying(do, fail, at, error, args, kwargs)
 
@@ -149,9 +132,9 @@ class DeadlineRetry(Retry):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> T:
-        """The retry loop after ``first``, the error of the call already sent: it goes through
-        the loop as the first attempt's failure (checked with ``is_retryable``, counted, handed
-        to ``fail``, paused after), and no resend starts past ``at`` (``None``: no deadline)."""
+        """Retry's loop with ``first`` as its first attempt's failure; no resend starts past
+        ``at``. (The backoff is slept in the failure handler: ``Retry`` would sleep it after,
+        where nothing could stop it at the deadline.)"""
         self.backoff.reset()
         retries = self.resends
         failures = 0

@@ -1,9 +1,5 @@
-"""One process's hold on one lock, and the registry of the holds taken through one client.
-
-Every lock object with the same client, name and owner shares one hold, so nested re-entry is
-counted here and never reaches Redis. A registry (one per client's runtime) keeps a hold only
-while it is held or being taken.
-"""
+"""One process's hold on one lock, shared by every lock object of its client, name and owner
+(nested re-entry never reaches Redis), and the registry of a client's holds."""
 
 from __future__ import annotations
 
@@ -20,14 +16,14 @@ from .keys import LockKeys
 class LeaseLost(threading.Event):
     """A hold's ``lost``: set by the heartbeat when the lease is gone or cannot be renewed, and
     by itself once the lease runs out on the local clock (a lane stuck on a hung Redis reports
-    nothing, and a lease that ran out must never look held)."""
+    nothing)."""
 
     def __init__(self, hold: Hold) -> None:
         super().__init__()
         self._hold = weakref.ref(hold)
 
     def set(self) -> None:
-        # Every way a lease is lost ends here: the one place to report it, once per hold.
+        # every way a lease is lost ends here: reported once per hold
         if not threading.Event.is_set(self):
             super().set()
             if observe.observer is not None:
@@ -36,7 +32,6 @@ class LeaseLost(threading.Event):
             super().set()
 
     def _lease_left(self) -> float | None:
-        """Seconds left on the lease while the lock is held; ``None`` when it is not held."""
         hold = self._hold()
         if hold is None or hold.dead or hold.count <= 0 or hold.valid_until <= 0:
             return None
@@ -54,8 +49,7 @@ class LeaseLost(threading.Event):
     def wait(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.is_set():
-            # Sleep until the set() of the heartbeat, the end of the lease as known now (a
-            # renewal moves it: look again then), or the caller's timeout.
+            # Until set(), the lease's end as known now (a renewal moves it), or the timeout.
             step = self._lease_left()
             if deadline is not None:
                 remaining = deadline - time.monotonic()
@@ -69,8 +63,6 @@ class LeaseLost(threading.Event):
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
 class Hold:
-    """The hold of one owner on one lock through one client, in this process."""
-
     client: Any
     keys: LockKeys
     owner: str
@@ -80,22 +72,18 @@ class Hold:
     #: nesting depth in this process; Redis counts this whole hold as one
     count: int = 0
     fence: int | None = None
-    #: made at its first use: most holds end without anyone asking
+    #: made at its first use (most holds end without anyone asking)
     _lost: LeaseLost | None = None
     mutex: threading.Lock = field(default_factory=threading.Lock)
     #: set when the hold left the registry; a thread that finds it dead looks again
     dead: bool = False
-    #: the thread that took it, when the owner is that thread's default token: renewal stops if
-    #: that thread ends without releasing (a lease must not outlive its holder)
+    #: the thread that took it as its default owner: renewal stops if it ends without releasing
     thread: weakref.ReferenceType[threading.Thread] | None = None
-    #: monotonic time the lease ends as far as this process knows: when the last successful
-    #: acquire or renewal was *sent*, plus the lease
+    #: monotonic time the lease ends: when the last acquire or renewal was *sent*, plus the lease
     valid_until: float = 0.0
     next_renew: float = 0.0
-    #: monotonic time the acquire that took it was sent (for the hold-time metric)
     taken_at: float = 0.0
-    #: the run token it was taken with ("" for none): another run of the owner in this process
-    #: (a thread pool) is refused as Redis refuses one from another process
+    #: the run token it was taken with: another run of the owner here is refused as in Redis
     run_token: str = ""
 
     def __post_init__(self) -> None:
@@ -103,7 +91,6 @@ class Hold:
 
     @property
     def lost(self) -> threading.Event:
-        """Set when the lease is lost (see :class:`LeaseLost`); one Event per hold."""
         lost = self._lost
         if lost is None:
             with _lost_made:
@@ -113,8 +100,7 @@ class Hold:
         return lost
 
     def set_lease(self, ttl: float, renew: bool) -> None:
-        """Take the lease and renewal of the lock object about to take this hold (only while
-        nobody holds it: a live hold keeps those it was taken with)."""
+        """The lease and renewal of the lock object about to take this (unheld) hold."""
         self.ttl = ttl
         self.lease_ms = max(1, round(ttl * 1000))
         self.renew = renew
@@ -126,13 +112,11 @@ class Hold:
         return f"<Hold {self.keys.lock} owner={self.owner} count={self.count} fence={self.fence}>"
 
 
-#: makes a hold's ``lost`` Event once, whichever thread asks first
 _lost_made = threading.Lock()
 
 
 def after_fork_in_child() -> None:
-    """In a forked child (called by :mod:`.runtime`'s one fork hook): a lock that a thread
-    of the parent held at the fork would never be released here."""
+    # a lock a thread of the parent held at the fork would never be released here
     global _lost_made
     _lost_made = threading.Lock()
 
@@ -147,15 +131,13 @@ class HoldRegistry:
         self._mutex = threading.Lock()
 
     def find(self, lock_key: str, owner: str) -> Hold | None:
-        """The live hold of ``owner`` on the lock, or ``None``."""
         hold = self._holds.get((lock_key, owner))
         if hold is None or hold.count <= 0:
             return None
         return hold
 
     def hold_for(self, client: Any, keys: LockKeys, owner: str, ttl: float, renew: bool) -> Hold:
-        """The registered hold of ``owner`` on the lock, registered now (not yet held) if
-        none."""
+        """The registered hold of ``owner`` on the lock, registered now if none."""
         slot = (keys.lock, owner)
         with self._mutex:
             hold = self._holds.get(slot)
@@ -164,7 +146,6 @@ class HoldRegistry:
             return hold
 
     def forget(self, hold: Hold) -> None:
-        """Take the hold out of the registry; a thread that finds it ``dead`` looks again."""
         slot = (hold.keys.lock, hold.owner)
         with self._mutex:
             hold.dead = True

@@ -1,5 +1,4 @@
-"""Redis key names of one lock and of one rate limiter; every key of either shares one
-``{...}`` hash tag."""
+"""Redis key names of a lock and of a rate limiter, each in one ``{...}`` hash tag."""
 
 from __future__ import annotations
 
@@ -19,44 +18,42 @@ def check_prefix(prefix: object, parameter: str = "prefix") -> str:
 
 
 def check_name(name: object) -> str:
-    """``name`` (of a lock or a rate limiter) when it is a non-empty str."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
     return name
 
 
 def escape_name(name: str) -> str:
-    """``name`` as it appears inside the braces of its keys: ``%`` and ``}`` percent-escaped
-    (every other character as it is, so the keys of most names read as the names do)."""
+    """``name`` inside the braces of its keys: ``%`` and ``}`` percent-escaped."""
     if "}" not in name and "%" not in name:
         return name
     return name.replace("%", "%25").replace("}", "%7D")
 
 
 def unescape_name(escaped: str) -> str:
-    """The name whose keys carry ``escaped`` (:func:`escape_name` undone)."""
     if "%" not in escaped:
         return escaped
     return escaped.replace("%7D", "}").replace("%25", "%")
 
 
 def glob_escape(text: str) -> str:
-    """``text`` matched literally in a SCAN pattern (``*``, ``?``, ``[``, ``]`` and ``\\``
-    backslash-escaped): a prefix such as ``jobs[1]`` or ``a*`` must not match other prefixes."""
+    """``text`` matched literally in a SCAN pattern: ``jobs[1]`` or ``a*`` must match only
+    itself."""
     return _GLOB.sub(r"\\\g<0>", text)
 
 
 _GLOB = re.compile(r"[\\*?\[\]]")
+#: a lock key as for_name writes it (not ":s01", ":s1"): ":meta" and others are no lock
+_LOCK_KEY = re.compile(r"((?:(?!:\{).)*):\{([^}]*)\}(?::s([2-9]|[1-9][0-9]+))?", re.DOTALL)
 
 
 @dataclass(frozen=True)
 class LockKeys:
     """The keys of one lock: ``lock`` (field = owner, value = hold count), ``meta`` (what
-    outlives a hold, see lua/acquire.lua) and ``channel`` (the wake-up channel, not a key: a
-    Cluster script with a missing key in a migrating slot is refused, so it is passed as an
-    argument). ``slot`` is the permit: 1 is ``prefix:{name}``, k >= 2 ``prefix:{name}:s<k>``,
-    each with its meta hash, all with permit 1's channel and one hash tag (:attr:`pair`: the
-    keys of every lock script)."""
+    outlives a hold, see lua/acquire.lua) and ``channel`` (the wake-up channel, passed to the
+    scripts as an argument: a Cluster script with a missing key in a migrating slot is refused).
+    ``slot`` is the permit: 1 is ``prefix:{name}``, k >= 2 ``prefix:{name}:s<k>``, all with
+    permit 1's channel and one hash tag."""
 
     prefix: str
     name: str
@@ -67,15 +64,12 @@ class LockKeys:
 
     @classmethod
     def for_name(cls, prefix: str, name: str, slot: int = 1) -> LockKeys:
-        # The whole name is the hash tag (one Cluster slot); a '}' in it is escaped, since Redis
-        # ends a tag at the first '}' and ignores an empty one.
+        # The whole name is the hash tag; a '}' in it is escaped (Redis ends a tag at the first).
         base = f"{prefix}:{{{escape_name(name)}}}"
         if type(slot) is not int or slot < 1:
             raise ValueError(f"slot must be an int >= 1, got {slot!r}")
-        # The wake-up channel is named here only (the scripts are passed it).
         lock = base if slot == 1 else f"{base}:s{slot}"
-        # As cls(...) makes it, at a third of the cost (every job makes its keys): a frozen
-        # dataclass's __init__ sets each field through object.__setattr__.
+        # As cls(...) makes it, at a third of the cost (every job makes its keys).
         keys = object.__new__(cls)
         fields = vars(keys)
         fields.update(prefix=prefix, name=name, lock=lock, meta=lock + ":meta", slot=slot)
@@ -84,33 +78,22 @@ class LockKeys:
 
     @classmethod
     def from_lock_key(cls, lock_key: str) -> LockKeys:
-        """The keys of a lock found by SCAN: ``prefix:{name}``, or ``prefix:{name}:s<k>``
-        for permit k >= 2 of a semaphore."""
-        prefix, sep, rest = lock_key.partition(":{")
-        tag, brace, suffix = rest.partition("}")
-        slot = 1
-        if suffix:
-            digits = suffix[2:] if suffix.startswith(":s") else ""
-            # Only the form for_name writes (no sign, no leading zero, not ":s1"): any other
-            # key with this tag (":meta", a record hash) is not a lock.
-            if digits.isdecimal() and digits.isascii() and str(int(digits)) == digits:
-                slot = int(digits)
-            if slot < 2:
-                slot = 0
-        if not sep or not brace or slot == 0:
+        """The keys of a lock found by SCAN: ``prefix:{name}`` or ``prefix:{name}:s<k>``."""
+        match = _LOCK_KEY.fullmatch(lock_key)
+        if match is None:
             raise ValueError(
                 f"{lock_key!r} is not a lock key of the form 'prefix:{{name}}' or "
                 "'prefix:{name}:s<k>'"
             )
-        return cls.for_name(prefix, unescape_name(tag), slot)
+        prefix, tag, slot = match.groups()
+        return cls.for_name(prefix, unescape_name(tag), int(slot or 1))
 
     def records(self, kind: str) -> str:
-        """A hash of records kept beside the lock (``<lock key>:<kind>``, in its hash tag)."""
+        """A hash of records kept beside the lock, in its hash tag."""
         return f"{self.lock}:{kind}"
 
     def note(self, kind: str, owner: str) -> str:
-        """A note about one owner's hold, kept beside the lock after the hold is gone
-        (``<lock key>:<kind>:<owner>``, in its hash tag; see lua/force_release.lua)."""
+        """A note about one owner's hold, kept after it (see lua/force_release.lua)."""
         return f"{self.lock}:{kind}:{owner}"
 
     @property
@@ -120,10 +103,9 @@ class LockKeys:
 
 @dataclass(frozen=True)
 class RateKeys:
-    """The two keys of one rate limiter, in one hash tag: ``log`` (``prefix:rate:{name}``, a
-    sorted set of starts and reserved turns) and ``state`` (``<log>:state``, a hash: the rule
-    last used and a pause); see lua/rate_take.lua. The ``rate:`` before the brace keeps them
-    out of a lock SCAN (``prefix:{...}``)."""
+    """The keys of one rate limiter: ``log`` (``prefix:rate:{name}``, a sorted set of starts and
+    turns) and ``state`` (``<log>:state``: the rule last used and a pause); ``rate:`` keeps them
+    out of a lock SCAN."""
 
     prefix: str
     name: str
@@ -137,8 +119,7 @@ class RateKeys:
 
     @classmethod
     def from_key(cls, prefix: str, key: str) -> RateKeys | None:
-        """The keys of the limiter whose log or state ``key`` is (found by SCAN under
-        ``prefix``), or ``None`` for any other key."""
+        """The keys of the limiter whose log or state ``key`` is, else ``None``."""
         head = f"{prefix}:rate:{{"
         tag, brace, suffix = key[len(head) :].partition("}")
         if not key.startswith(head) or not brace or suffix not in ("", ":state"):

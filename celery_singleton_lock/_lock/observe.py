@@ -10,29 +10,14 @@ from typing import Protocol
 class LockObserver(Protocol):
     """Called from the thread where the event happened; must be quick and never raise."""
 
-    def acquired(self, reentered: bool) -> None:
-        """A hold was taken, or ``reentered`` (the owner held it, here or in another process)."""
-
-    def refused(self) -> None:
-        """An acquire gave up: another owner held the lock (after any wait)."""
-
-    def waited(self, seconds: float) -> None:
-        """A blocking acquire that found the lock held waited this long (taken or not)."""
-
-    def released(self, held_seconds: float) -> None:
-        """This process's last hold was released, ``held_seconds`` after it was taken."""
-
-    def renewed(self, leases: int) -> None:
-        """The heartbeat renewed this many leases."""
-
-    def renewal_failed(self) -> None:
-        """A renewal call failed (retried until the lease ends)."""
-
-    def lost(self) -> None:
-        """A held lease was lost: expired, force-released, or not renewed in time."""
-
-    def backend_error(self) -> None:
-        """A lock operation raised ``LockBackendError``."""
+    def acquired(self, reentered: bool) -> None: ...  # a hold taken or re-entered
+    def refused(self) -> None: ...  # an acquire gave up (after any wait)
+    def waited(self, seconds: float) -> None: ...  # a blocked acquire's wait, taken or not
+    def released(self, held_seconds: float) -> None: ...  # this process's last hold went
+    def renewed(self, leases: int) -> None: ...  # the heartbeat renewed this many leases
+    def renewal_failed(self) -> None: ...  # a renewal call failed (retried)
+    def lost(self) -> None: ...  # a lease lost: expired, force-released, not renewed in time
+    def backend_error(self) -> None: ...  # an operation raised LockBackendError
 
 
 #: the process's observer, or None (read directly by the call sites: the hot path)
@@ -40,8 +25,7 @@ observer: LockObserver | None = None
 
 
 def set_observer(new: LockObserver | None) -> LockObserver | None:
-    """Install ``new`` as the process's observer (``None``: report nothing); the one it
-    replaces."""
+    """Install ``new`` as the process's observer (``None``: none); returns the one replaced."""
     global observer
     old, observer = observer, new
     return old

@@ -11,26 +11,20 @@ import uuid
 _local = threading.local()
 _process_token = uuid.uuid4().hex[:12]
 _request_ids = itertools.count(1)
-#: numbers the threads that ask for a token: the OS reuses a thread id as soon as its thread
-#: ends, and a new thread must not inherit the token (and the holds) of one that is gone
+#: the OS reuses a thread id as soon as its thread ends, and a new thread must not inherit the
+#: token (and the holds) of one that is gone
 _thread_numbers = itertools.count(1)
 
 
 def after_fork_in_child() -> None:
-    """A new process token in a forked child (called by :mod:`.runtime`'s one fork hook)."""
     global _process_token, _request_ids
     _process_token = uuid.uuid4().hex[:12]
     _request_ids = itertools.count(1)
 
 
 def default_owner() -> str:
-    """The calling thread's owner token: ``host:pid:token:thread-n``, new after fork.
-
-    A thread-local token is issued to each new thread: the thread id with a number that is
-    never reused (the OS reuses thread ids, and a thread that ended without releasing must not
-    pass its locks on to the next thread that gets its id), and the per-process token changes
-    in a forked child, so a child never holds its parent's locks.
-    """
+    """The calling thread's owner token, ``host:pid:token:thread-n``: ``n`` is never reused, and
+    ``token`` is new in a forked child, so a child never holds its parent's locks."""
     token: str | None = getattr(_local, "token", None)
     if token is None or _local.process != _process_token:
         thread = f"{threading.get_ident()}-{next(_thread_numbers)}"
@@ -41,11 +35,9 @@ def default_owner() -> str:
 
 
 def new_request_id() -> str:
-    """An id unique to one acquire call, so a resend of that call is recognised in Redis."""
+    """An id unique to one call (an acquire, so a resend is recognised in Redis; or a run
+    token): the process's random token and a counter, cheaper than a uuid4 and as unique."""
     return f"{_process_token}:{next(_request_ids)}"
 
 
-def new_run_token() -> str:
-    """A token unique to one run of an owner (see ``ReentrantLock(run_token=...)``): the
-    process's random token and a counter, cheaper than a uuid4 and as unique."""
-    return f"{_process_token}:{next(_request_ids)}"
+new_run_token = new_request_id

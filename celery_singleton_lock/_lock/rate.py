@@ -1,5 +1,5 @@
-"""``RateLimiter``: at most N starts in any window of P seconds, across every process, counted on
-Redis's clock (lua/rate_take.lua); ``Rate``, its rule (``"10/s"``, ``"5/10s"``), and its replies."""
+"""``RateLimiter``: at most N starts in any window of P seconds, across every process, on Redis's
+clock (lua/rate_take.lua); ``Rate``, its rule (``"10/s"``, ``"5/10s"``), and its replies."""
 
 from __future__ import annotations
 
@@ -57,8 +57,7 @@ class Rate:
     @classmethod
     def parse(cls, value: str | Rate, parameter: str = "rate") -> Rate:
         """``value`` as a rule: ``"10/s"``, ``"100/m"``, ``"1/h"``, ``"5/d"``, ``"5/10s"``,
-        ``"3/2.5s"``, ``"100/15m"`` (units s, m, h, d; spaces around the parts are fine), or a
-        :class:`Rate` as it is. The error names ``parameter`` and shows the accepted form."""
+        ``"3/2.5s"`` (units s, m, h, d), or a :class:`Rate` as it is."""
         if isinstance(value, Rate):
             return value
         if not isinstance(value, str):
@@ -81,7 +80,7 @@ class Rate:
         return round(self.period * 1000)
 
     def __str__(self) -> str:
-        # the largest unit the period is a whole number of: "10/s", "100/15m", "3/2.5s"
+        # in the largest unit the period is a whole number of
         for unit, size in _UNITS.items():
             count = self.period / size
             if count.is_integer():
@@ -97,14 +96,13 @@ class RateReply(NamedTuple):
     wait: float = 0.0
     #: starts in the window ending now (this one included when admitted)
     used: int = 0
-    #: Redis's clock at the decision, Unix seconds with microseconds (when admitted: this
-    #: call's start as the limiter counts it)
+    #: Redis's clock at the decision, Unix seconds (when admitted: this call's start)
     at: float = 0.0
     #: seconds the limiter stays paused (0.0: not paused)
     paused: float = 0.0
 
     def __bool__(self) -> bool:
-        # A tuple with fields is always true: `if limiter.try_acquire():` must mean "admitted".
+        # `if limiter.try_acquire():` must mean "admitted"
         return self.admitted
 
 
@@ -125,10 +123,6 @@ class RateState(NamedTuple):
     paused: float
 
 
-def new_call_id() -> str:
-    return uuid.uuid4().hex
-
-
 def _check_call_id(call_id: object) -> str:
     if not isinstance(call_id, str) or not call_id:
         raise TypeError(
@@ -141,8 +135,7 @@ def _check_call_id(call_id: object) -> str:
 def inspect_rate(
     client: Any, keys: RateKeys, rate: Rate | None = None, backend_timeout: float | None = None
 ) -> RateState:
-    """The limiter of ``keys`` as Redis has it now; ``rate``: the rule to assume when Redis
-    has none."""
+    """The limiter of ``keys`` now; ``rate``: the rule to assume when Redis has none."""
     rule = (rate.limit, rate.period_ms) if rate is not None else (0, 0)
     with bounded(backend_timeout), backend_errors("inspect", keys.name, _subject(keys.name)):
         limit, period, used, waiting, free, paused = scripts.RATE_INSPECT(client, keys.pair, rule)
@@ -161,19 +154,15 @@ def inspect_rate(
 def find_rate_limiters(
     client: Any, prefix: str, backend_timeout: float | None = None
 ) -> Iterator[RateState]:
-    """Every rate limiter under ``prefix``, by SCAN (each once), inspected."""
     seen: set[str] = set()
     with backend_errors("scan", "", f"for the rate limiters under prefix {prefix!r}"):
-        found = [text(raw) for raw in client.scan_iter(match=_pattern(prefix), count=500)]
+        match = f"{glob_escape(prefix)}:rate:{{*"
+        found = [text(raw) for raw in client.scan_iter(match=match, count=500)]
     for key in found:
         keys = RateKeys.from_key(prefix, key)
         if keys is not None and keys.name not in seen:
             seen.add(keys.name)
             yield inspect_rate(client, keys, None, backend_timeout)
-
-
-def _pattern(prefix: str) -> str:
-    return f"{glob_escape(prefix)}:rate:{{*"
 
 
 def _subject(name: str) -> str:
@@ -184,10 +173,9 @@ class RateLimiter:
     """At most ``rate.limit`` starts in any window of ``rate.period`` seconds, across every
     process, counted on Redis's clock.
 
-    Each try is one ``EVALSHA``. A refused call is given a turn: the earliest time it can start
-    if every call ahead of it takes its own, kept under its ``call_id``, so waiting callers
-    come back about once each, in order. Two keys in one hash tag, which expire by time alone.
-    ``backend_timeout`` bounds each call (see :class:`ReentrantLock`).
+    Each try is one ``EVALSHA``. A refused call is given a turn (the earliest time it can start
+    if every call ahead takes its own), kept under its ``call_id``, so waiting callers come back
+    about once each, in order. ``backend_timeout`` bounds each call.
     """
 
     __slots__ = ("backend_timeout", "client", "keys", "name", "prefix", "rate")
@@ -202,7 +190,6 @@ class RateLimiter:
         backend_timeout: float | None = None,
     ) -> None:
         check_client(client)
-        #: the redis-py client (``Any``: ZREM is used too)
         self.client: Any = client
         self.name = check_name(name)
         self.rate = Rate.parse(rate, "rate")
@@ -211,10 +198,9 @@ class RateLimiter:
         self.keys = RateKeys.for_name(prefix, name)
 
     def try_acquire(self, call_id: str | None = None) -> RateReply:
-        """One try: admitted now, or refused with the wait until this call's turn. ``call_id``:
-        the caller's stable id (a Celery task id), under which a refused call keeps its turn;
-        ``None``: a one-off try, whose refusal keeps no turn (nobody could come back to it; its
-        ``wait`` is the turn it would have had)."""
+        """One try: admitted, or refused with the wait until this call's turn. ``call_id``: the
+        caller's stable id (a Celery task id), under which a refused call keeps its turn;
+        ``None``: a one-off try whose refusal keeps none."""
         call = "" if call_id is None else _check_call_id(call_id)
         args = (self.rate.limit, self.rate.period_ms, call)
         with bounded(self.backend_timeout), backend_errors("try", "", _subject(self.name)):
@@ -231,14 +217,13 @@ class RateLimiter:
         return reply
 
     def acquire(self, timeout: float | None = None, call_id: str | None = None) -> RateReply:
-        """Wait for this call's turn: try, sleep the reply's wait (bounded by the time left),
-        try again with the same ``call_id``. The admitted reply, or the last refused one when
-        ``timeout`` seconds (``None``: no bound; 0: one try) have passed. Without a
-        ``call_id``, a call that gives up drops its turn (nobody else can come back to it)."""
+        """Try until admitted, sleeping until this call's turn in between: the admitted reply,
+        or the last refused one once ``timeout`` seconds (``None``: no bound; 0: one try) have
+        passed. Without a ``call_id``, a call that gives up drops its turn."""
         wait = check_wait(timeout)
         if wait == 0:
             return self.try_acquire(call_id)
-        call = new_call_id() if call_id is None else _check_call_id(call_id)
+        call = uuid.uuid4().hex if call_id is None else _check_call_id(call_id)
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             reply = self.try_acquire(call)
@@ -251,8 +236,8 @@ class RateLimiter:
         return reply
 
     def pause(self, seconds: float) -> float:
-        """Refuse every caller of this limiter for ``seconds`` from now (Redis's clock); a
-        pause only lengthens one in force, never shortens it. The seconds of pause left."""
+        """Refuse every caller for ``seconds`` from now (a pause only lengthens one in force);
+        the seconds of pause left."""
         ms = check_duration(seconds, "seconds", include_minimum=True, maximum=MAX_LEASE_SECONDS)
         with bounded(self.backend_timeout), backend_errors("pause", "", _subject(self.name)):
             left = scripts.RATE_PAUSE(self.client, self.keys.pair, (repr(ms * 1000),))
@@ -262,20 +247,18 @@ class RateLimiter:
         return paused
 
     def cancel(self, call_id: str) -> bool:
-        """Drop ``call_id``'s turn (a call that gave up); whether it had one. One ``ZREM``,
-        atomic by itself: no script."""
+        """Drop ``call_id``'s turn (a call that gave up); whether it had one."""
         member = "r:" + _check_call_id(call_id)
         with bounded(self.backend_timeout), backend_errors("cancel", "", _subject(self.name)):
             return int(self.client.zrem(self.keys.log, member)) == 1
 
     def reset(self) -> bool:
-        """An operator's reset: forget the starts, the turns and the pause (the calls waiting
-        for a turn are admitted as new calls when they come back). Whether it was in use."""
+        """Forget the starts, the turns and the pause; whether it was in use."""
         with bounded(self.backend_timeout), backend_errors("reset", "", _subject(self.name)):
             return int(self.client.delete(*self.keys.pair)) > 0
 
     def inspect(self) -> RateState:
-        """This limiter as Redis has it now (the rule last used on it, else this one's)."""
+        """This limiter as Redis has it now."""
         return inspect_rate(self.client, self.keys, self.rate, self.backend_timeout)
 
     def __repr__(self) -> str:

@@ -6,11 +6,19 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from .._errors import LockLostError, LockNotOwnedError, LockTimeoutError
 from . import commands, observe
-from .checks import RedisClient, check_backend_timeout, check_client, check_lease_ms, check_wait
+from .checks import (
+    RedisClient,
+    check_backend_timeout,
+    check_client,
+    check_lease_ms,
+    check_wait,
+    wait_of,
+)
 from .commands import ALL_HOLDS, AcquireReply, ReleaseReply
 from .deadline import bounded
 from .hold import Hold
@@ -24,17 +32,15 @@ class ReentrantLock:
 
     ``ttl`` is the lease in seconds, renewed about every ``ttl/3`` while held with ``renew``.
     ``owner`` defaults to a token of the calling process and thread; lock objects of one client,
-    name and owner share one hold (nesting costs no round trip; they must agree on ``ttl`` and
-    ``renew``), and the same owner in another process re-enters through Redis. ``timeout`` is
-    how long :meth:`acquire` waits by default (``None``: as long as it takes); ``prefix`` starts
-    the keys (``prefix:{name}``); ``info`` is text for operators and ``state`` a label that
-    operator commands act on. While a hold has a ``run_token``, the same owner with another one
-    is refused (``other_run``). ``backend_timeout`` bounds each operation on Redis as a whole,
-    resends included (what one cut short leaves open goes on in the background).
+    name and owner share one hold (they must agree on ``ttl`` and ``renew``), and the same owner
+    in another process re-enters through Redis. ``timeout``: how long :meth:`acquire` waits by
+    default (``None``: no bound); keys are ``prefix:{name}``; ``info`` is text for operators,
+    ``state`` a label operator commands act on. While a hold has a ``run_token``, the same owner
+    with another one is refused (``other_run``). ``backend_timeout`` bounds each Redis
+    operation as a whole, resends included.
 
-    Efficiency-grade: a holder paused past its lease can lose it while it runs. Check
-    :attr:`lost` / :meth:`ensure_held`, and pass :attr:`fence` to stores that can refuse an
-    older holder's writes.
+    Efficiency-grade: a holder paused past its lease can lose it. Check :attr:`lost` /
+    :meth:`ensure_held`, and pass :attr:`fence` to stores that refuse an older holder's writes.
     """
 
     def __init__(
@@ -70,8 +76,7 @@ class ReentrantLock:
     def _set(self, client: Any, keys: LockKeys, ttl: float, owner: str | None, renew: bool,
              timeout: float | None, backend_timeout: float | None,
              texts: tuple[str, str, str]) -> None:  # fmt: skip
-        """Every attribute, from checked arguments (``__init__``, :meth:`checked`);
-        ``texts``: the hold's info, run token and state."""
+        """Every attribute, from checked arguments; ``texts``: info, run token, state."""
         self._timeout = timeout
         self._backend_timeout = backend_timeout
         self._client: Any = client
@@ -81,10 +86,9 @@ class ReentrantLock:
         self._renew = renew
         self._info, self._run_token, self._state = texts
         self._keys = keys
-        #: a permit of a Semaphore (semaphore._Permit): its refusals are the semaphore's
+        #: a Semaphore's permit: its refusals are the semaphore's
         self._quiet = False
-        #: the hold taken last (its ``lost`` outlives it), and the Event ``lost`` returns before
-        #: any hold: both made only when needed
+        #: the hold taken last (its ``lost`` outlives it), and ``lost`` before any hold
         self._last_hold: Hold | None = None
         self._never_lost: threading.Event | None = None
 
@@ -92,9 +96,8 @@ class ReentrantLock:
     def checked(cls, client: Any, keys: LockKeys, ttl: float, owner: str,
                 texts: tuple[str, str, str],
                 backend_timeout: float | None) -> ReentrantLock:  # fmt: skip
-        """A renewed lock without a default wait, of arguments its caller checked already
-        (:meth:`LockSpace.checked_lock`): ``__init__`` less its checks, for the layers above
-        that make one lock per job (``texts`` as :meth:`_set` takes them)."""
+        """A renewed lock of arguments already checked (:meth:`LockSpace.checked_lock`: one
+        lock per job), without a default wait."""
         lock = cls.__new__(cls)
         cls._set(lock, client, keys, ttl, owner, True, None, backend_timeout, texts)
         return lock
@@ -120,20 +123,13 @@ class ReentrantLock:
     def _hold(self) -> Hold | None:
         return LockRuntime.of(self._client).holds.find(self._keys.lock, self.owner)
 
-    # -- acquire -------------------------------------------------------------------------------
-
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Acquire or re-enter the lock; return whether it is held. ``blocking=False`` tries
-        once; else wait up to ``timeout`` seconds (``None``: the lock's own ``timeout``), woken
-        by the holder's release, or at the latest when its lease ends. Raises
+        """Acquire or re-enter the lock; whether it is held. ``blocking=False`` tries once;
+        else wait up to ``timeout`` seconds (``None``: the lock's own ``timeout``), woken by the
+        holder's release or at the latest when its lease ends. Raises
         :class:`LockBackendError` when Redis fails, :class:`LockLostError` when re-entering a
         hold whose lease was lost."""
-        if not isinstance(blocking, bool):
-            raise TypeError(f"blocking must be True or False, got {blocking!r}")
-        if not blocking and timeout is not None:
-            raise ValueError("timeout cannot be given with blocking=False")
-        wait = 0.0 if not blocking else self._timeout if timeout is None else check_wait(timeout)
-        taken = self._take(wait)
+        taken = self._take(wait_of(blocking, timeout, self._timeout))
         return type(taken) is Hold or taken.acquired  # type: ignore[union-attr]  # Hold checked
 
     def try_acquire(self, timeout: float | None = 0.0) -> AcquireReply:
@@ -146,8 +142,7 @@ class ReentrantLock:
         return taken
 
     def _take(self, wait: float | None) -> AcquireReply | Hold:
-        """Redis's reply, or the hold itself when re-entered in this process (nested re-entry
-        is the hot path of a reentrant lock: it allocates nothing)."""
+        """Redis's reply, or the hold when re-entered here (the hot path: allocates nothing)."""
         deadline = None if wait is None else time.monotonic() + wait
         owner = self.owner
         runtime = LockRuntime.of(self._client)
@@ -169,8 +164,7 @@ class ReentrantLock:
                     if hold.lost.is_set():
                         raise LockLostError(f"cannot re-enter lock {self._name!r}: lease lost")
                     token = self._run_token
-                    if token and hold.run_token and token != hold.run_token:
-                        # another run of this owner holds it here (a thread pool's redelivery)
+                    if token and hold.run_token and token != hold.run_token:  # another run
                         left = max(hold.valid_until - time.monotonic(), 0.0)
                         return AcquireReply(False, lease_left=left, holder=owner, other_run=True)
                     hold.count += 1
@@ -180,8 +174,7 @@ class ReentrantLock:
                 hold.set_lease(self._ttl, self._renew)  # nobody holds it: this object's lease
                 try:
                     attempt = self._attempt(runtime, hold)
-                    if wait == 0.0:
-                        # One try (a run's start): what wait_for does for it, without the loop.
+                    if wait == 0.0:  # one try (a run's start): wait_for without its loop
                         reply = attempt(False)
                         if not (reply.acquired or self._quiet) and observe.observer is not None:
                             observe.observer.refused()
@@ -195,7 +188,7 @@ class ReentrantLock:
                 return reply
 
     def _attempt(self, runtime: LockRuntime, hold: Hold) -> Callable[[bool], AcquireReply]:
-        """One acquire in Redis per call (``again``: a new request id, after a refusal)."""
+        """One acquire in Redis per call (``again``: a new request id)."""
         request = new_request_id()
 
         def attempt(again: bool) -> AcquireReply:
@@ -229,28 +222,19 @@ class ReentrantLock:
 
         return attempt
 
-    # -- release -------------------------------------------------------------------------------
-
     def release(self) -> None:
         """Release one hold; the last one of this process goes to Redis. Raises
-        :class:`LockNotOwnedError` when this owner does not hold it (never acquired, already
-        released, or its lease was lost meanwhile)."""
-        runtime = LockRuntime.of(self._client)
-        hold = runtime.holds.find(self._keys.lock, self.owner)
-        if hold is None:
-            raise LockNotOwnedError(
-                f"cannot release lock {self._name!r}: it is not held by owner {self.owner!r}"
-            )
-        with hold.mutex:
-            if hold.count <= 0 or hold.dead:
+        :class:`LockNotOwnedError` when this owner does not hold it (or its lease was lost)."""
+        runtime, owner = LockRuntime.of(self._client), self.owner
+        hold = runtime.holds.find(self._keys.lock, owner)
+        with hold.mutex if hold is not None else nullcontext():
+            if hold is None or hold.count <= 0 or hold.dead:
                 raise LockNotOwnedError(
-                    f"cannot release lock {self._name!r}: it is not held by owner {hold.owner!r}"
+                    f"cannot release lock {self._name!r}: it is not held by owner {owner!r}"
                 )
             if hold.count > 1:
                 hold.count -= 1
-                if hold.lost.is_set():
-                    # Every release of a lost hold says so: the caller learns at the first one
-                    # that the work inside was not protected to its end.
+                if hold.lost.is_set():  # the caller learns at once the work was not protected
                     raise LockNotOwnedError(
                         f"cannot release lock {self._name!r}: owner {hold.owner!r} lost its "
                         f"lease meanwhile ({hold.count} nested hold(s) of it left to release)"
@@ -259,8 +243,8 @@ class ReentrantLock:
             hold.count = 0  # stop renewing first: a lock is never renewed after its release
             runtime.stop_renewing(hold)
             runtime.holds.forget(hold)
-            # A release whose reply is lost may not have run: sent again in the background
-            # for up to a lease, unless this process has taken the lock again meanwhile.
+            # A release whose reply is lost may not have run: resent in the background for
+            # up to a lease, unless this process took the lock again meanwhile.
             with bounded(self._backend_timeout):
                 reply = commands.release(
                     self._client,
@@ -281,7 +265,7 @@ class ReentrantLock:
             observe.observer.released(time.monotonic() - hold.taken_at)
 
     def _detach(self) -> Hold | None:
-        """Forget this process's hold without telling Redis (the caller settles Redis)."""
+        """Forget this process's hold without telling Redis."""
         runtime = LockRuntime.of(self._client)
         hold = runtime.holds.find(self._keys.lock, self.owner)
         if hold is None:
@@ -294,10 +278,9 @@ class ReentrantLock:
         return hold if held else None
 
     def release_all(self) -> ReleaseReply:
-        """Drop every hold of this owner, here and in Redis (those other processes took as the
-        owner too); the reply says whether it held any. When Redis fails,
-        :class:`LockBackendError` is raised and the release is sent again in the background,
-        as :meth:`release` does."""
+        """Drop every hold of this owner, here and in Redis (other processes' too); whether it
+        held any. When Redis fails, raises :class:`LockBackendError` and resends it in the
+        background."""
         hold = self._detach()
         owner = self.owner
         holds = LockRuntime.of(self._client).holds
@@ -318,9 +301,9 @@ class ReentrantLock:
         return reply
 
     def park(self, lease: float, info: str = "", state: str = "") -> bool:
-        """Hand the hold to a later process of the same owner: this process stops holding and
-        renewing, Redis keeps the hold for ``lease`` seconds with its run token cleared
-        (``info`` and ``state`` replace the hold's unless empty). ``False``: it was not held."""
+        """Hand the hold to a later process of the same owner: Redis keeps it, unrenewed, for
+        ``lease`` seconds with its run token cleared (``info``/``state`` replace the hold's
+        unless empty). ``False``: it was not held."""
         lease_ms = check_lease_ms(lease)
         self._detach()
         with bounded(self._backend_timeout):
@@ -337,8 +320,6 @@ class ReentrantLock:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
-
-    # -- state ---------------------------------------------------------------------------------
 
     def owned(self) -> bool:
         """Whether this owner holds the lock in Redis now (one round trip)."""
@@ -359,7 +340,7 @@ class ReentrantLock:
     @property
     def fence(self) -> int | None:
         """The fencing token of the current hold, larger for every new holder (``None``: not
-        held). Pass it to a store that refuses writes carrying a smaller token."""
+        held): pass it to a store that refuses writes with a smaller one."""
         hold = self._hold()
         return None if hold is None else hold.fence
 
@@ -375,7 +356,7 @@ class ReentrantLock:
 
     def ensure_held(self) -> None:
         """Raise :class:`LockLostError` unless this owner still holds an unexpired lease (no
-        round trip: the heartbeat's verdict and the lease's own clock)."""
+        round trip)."""
         hold = self._hold()
         if hold is None:
             raise LockLostError(f"lock {self._name!r} is not held by owner {self.owner!r}")

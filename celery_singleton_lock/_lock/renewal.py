@@ -1,13 +1,8 @@
-"""A renewal lane: the thread that renews the held locks of one Redis client, in batches.
-
-A lane renews each lease about every lease/3 and sends all the renewals due together: one
-pipeline of RENEW script calls (up to :data:`BATCH` locks each), so a thousand held locks cost
-one round trip per period. It never dies on an error: it logs, retries until the lease would
-have ended, and then sets the hold's ``lost``. It also runs the client's background retries
-(:meth:`Lane.retry`), such as the cancel of an acquire whose reply was lost.
-
-Each client has a lane of its own, so a Redis that stalls holds up only the locks on it. A
-lane never holds its client: it renews through the client of its holds.
+"""A renewal lane: the thread that renews one Redis client's held locks about every lease/3,
+all those due in one pipeline of RENEW calls (:data:`BATCH` locks each). On an error it logs
+and retries until the lease would have ended, then sets the hold's ``lost``. It also runs the
+client's background retries (:meth:`Lane.retry`). A lane per client: a stalled Redis holds up
+only its own locks; a lane never holds its client.
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ log = logging.getLogger("celery_singleton_lock.heartbeat")
 
 #: locks per EVALSHA: keeps one script run short, so Redis serves other clients in between
 BATCH = 250
-#: the longest a lane sleeps when it has nothing due, so it notices new holds cheaply
+#: the longest a lane sleeps with nothing due
 IDLE_WAKE = 5.0
 #: a lane with nothing to renew or retry for this long ends its thread (a new hold starts one)
 IDLE_EXIT = 30.0
@@ -42,11 +37,9 @@ THREAD_NAME = "celery-singleton-lock-heartbeat"
 @dataclass(eq=False, slots=True)
 class _Retry:
     """A call to make again until it returns without raising, or until ``give_up_at``.
-
-    ``budget``: seconds each attempt may take (a lane must not wait longer for a hung Redis than
-    the operation that handed the call over would have). ``span``: each attempt that times out
-    moves ``give_up_at`` to at least ``span`` s later (a server that does not answer may still
-    run what it was sent). ``gave_up()`` is called once the lane gives up."""
+    ``budget``: seconds per attempt (no longer than the operation that handed it over would
+    have waited). ``span``: an attempt that times out moves ``give_up_at`` to at least ``span``
+    s later (a server that does not answer may still run what it was sent)."""
 
     call: Callable[[], None]
     what: str
@@ -56,17 +49,12 @@ class _Retry:
     gave_up: Callable[[], None] | None
     next_try: float = field(default_factory=time.monotonic)
     attempts: int = 0
-    #: done without a log line (a chore the lane repeats, not a call handed over)
-    quiet: bool = False
 
 
 class Lane:
     """The renewals and background retries of one client, on a thread of their own.
-
-    ``retire(lane)`` is called once the lane has been idle for :data:`IDLE_EXIT`: ``True`` takes
-    it out of service (its thread ends), ``False`` means work arrived meanwhile.
-    ``follow_master()`` runs before each renewal batch (a Sentinel client's master may move).
-    """
+    ``retire(lane)``, once idle for :data:`IDLE_EXIT`: ``True`` ends the thread, ``False``:
+    work arrived meanwhile. ``follow_master()`` runs before each renewal batch."""
 
     def __init__(self, retire: Callable[[Lane], bool], follow_master: Callable[[], None]) -> None:
         self.cond = threading.Condition(threading.Lock())
@@ -80,7 +68,6 @@ class Lane:
 
     @property
     def idle(self) -> bool:
-        """Nothing to renew or retry (call with :attr:`cond` held)."""
         return not self.holds and not self._retries
 
     def add(self, hold: Hold) -> None:
@@ -95,8 +82,7 @@ class Lane:
             self.holds.pop(id(hold), None)
 
     def stop(self) -> None:
-        """End the thread (its client is gone): now, or within :data:`IDLE_WAKE` when ``cond``
-        is busy. Never blocks: the garbage collector may call it on a thread holding ``cond``."""
+        """End the thread; never blocks: the garbage collector may call it holding ``cond``."""
         self._stopped = True
         if self.cond.acquire(blocking=False):
             try:
@@ -113,23 +99,15 @@ class Lane:
         budget: float | None = None,
         while_stalled: bool = False,
         gave_up: Callable[[], None] | None = None,
-        delay: float = 0.0,
-        quiet: bool = False,
     ) -> None:
         """Call ``call`` from this lane until it succeeds, for at most ``give_up_after`` s
         (``while_stalled``: counted from the last attempt that timed out), each attempt bounded
-        by ``budget`` s; ``gave_up()`` when the lane gives up on it. ``delay``: the first try
-        no sooner than that many seconds from now; ``quiet``: no log line when it is done."""
+        by ``budget`` s; ``gave_up()`` when the lane gives up on it."""
         span = give_up_after if while_stalled else None
-        now = time.monotonic()
-        job = _Retry(call, what, now + delay + give_up_after, budget, span, gave_up, now + delay)
-        job.quiet = quiet
+        job = _Retry(call, what, time.monotonic() + give_up_after, budget, span, gave_up)
         with self.cond:
             self._retries.append(job)
-            if delay <= 0 or job.next_try < self._wake_at:
-                self.cond.notify()  # (a later job the lane's sleep already covers needs none)
-
-    # -- the thread ------------------------------------------------------------------------------
+            self.cond.notify()
 
     def _run(self) -> None:
         while True:
@@ -141,8 +119,8 @@ class Lane:
                 time.sleep(0.1)
 
     def _round(self) -> bool:
-        """Wait for work and do it; ``False`` once out of service. (A frame of its own: what a
-        round holds goes with it, so an idle lane keeps no client alive.)"""
+        """Wait for work and do it; ``False`` once out of service. (A frame of its own: an idle
+        lane keeps nothing of a round, so no client alive.)"""
         work = self._wait_for_work()
         if work is None:
             return False
@@ -151,8 +129,8 @@ class Lane:
             self._renew(due)
         for i, job in enumerate(retries):
             if not self._try(job):
-                # Redis did not answer: the calls due after this one would each wait as long,
-                # the renewals behind them. They go with this one's next try.
+                # Redis did not answer: the later calls would each wait as long, holding up
+                # the renewals. They go with this one's next try.
                 self._postpone(retries[i + 1 :], job.next_try)
                 break
         return True
@@ -178,16 +156,14 @@ class Lane:
                         + [job.next_try for job in self._retries]
                     )
                     if wake_at <= now:
-                        # Take along every hold within the early half of its period, so holds
-                        # with close due times share one round trip.
+                        # with every hold in the early half of its period: one round trip
                         due = [h for h in self.holds.values() if h.next_renew - h.ttl / 6 <= now]
                         retries = [job for job in self._retries if job.next_try <= now]
                         return self._drop_orphans(due), retries
                     self._wake_at = wake_at
                     self.cond.wait(wake_at - now)
                     continue
-            # Idle for IDLE_EXIT: hand the lane back (outside cond: the runtime's mutex comes
-            # first), unless work arrived meanwhile.
+            # Idle for IDLE_EXIT: hand the lane back (outside cond: the runtime's mutex first).
             if self._retire(self):
                 return None
             idle_since = None
@@ -207,8 +183,7 @@ class Lane:
                 )
                 hold.lost.set()
             elif hold.lost.is_set():
-                # The lease ran out before this lane could renew it: a late renewal must not
-                # revive a lost lock.
+                # a late renewal must not revive a lost lock
                 del self.holds[id(hold)]
                 log.error(
                     "the lease of %s ran out %.2f s ago before it could be renewed; the lock "
@@ -231,40 +206,34 @@ class Lane:
             if job.span is not None and isinstance(exc, RedisTimeoutError):
                 job.give_up_at = max(job.give_up_at, now + job.span)
             if now >= job.give_up_at:
-                self._drop(job, gave_up=True)
-                log.error("gave up trying to %s after %d attempts: %s", job.what, job.attempts, exc)
+                self._drop(job, gave_up=exc)
             else:
                 job.next_try = now + min(0.1 * 2**job.attempts, 5.0)  # do not hammer a dead Redis
             return not isinstance(exc, (RedisConnectionError, RedisTimeoutError))
         self._drop(job)
-        if not job.quiet:
-            log.info("%s: done after %d attempts", job.what, job.attempts)
+        log.info("%s: done after %d attempts", job.what, job.attempts)
         return True
 
     def _postpone(self, jobs: Sequence[_Retry], until: float) -> None:
-        """Try ``jobs`` no sooner than ``until``; a job whose time is up is given up now."""
         now = time.monotonic()
         for job in jobs:
             if now >= job.give_up_at:
-                self._drop(job, gave_up=True)
-                log.error(
-                    "gave up trying to %s after %d attempts: Redis did not answer",
-                    job.what,
-                    job.attempts,
-                )
+                self._drop(job, gave_up="Redis did not answer")
             else:
                 job.next_try = max(job.next_try, until)
 
-    def _drop(self, job: _Retry, *, gave_up: bool = False) -> None:
+    def _drop(self, job: _Retry, *, gave_up: object = None) -> None:
+        """Take ``job`` out; ``gave_up``: why the lane gives up on it."""
         with self.cond:
             self._retries.remove(job)
-        if gave_up and job.gave_up is not None:
+        if gave_up is None:
+            return
+        if job.gave_up is not None:
             try:
                 job.gave_up()
             except Exception:  # pragma: no cover - a bug guard: the lane must not die
                 log.exception("the give-up handler of %s failed", job.what)
-
-    # -- renewing --------------------------------------------------------------------------------
+        log.error("gave up trying to %s after %d attempts: %s", job.what, job.attempts, gave_up)
 
     def _renew(self, due: Sequence[Hold]) -> None:
         self._follow_master()  # renew where the master is now
@@ -329,10 +298,9 @@ class Lane:
             return self.holds.get(id(hold)) is hold
 
     def _send(self, client: Any, holds: Sequence[Hold]) -> list[int | Exception]:
-        """One result per hold: 1 renewed, 0 gone, or the error that kept it from renewing.
-        Raises when the whole batch failed (a single server that did not answer). On a Redis
-        Cluster a call's holds share a slot, one pipeline per node (:func:`by_node`), and a call
-        a node refuses (its slot moved) goes again through the cluster client."""
+        """One result per hold: 1 renewed, 0 gone, or its error; raises when a single server
+        did not answer. On a Cluster, one pipeline per node of calls of one slot each; a call a
+        node refuses (its slot moved) goes again through the cluster client."""
         if not is_cluster(client):
             groups = [holds[i : i + BATCH] for i in range(0, len(holds), BATCH)]
             results: dict[int, int | Exception] = {}
@@ -363,7 +331,6 @@ class Lane:
 
 
 def _pipelined(client: Any, groups: Sequence[Sequence[Hold]]) -> list[Any]:
-    """One RENEW call per group in one pipeline (one round trip)."""
     return scripts.RENEW.pipelined(client, [_renew_args(group) for group in groups])
 
 

@@ -1,14 +1,8 @@
-"""One runtime per Redis client and process: everything the lock keeps about a client.
-
-As Redisson's renewal scheduler and pub/sub service belong to a client, a client's
-:class:`LockRuntime` owns the holds taken through it in this process, its renewal lane (one
-thread, started with the first renewed hold or background call, ended when idle), its wake-up
-subscriptions, its contended locks, the cancels of its lost acquires still pending, its publish
-command and, for a Sentinel client, the master it follows (:class:`MasterFollower`). It holds
-its client weakly: when the client goes, its idle connections close and its lane ends.
-
-A fork is handled here, in one place: the child starts with no runtimes and new owner tokens,
-so it never renews, releases or waits through what its parent had.
+"""One runtime per Redis client and process: its holds, renewal lane (started with the first
+renewed hold or background call, ended when idle), wake-up subscriptions, contended locks,
+pending cancels, publish command and, for Sentinel, the master it follows. It holds its client
+weakly: when the client goes, its idle connections close and its lane ends. A forked child
+starts with no runtimes and new owner tokens: it never acts on what its parent had.
 """
 
 from __future__ import annotations
@@ -39,22 +33,20 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False, slots=True)
 class PendingCancel:
-    """The cancel of an acquire whose reply was lost (lua/cancel.lua's arguments), kept until
-    it has run: the owner's next operation on the lock runs it first (see ``commands.settle``),
-    since once the owner acquired again cancel.lua could not tell which hold was the lost one."""
+    """The cancel of an acquire whose reply was lost (lua/cancel.lua's arguments), until it ran:
+    the owner's next operation on the lock runs it first, since once the owner acquired again
+    cancel.lua could not tell which hold was the lost one."""
 
     keys: LockKeys
     owner: str
     request: str
     lease_ms: int
-    #: it ran (from the caller's operation or from the lane)
     done: bool = False
 
 
 class PendingCancels:
-    """A runtime's pending cancels by (lock, owner); the lock is named by its channel, which
-    every permit shares, so an operation on one permit settles them all. ``by_owner`` is read
-    without the mutex on the hot path (empty: nothing pending); every change is made under it."""
+    """Pending cancels by (channel, owner): every permit shares the channel, so an operation on
+    one settles them all. ``by_owner`` is read without the mutex on the hot path."""
 
     __slots__ = ("_mutex", "by_owner")
 
@@ -67,12 +59,11 @@ class PendingCancels:
             self.by_owner.setdefault((cancel.keys.channel, cancel.owner), []).append(cancel)
 
     def of(self, keys: LockKeys, owner: str) -> list[PendingCancel]:
-        """The cancels still pending for ``owner`` on the lock of ``keys``, oldest first."""
         with self._mutex:
             return list(self.by_owner.get((keys.channel, owner), ()))
 
     def discard(self, cancel: PendingCancel, *, done: bool = True) -> None:
-        """Forget ``cancel``: it ran (``done``), or the lane gave up (its hold has ended)."""
+        """Forget ``cancel``: it ran (``done``), or the lane gave up."""
         with self._mutex:
             cancel.done = cancel.done or done
             key = (cancel.keys.channel, cancel.owner)
@@ -89,39 +80,24 @@ log = logging.getLogger("celery_singleton_lock.sentinel")
 ACQUIRE_CHECK_INTERVAL = 1.0
 
 
-def master_pool(client: Any) -> Any:
-    """The client's Sentinel master pool, or ``None`` for any other client."""
-    pool = getattr(client, "connection_pool", None)
-    if isinstance(pool, SentinelConnectionPool) and pool.is_master:
-        return pool
-    return None
-
-
 class MasterFollower:
-    """Follows the master of one Sentinel master client, for connections already open.
-
-    redis-py's Sentinel pool asks Sentinel for the master only when a connection is made; an
-    open connection keeps talking to the old master until that server is demoted, some seconds
-    after Sentinel promoted a replica. Meanwhile the old master still takes writes: a holder
-    renewing there keeps a lease that no longer counts, while the new master's copy runs out
-    and a contender takes it. So Sentinel is asked before each renewal batch, and at most once
-    a second before an acquire; when the master moved, redis-py's pool closes its idle
-    connections, and the next command goes to the new master.
-    """
+    """Follows the master of a Sentinel client for connections already open: redis-py asks
+    Sentinel only when it connects, and until the old master is demoted a holder renewing there
+    keeps a lease that no longer counts. So Sentinel is asked before each renewal batch and at
+    most once a second before an acquire; when the master moved, redis-py closes the idle
+    connections and the next command goes to the new master."""
 
     __slots__ = ("_checked_at", "_mutex", "_pool")
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
         self._mutex = threading.Lock()
-        #: monotonic time Sentinel was last asked (None: never)
         self._checked_at: float | None = None
 
     def follow(self, max_age: float = 0.0) -> None:
-        """Ask Sentinel where the master is (unless asked within ``max_age`` seconds), and
-        move the client's idle connections there if it moved. A Sentinel that cannot answer
-        is logged, never raised: the commands go on to the master known so far."""
-        pool = self._pool  # redis-py's Sentinel module is not annotated
+        """Ask Sentinel for the master (unless asked within ``max_age`` s); a Sentinel that
+        cannot answer is logged, never raised."""
+        pool = self._pool
         now = time.monotonic()
         with self._mutex:
             if max_age and self._checked_at is not None and now - self._checked_at < max_age:
@@ -170,8 +146,9 @@ class LockRuntime:
         self._lane: Lane | None = None
         self._hub: WakeHub | None = None
         self._publish: str | None = None
-        pool = master_pool(client)
-        self._master = None if pool is None else MasterFollower(pool)
+        pool = getattr(client, "connection_pool", None)
+        sentinel = isinstance(pool, SentinelConnectionPool) and pool.is_master
+        self._master = MasterFollower(pool) if sentinel else None
         self._finalizer = weakref.finalize(client, self.close)
         self._finalizer.atexit = False
 
@@ -191,8 +168,7 @@ class LockRuntime:
         _last = (weakref.ref(client), runtime)
         return runtime
 
-    def _started_lane(self) -> Lane:
-        """The lane, started now if there is none (call with ``_mutex`` held)."""
+    def _started_lane(self) -> Lane:  # (with _mutex held)
         lane = self._lane
         if lane is None:
             lane = self._lane = Lane(self._retire, self.follow_master)
@@ -210,7 +186,7 @@ class LockRuntime:
             lane.remove(hold)
 
     def retry(self, call: Callable[[], None], what: str, give_up_after: float, **kw: Any) -> None:
-        """Call ``call`` from the client's lane until it succeeds (see :meth:`Lane.retry`)."""
+        """:meth:`Lane.retry` on the client's lane."""
         with self._mutex:
             self._started_lane().retry(call, what, give_up_after, **kw)
 
@@ -224,8 +200,7 @@ class LockRuntime:
 
     def publish_command(self, prefix: str) -> str:
         """``"spublish"`` on a Redis Cluster with sharded pub/sub, else ``"publish"``: probed
-        once, on a channel under ``prefix``; while the probe gets no answer, ``"publish"`` (every
-        server has it), and the next use probes again."""
+        once; while the probe gets no answer, ``"publish"``, and the next use probes again."""
         try:
             return self._probed(prefix)
         except Exception:
@@ -243,7 +218,6 @@ class LockRuntime:
 
     @property
     def hub(self) -> WakeHub:
-        """The client's wake-up subscriptions, made at the first blocked wait."""
         hub = self._hub
         if hub is None:
             with self._mutex:
@@ -266,10 +240,8 @@ class LockRuntime:
         attempt: Callable[[bool], AcquireReply],
         quiet: bool = False,
     ) -> AcquireReply:
-        """Call ``attempt`` until it acquires or ``deadline`` (monotonic; ``None``: none) passes,
-        waiting in between for a release published on ``channel``, but never longer than the
-        holder's lease left (a lost message costs no more). Reports a refusal (unless ``quiet``)
-        and the time waited."""
+        """Call ``attempt`` until it acquires or ``deadline`` (monotonic) passes, waiting in
+        between for a release on ``channel``, never longer than the holder's lease left."""
         sub = None
         # A release woke this thread and it has not tried since: leaving now passes it on.
         woken = False
@@ -302,16 +274,13 @@ class LockRuntime:
                 sub.hub.leave(sub, woken=woken)
 
     def follow_master(self, max_age: float = 0.0) -> None:
-        """For a Sentinel client: follow the master if it moved (see :class:`MasterFollower`)."""
         if self._master is not None:
             self._master.follow(max_age)
 
     def abandon(self) -> None:
-        """In a forked child: never close this (the parent's) runtime from here."""
         self._finalizer.detach()
 
     def close(self) -> None:
-        """The client is gone: close the idle wake-up connections and end the lane."""
         global _last
         if _last is not None and _last[1] is self:
             _last = None  # nothing keeps a runtime after its client
@@ -325,19 +294,14 @@ class LockRuntime:
 
 #: client -> its runtime (weakly: a runtime never keeps its client alive)
 _runtimes: weakref.WeakKeyDictionary[Any, LockRuntime] = weakref.WeakKeyDictionary()
-#: the client asked for last (weakly) and its runtime: most processes use one client, and
-#: a job asks several times (a WeakKeyDictionary lookup makes a weakref each time)
+#: the client asked for last (weakly) and its runtime: a WeakKeyDictionary lookup makes a
+#: weakref each time, and a job asks several times
 _last: tuple[weakref.ref[Any], LockRuntime] | None = None
 _registry_lock = threading.Lock()
 
 
-def publish_command(client: Any, prefix: str) -> str:
-    return LockRuntime.of(client).publish_command(prefix)
-
-
 def _after_fork_in_child() -> None:
-    # The parent's runtimes stay behind, never closed from here: their lanes are the parent's
-    # threads, their holds and connections the parent's.
+    # The parent's runtimes are never closed from here: their threads and connections are its.
     global _runtimes, _registry_lock, _last
     _last = None
     for runtime in list(_runtimes.values()):

@@ -1,9 +1,5 @@
-"""The Lua scripts of lua/, read once and run by EVALSHA through redis-py's public API.
-
-The files ship in the wheel as ``celery_singleton_lock/lua/``; a checkout reads ``lua/``. On
-NOSCRIPT (a restarted, failed-over or flushed server) a script is loaded and sent again, as
-redis-py's own ``Script`` does; not ``register_script``, whose ``Script`` keeps its client
-alive (the lock never does).
+"""The Lua scripts of lua/ (``celery_singleton_lock/lua/`` in the wheel), run by EVALSHA and
+loaded on NOSCRIPT; not redis-py's ``register_script``, whose ``Script`` keeps its client alive.
 """
 
 from __future__ import annotations
@@ -41,8 +37,7 @@ def _read(filename: str) -> str:
 
 
 class Script:
-    """One Lua script of lua/ (``filename``): its source and SHA1, run by EVALSHA and loaded on
-    NOSCRIPT; not sent once the current operation's deadline has passed."""
+    """One Lua script of lua/; not sent once the current operation's deadline has passed."""
 
     __slots__ = ("name", "sha", "source")
 
@@ -52,7 +47,6 @@ class Script:
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        # Not sent at all once its operation's deadline has passed, whatever the retry policy.
         left = time_left()
         if left is not None and left <= 0:
             raise expired()
@@ -62,11 +56,8 @@ class Script:
             client.script_load(self.source)
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
-    def pipelined(
-        self, client: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
-    ) -> list[Any]:
-        """One call per ``(keys, args)`` of ``calls`` in one pipeline (one round trip); a reply
-        may be the error of its own call. On NOSCRIPT the script is loaded and all sent again."""
+    def pipelined(self, client: Any, calls: Sequence[Call]) -> list[Any]:
+        """One call per ``(keys, args)`` in one pipeline; a reply may be its call's error."""
 
         def send() -> list[Any]:
             pipe = client.pipeline(transaction=False)
@@ -88,9 +79,7 @@ class Script:
         return f"<Script {self.name} {self.sha[:8]}>"
 
 
-# The lock's own scripts (a feature built on the lock declares its own Script of lua/ beside
-# it). Every script is safe to resend (request ids, or a second run changes nothing) but
-# force_release, which sent twice could free a lock taken in between.
+# Every script is safe to resend but force_release, which could free a lock taken in between.
 ACQUIRE = Script("acquire.lua")
 RELEASE = Script("release.lua")
 RENEW = Script("renew.lua")

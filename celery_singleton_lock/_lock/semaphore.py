@@ -1,7 +1,6 @@
-"""``Semaphore``: at most N holders of one name at once, each on a leased, renewed permit; and the
-permits of one name in Redis (their keys, which one an owner holds, who holds them, the rule
-that picks the permit an acquire takes), which :class:`~.space.NamedLock` uses too. A name of N
-permits is N locks; permit 1 is the plain lock."""
+"""``Semaphore``: at most N holders of one name at once, each on a leased, renewed permit (a
+lock of its own; permit 1 is the plain lock); and the permits of one name in Redis, which
+:class:`~.space.NamedLock` uses too."""
 
 from __future__ import annotations
 
@@ -10,11 +9,11 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from .._errors import LockBackendError, LockTimeoutError
 from . import commands
-from .checks import RedisClient, check_backend_timeout, check_lease_ms, check_wait
+from .checks import RedisClient, check_backend_timeout, check_lease_ms, check_wait, wait_of
 from .commands import ALL_HOLDS, NOT_OWNED, AcquireReply, ReleaseReply
 from .deadline import bounded
 from .keys import LockKeys
@@ -22,8 +21,21 @@ from .reentrant import ReentrantLock
 from .runtime import LockRuntime
 
 
+class LockOptions(TypedDict, total=False):
+    """The keyword options of :class:`ReentrantLock`, which a :class:`Semaphore` takes too."""
+
+    ttl: float
+    owner: str | None
+    renew: bool
+    timeout: float | None
+    prefix: str
+    info: str
+    run_token: str
+    state: str
+    backend_timeout: float | None
+
+
 def check_permits(permits: object) -> int:
-    """``permits`` when it is an int >= 1 (not a bool), else an error naming ``permits``."""
     if type(permits) is int and permits >= 1:  # (every lock of a job checks its permits)
         return permits
     message = f"permits must be an int >= 1 (how many may hold at once), got {permits!r}"
@@ -35,16 +47,14 @@ def check_permits(permits: object) -> int:
 
 
 def permit_keys(prefix: str, name: str, permits: int) -> list[LockKeys]:
-    """The keys of permits 1..``permits`` of ``name``, in order."""
-    if permits == 1:  # a lock of one permit (most): no loop
+    if permits == 1:  # (most): no loop
         return [LockKeys.for_name(prefix, name)]
     return [LockKeys.for_name(prefix, name, k) for k in range(1, permits + 1)]
 
 
 def owned_by(client: Any, keys: Sequence[LockKeys], owner: str) -> list[int]:
-    """The permits (indexes into ``keys``) ``owner`` holds now: one pipeline of HEXISTS (one
-    hash tag: one Cluster node). The owner's pending cancels run first: what looks for its
-    permit must not find, or miss, the hold of a lost acquire."""
+    """The permits (indexes into ``keys``) ``owner`` holds now, in one pipeline. The owner's
+    pending cancels run first: this must not find, or miss, the hold of a lost acquire."""
     subject = f"the permit of owner {owner!r} of semaphore {keys[0].name!r}"
     with commands.backend_errors("find", keys[0].name, subject):
         commands.settle(client, keys[0], owner)
@@ -55,29 +65,12 @@ def owned_by(client: Any, keys: Sequence[LockKeys], owner: str) -> list[int]:
     return [index for index, there in enumerate(found) if there]
 
 
-def permit_holders(client: Any, keys: Sequence[LockKeys]) -> dict[str, int]:
-    """Owner -> hold count over every permit (one pipeline of HGETALL)."""
-    with commands.backend_errors("read", keys[0].name, f"the holders of {keys[0].name!r}"):
-        pipe = client.pipeline(transaction=False)
-        for permit in keys:
-            pipe.hgetall(permit.lock)
-        hashes = pipe.execute()
-    counts: dict[str, int] = {}
-    for fields in hashes:
-        for owner, count in fields.items():
-            name = commands.text(owner)
-            counts[name] = counts.get(name, 0) + int(count)
-    return counts
-
-
 def take_permit(
     attempt: Callable[[int], AcquireReply], permits: int, owned: Sequence[int]
 ) -> AcquireReply:
-    """The acquire rule (``attempt(i)`` tries permit ``i`` once). An owner that holds a permit
-    (``owned``) re-enters that one only, whose run-token rule applies: one owner never takes
-    two permits on purpose. Else the permits are tried from a random one (contenders spread
-    over them), up to the first taken; when all refuse, the reply is the refusal of the
-    permit that frees first."""
+    """The acquire rule (``attempt(i)`` tries permit ``i``): an owner re-enters the permit it
+    holds (``owned``) only, so it never takes two; else the permits are tried from a random
+    one up to the first taken; when all refuse, the refusal of the permit that frees first."""
     for index in owned:
         reply = attempt(index)
         if reply.acquired or reply.other_run:
@@ -101,9 +94,8 @@ def release_everywhere(
     retry_for: float,
     retry_unless: Callable[[], bool] | None = None,
 ) -> None:
-    """The release of ``owner`` sent to every permit (each sent again in the background while
-    Redis fails), for when which one it holds could not be found; the others answer "not the
-    owner", harmlessly."""
+    """The release of ``owner`` sent to every permit (resent in the background while Redis
+    fails), when its permit could not be found; the others answer "not the owner"."""
     for permit in keys:
         with contextlib.suppress(LockBackendError):  # it goes on in the background
             commands.release(
@@ -114,9 +106,8 @@ def release_everywhere(
 def release_owned(
     client: Any, keys: Sequence[LockKeys], owner: str, holds: int, retry_for: float
 ) -> ReleaseReply:
-    """Drop ``holds`` holds of ``owner`` on the permit it holds. When Redis fails while that
-    permit is looked for, and ``retry_for`` > 0, the release goes to every permit before
-    :class:`LockBackendError` is raised."""
+    """Drop ``holds`` holds of ``owner`` on its permit; when Redis fails while it is looked for
+    (and ``retry_for`` > 0), to every permit before :class:`LockBackendError` is raised."""
     try:
         owned = owned_by(client, keys, owner)
     except LockBackendError:
@@ -128,10 +119,11 @@ def release_owned(
 
 
 class _Permit(ReentrantLock):
-    """Permit ``slot`` of a semaphore of several: a lock with keys of its own, whose refusals
-    the semaphore reports (once per acquire of its own)."""
+    """Permit ``slot`` of a semaphore: a lock whose refusals the semaphore reports."""
 
-    def __init__(self, client: RedisClient, name: str, slot: int, **options: Any) -> None:
+    def __init__(
+        self, client: RedisClient, name: str, slot: int, **options: Unpack[LockOptions]
+    ) -> None:
         super().__init__(client, name, **options)
         self._keys = LockKeys.for_name(self._keys.prefix, name, slot)
         self._quiet = True
@@ -140,49 +132,31 @@ class _Permit(ReentrantLock):
 class Semaphore:
     """``permits`` leases of one name: at most that many owners hold it at once.
 
-    Each permit is a :class:`ReentrantLock` (permit 1 is the plain lock of ``name``, permit k
-    ``prefix:{name}:s<k>``, one hash tag) with all a lock has, options included. With
-    ``permits=1`` it is that lock. An acquire re-enters the permit this owner holds (in this
-    process, else found in Redis), else tries the permits from a random one and takes the first
-    free; a blocked acquire waits on the channel all the permits share.
+    Each permit is a :class:`ReentrantLock` of the ``options`` (``ttl``, ``owner``, ...: those
+    of :class:`ReentrantLock`): permit 1 is the lock of ``name``, permit k ``prefix:{name}:s<k>``.
+    An acquire re-enters the permit this owner holds, else tries the permits from a random one
+    and takes the first free; a blocked acquire waits on the channel they share.
 
-    Known gap: two processes acting as the same owner at the same instant can take two permits
-    (finding the owner's permit and taking one are two steps); each permit still checks its run
-    token.
+    Known gap: two processes acting as the same owner at the same instant can take two permits;
+    each permit still checks its run token.
     """
 
     def __init__(
-        self,
-        client: RedisClient,
-        name: str,
-        permits: int,
-        *,
-        ttl: float = 30.0,
-        owner: str | None = None,
-        renew: bool = True,
-        timeout: float | None = None,
-        prefix: str = "lock",
-        info: str = "",
-        run_token: str = "",
-        state: str = "",
-        backend_timeout: float | None = None,
+        self, client: RedisClient, name: str, permits: int, **options: Unpack[LockOptions]
     ) -> None:
         count = check_permits(permits)  # first: nothing is made (nor sent) for a bad one
-        options: dict[str, Any] = dict(ttl=ttl, owner=owner, renew=renew, timeout=timeout)
-        options.update(prefix=prefix, info=info, run_token=run_token, state=state)
-        options["backend_timeout"] = backend_timeout
         self._locks = (
             tuple(_Permit(client, name, k, **options) for k in range(1, count + 1))
             if count > 1
             else (ReentrantLock(client, name, **options),)
         )
         self._client: Any = client
-        self._timeout = check_wait(timeout, "timeout")
-        self._backend_timeout = check_backend_timeout(backend_timeout)
-        self._keys = permit_keys(prefix, name, count)
-        #: the permit this object took last (its ``lost`` outlives the hold)
+        self._timeout = check_wait(options.get("timeout"), "timeout")
+        self._backend_timeout = check_backend_timeout(options.get("backend_timeout"))
+        self._keys = permit_keys(options.get("prefix", "lock"), name, count)
+        #: the permit taken last (its ``lost`` outlives the hold)
         self._last: ReentrantLock | None = None
-        #: the permit whose refusal :meth:`try_acquire` returned last (it frees first)
+        #: the permit whose refusal :meth:`try_acquire` returned last
         self._refused_by: ReentrantLock | None = None
 
     @property
@@ -210,13 +184,12 @@ class Semaphore:
 
     @property
     def key(self) -> str:
-        """The Redis key of the permit held, else of the permit whose refusal was returned
-        last (the key its holder holds), else of permit 1."""
+        """The Redis key of the permit held, else of the last refusal's, else of permit 1."""
         return (self.held or self._refused_by or self._locks[0]).key
 
     @property
     def lost(self) -> threading.Event:
-        """The ``lost`` of the permit held (or taken last): see :attr:`ReentrantLock.lost`."""
+        """The ``lost`` of the permit held (or taken last)."""
         return (self.held or self._last or self._locks[0]).lost
 
     @property
@@ -234,22 +207,26 @@ class Semaphore:
         (self.held or self._last or self._locks[0]).ensure_held()
 
     def holders(self) -> dict[str, int]:
-        """Owner -> hold count over every permit, as Redis has them now (one round trip)."""
-        with bounded(self._backend_timeout):
-            return permit_holders(self._client, self._keys)
+        """Owner -> hold count over every permit, as Redis has them now."""
+        subject = f"the holders of {self.name!r}"
+        with bounded(self._backend_timeout), commands.backend_errors("read", self.name, subject):
+            pipe = self._client.pipeline(transaction=False)
+            for permit in self._keys:
+                pipe.hgetall(permit.lock)
+            hashes = pipe.execute()
+        counts: dict[str, int] = {}
+        for fields in hashes:
+            for owner, count in fields.items():
+                name = commands.text(owner)
+                counts[name] = counts.get(name, 0) + int(count)
+        return counts
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take or re-enter a permit; whether one is held (as :meth:`ReentrantLock.acquire`)."""
-        if not isinstance(blocking, bool):
-            raise TypeError(f"blocking must be True or False, got {blocking!r}")
-        if not blocking and timeout is not None:
-            raise ValueError("timeout cannot be given with blocking=False")
-        wait = 0.0 if not blocking else self._timeout if timeout is None else check_wait(timeout)
-        return self._take(wait).acquired
+        return self._take(wait_of(blocking, timeout, self._timeout)).acquired
 
     def try_acquire(self, timeout: float | None = 0.0) -> AcquireReply:
-        """:meth:`acquire` with the reply (``None``: the semaphore's own ``timeout``); a
-        refusal is the one of the permit that frees first."""
+        """:meth:`acquire` with the reply; a refusal is the one of the permit that frees first."""
         return self._take(self._timeout if timeout is None else check_wait(timeout))
 
     def _take(self, wait: float | None) -> AcquireReply:
@@ -290,7 +267,6 @@ class Semaphore:
         (self.held or self._locks[0]).release()
 
     def _owned(self) -> list[ReentrantLock]:
-        """The permits this owner holds: the one held here, else those it holds in Redis."""
         held = self.held
         if held is not None or len(self._locks) == 1:
             return [held or self._locks[0]]
@@ -299,8 +275,7 @@ class Semaphore:
 
     def release_all(self) -> ReleaseReply:
         """Drop every hold of this owner's permit, here and in Redis (see
-        :meth:`ReentrantLock.release_all`); when Redis fails while the permit is looked for,
-        the release goes to every permit, and again in the background."""
+        :meth:`ReentrantLock.release_all`)."""
         owner, holds = self.owner, LockRuntime.of(self._client).holds
         try:
             owned = self._owned()
@@ -316,8 +291,7 @@ class Semaphore:
         return next((reply for reply in replies if reply.owned), NOT_OWNED)
 
     def park(self, lease: float, info: str = "") -> bool:
-        """Hand this owner's permit to a later process of the owner (see
-        :meth:`ReentrantLock.park`); ``False`` when it held none."""
+        """:meth:`ReentrantLock.park` of this owner's permit; ``False`` when it held none."""
         check_lease_ms(lease)
         return any([lock.park(lease, info) for lock in self._owned()])
 

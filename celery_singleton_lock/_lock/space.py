@@ -1,10 +1,6 @@
 """``LockSpace``: the locks under one key prefix on one client; ``NamedLock``: one of them by
-name, all its permits, acted on in Redis only.
-
-A :class:`ReentrantLock` is a hold this process keeps and renews; a :class:`NamedLock` acts on
-holds kept elsewhere: taken for an owner another process goes on as, released or parked for an
-owner that is gone, inspected or force-released by an operator. A feature built on a lock runs
-its own scripts on the lock's keys through :meth:`NamedLock.operation`.
+name, all its permits, acted on in Redis only (holds kept elsewhere: taken for an owner another
+process goes on as, released or parked for one that is gone, inspected, force-released).
 """
 
 from __future__ import annotations
@@ -23,15 +19,15 @@ from .rate import Rate, RateLimiter, RateState, find_rate_limiters
 from .reentrant import ReentrantLock
 from .semaphore import Semaphore, check_permits, owned_by, permit_keys, release_owned, take_permit
 
-#: inspect calls per pipeline: 10,000 locks in 20 round trips, and one reply (a few kB a lock
-#: at most) well under what a connection buffers
+#: inspect calls per pipeline: 10,000 locks in 20 round trips, each reply well under a
+#: connection's buffer
 INSPECT_BATCH = 500
 
 
 class LockSpace:
     """The locks under ``prefix`` on ``client``. ``backend_timeout`` (seconds, ``None``: the
-    client's own bounds only) bounds each operation here, and each of the locks made by
-    :meth:`lock`, as a whole, resends included (see :class:`ReentrantLock`)."""
+    client's own bounds only) bounds each operation here and of the locks it makes, resends
+    included."""
 
     __slots__ = ("_checked_ttl", "backend_timeout", "client", "prefix")
 
@@ -39,11 +35,10 @@ class LockSpace:
         self, client: RedisClient, prefix: str = "lock", *, backend_timeout: float | None = None
     ) -> None:
         check_client(client)
-        #: the redis-py client (``Any``: SCAN and HGETALL are used too)
         self.client: Any = client
         self.prefix = check_prefix(prefix)
         self.backend_timeout = check_backend_timeout(backend_timeout)
-        #: the lease :meth:`checked_lock` checked last (a job's lease is the same for every job)
+        #: the lease :meth:`checked_lock` checked last (the same for every job)
         self._checked_ttl: float | None = None
 
     def keys(self, name: str) -> LockKeys:
@@ -65,9 +60,8 @@ class LockSpace:
     def checked_lock(
         self, name: str, *, ttl: float, owner: str, info: str, run_token: str, state: str
     ) -> ReentrantLock:
-        """:meth:`lock` for one job of a task class, at the cost of its keys only: the space was
-        checked as it was made, ``ttl`` once per value; other arguments get :meth:`lock`'s
-        checks unless they are the strings they must be."""
+        """:meth:`lock` for one job, at the cost of its keys only: ``ttl`` is checked once per
+        value, other arguments by :meth:`lock` unless they are the strings they must be."""
         if ttl is not self._checked_ttl:
             check_lease_ms(ttl, "ttl")
             self._checked_ttl = ttl
@@ -100,7 +94,7 @@ class LockSpace:
         )
 
     def rate_limiters(self) -> Iterator[RateState]:
-        """Every rate limiter under this prefix (SCAN), as :meth:`RateLimiter.inspect` sees it."""
+        """Every rate limiter under this prefix (SCAN), inspected."""
         return find_rate_limiters(self.client, self.prefix, self.backend_timeout)
 
     def named(self, name: str, permits: int = 1) -> NamedLock:
@@ -113,8 +107,8 @@ class LockSpace:
             return commands.inspect(self.client, self.keys_of(key_or_name))
 
     def inspect_many(self, keys: Sequence[LockKeys]) -> list[LockState]:
-        """:meth:`inspect` of each lock of ``keys`` (from :meth:`find`), in order, pipelined in
-        batches. Each lock is read atomically; the list as a whole is no one snapshot."""
+        """:meth:`inspect` of each lock of ``keys``, in order, pipelined; each is read
+        atomically, the list is no one snapshot."""
         client, replies = self.client, [None] * len(keys)
         subject = f"the locks under prefix {self.prefix!r}"
         with bounded(self.backend_timeout), backend_errors("inspect", "", subject):
@@ -133,20 +127,19 @@ class LockSpace:
     def force_release(
         self, key_or_name: str, *, holder: str | None = None, states: Collection[str] = ()
     ) -> bool:
-        """An operator's release of one lock key (or name), whoever holds it (only when
-        ``holder`` does; with ``states``, only while the hold is in one of them and no run
-        token is recorded: checked in the same step). Wakes waiters; the fence keeps growing."""
+        """An operator's release of one lock key (or name), whoever holds it (only ``holder``;
+        with ``states``, only while the hold is in one of them and has no run token). Wakes
+        waiters; the fence keeps growing."""
         with bounded(self.backend_timeout):
             keys = self.keys_of(key_or_name)
             return commands.force_release(self.client, keys, holder or "", states=states)
 
     def find(self, pattern: str = "*", *, count: int = 500) -> Iterator[LockKeys]:
         """The keys of every lock (each permit too) whose name matches the glob ``pattern``,
-        by SCAN (``count``: the keys each SCAN call looks at); a lock may appear twice while
-        the keyspace is rehashed."""
+        by SCAN; a lock may appear twice while the keyspace is rehashed."""
         with backend_errors("scan", "", f"for the locks under prefix {self.prefix!r}"):
-            # The pattern is escaped as a name is (the '}' after it ends the name), the prefix
-            # literally ('a*' must not find the locks of 'ab'); '*' matches a permit's ':s<k>'.
+            # The pattern is escaped as a name is, the prefix literally ('a*' must not find
+            # the locks of 'ab'); the last '*' matches a permit's ':s<k>'.
             match = f"{glob_escape(self.prefix)}:{{{escape_name(pattern)}}}*"
             for raw in self.client.scan_iter(match=match, count=count):
                 with contextlib.suppress(ValueError):
@@ -155,7 +148,8 @@ class LockSpace:
 
 class NamedLock:
     """The lock ``name`` of a :class:`LockSpace`, all its ``permits`` (``keys``: permit 1
-    first), acted on in Redis only: no hold in this process, no renewal."""
+    first), acted on in Redis only: no hold in this process, no renewal. A feature built on a
+    lock runs its own scripts on its keys in :meth:`operation`."""
 
     __slots__ = ("_space", "keys", "name", "permits")
 
@@ -166,12 +160,11 @@ class NamedLock:
         self.keys = tuple(permit_keys(space.prefix, name, self.permits))
 
     def _owned(self, owner: str) -> list[int]:
-        """The permits ``owner`` holds (a round trip with several permits)."""
         return [0] if self.permits == 1 else owned_by(self._space.client, self.keys, owner)
 
     def take(self, owner: str, lease: float, *, info: str = "", state: str = "") -> AcquireReply:
-        """Take or re-enter the lock (a permit) for ``owner`` for ``lease`` seconds. ``state``
-        labels the hold (on a re-entry, ``""`` keeps its label)."""
+        """Take or re-enter the lock (a permit) for ``owner`` for ``lease`` seconds; ``state``
+        labels the hold (``""`` on a re-entry keeps its label)."""
         lease_ms = check_lease_ms(lease)
         client, keys = self._space.client, self.keys
 
@@ -195,9 +188,8 @@ class NamedLock:
     def release(
         self, owner: str, *, holds: int | None = None, retry_for: float = 0.0
     ) -> ReleaseReply:
-        """Drop ``holds`` holds of ``owner`` (``None``: every one) on the permit it holds.
-        ``retry_for``: when Redis fails, also send the release again in the background for up
-        to that many seconds (to every permit, when the owner's could not be found)."""
+        """Drop ``holds`` holds of ``owner`` (``None``: every one). ``retry_for``: when Redis
+        fails, also resend it in the background for up to that many seconds."""
         if holds is not None and (type(holds) is not int or holds < 1):
             raise ValueError(f"holds must be an int >= 1, or None for every hold, got {holds!r}")
         drop, client = holds or commands.ALL_HOLDS, self._space.client
@@ -207,8 +199,7 @@ class NamedLock:
             return release_owned(client, self.keys, owner, drop, retry_for)
 
     def park(self, owner: str, lease: float, *, info: str = "", state: str = "") -> bool:
-        """Keep ``owner``'s hold for a later process of the owner (see
-        :meth:`ReentrantLock.park`); ``False`` when the owner did not hold it."""
+        """:meth:`ReentrantLock.park` for ``owner``; ``False`` when it did not hold it."""
         lease_ms = check_lease_ms(lease)
         client = self._space.client
         with bounded(self._space.backend_timeout):
@@ -225,9 +216,9 @@ class NamedLock:
         states: Collection[str] = (),
         note: tuple[str, str] | None = None,
     ) -> bool:
-        """:meth:`LockSpace.force_release` of each permit (of the one ``holder`` holds, when
-        given); whether any was released. ``note``: ``(kind, value)`` about ``holder``'s hold,
-        written in the same step and kept as long as the hold had lease left."""
+        """:meth:`LockSpace.force_release` of each permit (``holder``'s only, when given);
+        whether any was. ``note``: ``(kind, value)`` about ``holder``'s hold, written in the
+        same step and kept as long as the hold had lease left."""
         client, written = self._space.client, None
         if note is not None:
             if not holder:
@@ -243,8 +234,8 @@ class NamedLock:
         return any(done)
 
     def note(self, kind: str, owner: str) -> str | None:
-        """The note of ``kind`` a release left about ``owner``'s hold, or ``None`` (a note is a
-        hash of one field, ``v``: commands the documented ACL rule allows)."""
+        """The note of ``kind`` a release left about ``owner``'s hold, or ``None`` (a hash of
+        one field, ``v``: commands the documented ACL rule allows)."""
         with bounded(self._space.backend_timeout), backend_errors("read a note beside", self.name):
             value = self._space.client.hget(self.keys[0].note(kind, owner), "v")
         return None if value is None else text(value)
@@ -255,7 +246,7 @@ class NamedLock:
             return [commands.inspect(self._space.client, keys) for keys in self.keys]
 
     def is_held(self) -> bool:
-        """Whether anyone holds any permit now (one round trip)."""
+        """Whether anyone holds any permit now."""
         with bounded(self._space.backend_timeout):
             return commands.is_held(self._space.client, *self.keys)
 
@@ -265,11 +256,10 @@ class NamedLock:
 
     @contextlib.contextmanager
     def operation(self, what: str) -> Iterator[Any]:
-        """One operation in Redis on this lock's keys for a feature built on the lock (its own
-        scripts and reads): yields the client; the space's ``backend_timeout`` bounds the block
-        (the package's scripts are not sent once it passed), and a Redis error in it is a
-        :class:`LockBackendError` saying ``what`` was done to the lock. Pass every key a
-        script touches in its KEYS, made from :attr:`keys` (one hash tag: one Cluster slot)."""
+        """Yield the client for one operation on this lock's keys (a feature's own scripts),
+        bounded by the space's ``backend_timeout``; a Redis error is a
+        :class:`LockBackendError` saying ``what`` was done. Pass every key a script touches in
+        its KEYS, made from :attr:`keys` (one hash tag)."""
         with bounded(self._space.backend_timeout), backend_errors(what, self.name):
             yield self._space.client
 

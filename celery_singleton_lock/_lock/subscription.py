@@ -25,18 +25,12 @@ class Subscription:
         self.hub = hub
         self.channel = channel
         self.cond = threading.Condition(threading.Lock())
-        #: releases heard and not yet taken by a waiter: each wakes one
-        self.wakeups = 0
-        #: threads that joined and have not left
-        self.waiters = 0
-        #: threads inside :meth:`wait` now (observed by tests)
-        self.sleeping = 0
+        self.wakeups = 0  # releases heard and not yet taken: each wakes one waiter
+        self.waiters = 0  # threads that joined and have not left
+        self.sleeping = 0  # threads inside wait() now
         self.pubsub: Any = None
-        #: the subscription failed: its waiters poll by lease until they leave
-        self.broken = False
+        self.broken = False  # the subscription failed: its waiters poll by lease
         self._reading = False
-        #: when its last waiter left (monotonic), while it is kept for the next wait
-        self.idle_since: float | None = None
 
     def wait(self, timeout: float) -> bool:
         """Sleep until a release wakes this thread (``True``: try the lock again, or pass the
@@ -95,7 +89,6 @@ class Subscription:
                 self.pubsub.ping()
 
     def _read(self, timeout: float) -> int:
-        """Read the subscription for up to ``timeout`` s (the one reading thread only)."""
         try:
             reply = self.hub.read(self.pubsub, timeout)
         except Exception as exc:
@@ -107,7 +100,4 @@ class Subscription:
             )
             self.broken = True
             return _BROKEN
-        if reply is None:
-            return _NOTHING
-        self.hub.received += 1
-        return _RELEASE
+        return _NOTHING if reply is None else _RELEASE
