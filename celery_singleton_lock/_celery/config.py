@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from .._lock import LockSpace
 from .counts import RecentCounter
-from .settings import SETTINGS, given, read
+from .settings import SETTINGS, read
 
 __all__ = ["Bound", "LockConfig", "close", "peek", "reload_settings"]
 
@@ -82,7 +82,7 @@ class LockConfig:
         #: ``singleton_lock_counts``: count duplicates, refusals and lost locks in Redis
         self.counts: bool = values["singleton_lock_counts"]
         self._app = weakref.ref(app)
-        self._inputs = tuple(given(conf, name) for name in _CLIENT_INPUTS)
+        self._inputs = tuple(conf.get(name) for name in _CLIENT_INPUTS)
         self._mutex = threading.Lock()
         self._spaces: dict[str, LockSpace] = {}
         # A reload keeps the client (and its connections) unless what it is made from changed,
@@ -237,5 +237,5 @@ def peek(app: Any, name: str) -> Any:
     if config is not None:
         attribute = name.removeprefix("singleton_lock_")
         return getattr(config, "client_setting" if attribute == "client" else attribute)
-    value = given(app.conf, name)
+    value = app.conf.get(name)
     return SETTINGS[name].default if value is None else SETTINGS[name].check(name, value)
