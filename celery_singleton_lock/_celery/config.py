@@ -82,30 +82,26 @@ class LockConfig:
     @property
     def client(self) -> Any:
         """The app's lock client, made (and the settings checked) at its first use."""
-        client = self._client
-        if client is None:
+        if self._client is None:
             with self._mutex:
-                client = self._client
-                if client is None:
+                if self._client is None:
                     self.check()
                     from .client import make_client  # redis-py's client classes, when needed
 
                     app = self._app()
                     assert app is not None, "a config outlives its app only while unused"
-                    client = self._client = make_client(self, app.conf)
-        return client
+                    self._client = make_client(self, app.conf)
+        return self._client
 
     @property
     def counter(self) -> RecentCounter:
         """The app's recent counts not written yet, made at the first count."""
-        counter = self._counter
-        if counter is None:
+        if self._counter is None:
             client = self.client  # made under the same mutex: taken before it
             with self._mutex:
-                counter = self._counter
-                if counter is None:
-                    counter = self._counter = RecentCounter(client)
-        return counter
+                if self._counter is None:
+                    self._counter = RecentCounter(client)
+        return self._counter
 
     @property
     def counter_if_made(self) -> RecentCounter | None:

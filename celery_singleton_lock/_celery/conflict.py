@@ -1,8 +1,6 @@
 """What a run-time duplicate does (``lock_on_locked``): one class per choice, made once per task
-class. ``Wait`` blocks for the lock first, then skips as ``Skip`` does; ``Retry`` comes back
-later, then skips when its retries run out; ``Raise`` fails the run with
-:class:`TaskLockedError`. A chord header member that would be skipped fails instead: a skip
-never reports to its chord, which would wait for ever.
+class. A chord header member that would be skipped fails instead: a skip never reports to its
+chord, which would wait for ever.
 """
 
 from __future__ import annotations
@@ -23,17 +21,15 @@ __all__ = ["Conflict", "conflict_for", "lock_retry_delay"]
 
 log = logging.getLogger("celery_singleton_lock.run")
 
-#: a retried duplicate's first retry comes back after about this long (seconds); each later
-#: one waits twice as long, up to the holder's remaining lease
+#: seconds before a retried duplicate's first retry; each later one waits twice as long
 RETRY_FIRST_DELAY = 1.0
 #: no lock retry is sooner than this (seconds): each one costs the broker a message
 RETRY_MIN_DELAY = 0.1
 
 
 def lock_retry_delay(retries: int, holder_lease: float) -> float:
-    """The default countdown of a retried duplicate: a backoff that doubles from
-    :data:`RETRY_FIRST_DELAY` with the request's retries, capped by the holder's remaining lease
-    (seconds), with equal jitter (so duplicates refused together do not come back together)."""
+    """A retried duplicate's default countdown: a backoff doubling with the retries, capped by
+    the holder's remaining lease, with equal jitter (duplicates refused together come apart)."""
     backoff = RETRY_FIRST_DELAY * 2.0 ** min(max(retries, 0), 30)
     ceiling = min(backoff, max(holder_lease, RETRY_MIN_DELAY))
     return max(RETRY_MIN_DELAY, ceiling * random.uniform(0.5, 1.0))
@@ -125,9 +121,8 @@ def _locked_error(refusal: AcquireReply, key: str, reason: str) -> Exception:
 
 
 class Retry(Conflict):
-    """``"retry"``: come back later (counted against ``max_retries``); skip when they run
-    out. An eager call cannot come back later (Celery's eager retry runs again at once, in the
-    same stack: without ``max_retries`` for ever), so it is skipped at once."""
+    """``"retry"``: come back later (counted against ``max_retries``); skip when they run out.
+    An eager call is skipped at once (Celery's eager retry reruns at once, in the same stack)."""
 
     def refused(
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str

@@ -133,10 +133,9 @@ def _task_for(name: str, reply_to: Any = None) -> Any:
             return task
         if options is not None:
             stand_ins = _stand_ins.setdefault(app, {})
-            stand_in = stand_ins.get(name)
-            if stand_in is None:
-                stand_in = stand_ins[name] = _new_stand_in(app, name, options)
-            return stand_in
+            if name not in stand_ins:
+                stand_ins[name] = _new_stand_in(app, name, options)
+            return stand_ins[name]
     return None
 
 
@@ -158,10 +157,8 @@ def _stand_in_knows_key(task: Any, kwargs: Any) -> bool:
     the task's unknown parameters): with ``lock_key``, or ``lock_unique_on`` all given by
     keyword."""
     options = task.locking.options
-    if options.lock_key is not None:
-        return True
     unique_on = options.lock_unique_on
-    return (
+    return options.lock_key is not None or (
         unique_on is not None
         and isinstance(kwargs, Mapping)
         and all(n in kwargs for n in unique_on)

@@ -80,8 +80,6 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         wiring.connect()
         super().on_bound(app)
 
-    # -- extension points (the drop-ins override them) ------------------------------------------
-
     @classmethod
     def key_prefix(cls, app: Any) -> str:
         """The prefix of this class's lock keys under ``app``: ``singleton_lock_prefix``. An
@@ -113,8 +111,6 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     def lock_space(cls, app: Any) -> LockSpace:
         """This class's locks under ``app``: the app's lock client, under :meth:`key_prefix`."""
         return cls.locking.space(app)
-
-    # -- the job's lock, from outside a run ----------------------------------------------------
 
     def _lock_name(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         return self.locking.lock_name(self.name, args, kwargs)
@@ -173,8 +169,6 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         run = current_run(self.request)
         return None if run is None else run.held_lock
 
-    # -- the hooks -----------------------------------------------------------------------------
-
     def apply_async(
         self,
         args: Sequence[Any] | None = None,
@@ -186,21 +180,15 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         shadow: str | None = None,
         **options: Any,
     ) -> Any:
-        send = super().apply_async
-        if not self.locking.at_publish or self._get_app().conf.task_always_eager:
-            return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-        callbacks = bool(link or link_error or options.get("chain") or options.get("chord"))
-        return self.locking.mode.publish(
-            self,
-            lambda new_id, opts: send(
+        def send(new_id: str | None, opts: dict[str, Any]) -> Any:
+            return super(LockedTask, self).apply_async(
                 args, kwargs, new_id, producer, link, link_error, shadow, **opts
-            ),
-            args,
-            kwargs,
-            task_id,
-            options,
-            callbacks,
-        )
+            )
+
+        if not self.locking.at_publish or self._get_app().conf.task_always_eager:
+            return send(task_id, options)
+        callbacks = bool(link or link_error or options.get("chain") or options.get("chord"))
+        return self.locking.mode.publish(self, send, args, kwargs, task_id, options, callbacks)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
