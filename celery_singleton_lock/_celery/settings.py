@@ -181,7 +181,6 @@ _dict = _of(dict, "a dict")
 
 @dataclass(frozen=True)
 class Setting:
-    name: str
     default: Any
     shown: str  # the default as the README shows it
     doc: str  # the README's description
@@ -189,125 +188,108 @@ class Setting:
 
 
 SETTINGS: dict[str, Setting] = {
-    s.name: s
-    for s in (
-        Setting(
-            "singleton_lock_redis_url",
-            None,
-            "`broker_url` when it is `redis://`, `rediss://`, `unix://` or `sentinel://`",
-            "where locks live; with any other broker (RabbitMQ, SQS) it is required, and the "
-            "first use says so; a `rediss://` broker URL brings `broker_use_ssl`'s "
-            "`ssl_*` keys along; a `;`-separated `sentinel://` list gives the locks every "
-            "sentinel in it, read as the broker reads it",
-            _url,
-        ),
-        Setting(
-            "singleton_lock_redis_options",
-            {},
-            "`{}`",
-            "extra redis-py client options (TLS files, socket timeouts); `master_name`, "
-            "`sentinel_kwargs`, `min_other_sentinels` for `sentinel://` (else "
-            "`broker_transport_options`' own); `cluster: True` for Redis Cluster",
-            _dict,
-        ),
-        Setting(
-            "singleton_lock_client",
-            None,
-            "`None`",
-            "a ready redis-py client, or a callable returning one; wins over the URL",
-            _client,
-        ),
-        Setting("singleton_lock_prefix", "lock", '`"lock"`', "first part of every key", _prefix),
-        Setting(
-            "singleton_lock_ttl",
-            30.0,
-            "`30` s",
-            "lease of a running lock, renewed about every ttl/3",
-            _seconds,
-        ),
-        Setting(
-            "singleton_lock_queue_ttl",
-            3600.0,
-            "`3600` s (or the message's `expires`)",
-            "lease of a publish-time lock while the message waits",
-            _seconds,
-        ),
-        Setting(
-            "singleton_lock_on_backend_error",
-            "raise",
-            '`"raise"`',
-            '`"proceed"`: publish / run anyway and log at ERROR; never a silent drop',
-            _policy,
-        ),
-        Setting(
-            "singleton_lock_backend_timeout",
-            5.0,
-            "`5` s (the socket timeout the package gives its clients)",
-            "how long a publish's lock, a run's start and a run's release may wait for Redis "
-            'in all, resends included; then `LockBackendError` (or `"proceed"`), and what is '
-            "left to undo goes on in the background",
-            _seconds,
-        ),
-        Setting(
-            "singleton_lock_beat_scheduler",
-            "celery.beat:PersistentScheduler",
-            '`"celery.beat:PersistentScheduler"`',
-            "the scheduler `celery_singleton_lock.beat:LeaderScheduler` runs while it leads "
-            "(e.g. `django_celery_beat.schedulers:DatabaseScheduler`, `redbeat.RedBeatScheduler`)",
-            _class_path,
-        ),
-        Setting(
-            "singleton_lock_tasks",
-            {},
-            "`{}`",
-            "`{task name: options}`, as `install(app, tasks=...)`: read by `install(app)`, and "
-            "by a worker or beat whose app has a `LockedTask` even without that call "
-            "(publish-time dedup needs `install(app)` in the processes that publish); an app "
-            "that neither calls `install(app)` nor has a `LockedTask` never reads it",
-            _of(Mapping, "a dict of {task name: options}"),
-        ),
-        Setting(
-            "singleton_lock_metrics_port",
-            None,
-            "`None` (off)",
-            "serve Prometheus metrics from every worker process that runs tasks (the "
-            "`prometheus` extra): a solo or threads worker on this port; prefork: the main "
-            "process on it, pool child *i* on port + *i*",
-            _port,
-        ),
-        Setting(
-            "singleton_lock_metrics_address",
-            "0.0.0.0",
-            '`"0.0.0.0"`',
-            "the address the metrics listen on",
-            _address,
-        ),
-        Setting(
-            "singleton_lock_counts",
-            True,
-            "`True`",
-            "count duplicates, refusals and lost locks per minute in Redis "
-            "(`<prefix>:counts:<minute>` hashes, kept 2 h) for the locks web page's last hour; "
-            "a task pays a dict increment on those paths only, a thread writes them each second",
-            _of(bool, "True or False"),
-        ),
-        Setting(
-            "singleton_lock_web_app",
-            None,
-            "Celery's current app",
-            "Django only: the Celery app of the locks page mounted in the project "
-            '(`celery_singleton_lock.web.django`), as `"proj.celery:app"`',
-            _app_path,
-        ),
-        Setting(
-            "singleton_lock_web_options",
-            {},
-            "`{}`",
-            "Django only: the page's options (`make_app`'s: `link_pattern`, `refresh`, "
-            "`page_size` ...)",
-            _dict,
-        ),
-    )
+    "singleton_lock_redis_url": Setting(
+        None,
+        "`broker_url` when it is `redis://`, `rediss://`, `unix://` or `sentinel://`",
+        "where locks live; with any other broker (RabbitMQ, SQS) it is required, and the "
+        "first use says so; a `rediss://` broker URL brings `broker_use_ssl`'s "
+        "`ssl_*` keys along; a `;`-separated `sentinel://` list gives the locks every "
+        "sentinel in it, read as the broker reads it",
+        _url,
+    ),
+    "singleton_lock_redis_options": Setting(
+        {},
+        "`{}`",
+        "extra redis-py client options (TLS files, socket timeouts); `master_name`, "
+        "`sentinel_kwargs`, `min_other_sentinels` for `sentinel://` (else "
+        "`broker_transport_options`' own); `cluster: True` for Redis Cluster",
+        _dict,
+    ),
+    "singleton_lock_client": Setting(
+        None,
+        "`None`",
+        "a ready redis-py client, or a callable returning one; wins over the URL",
+        _client,
+    ),
+    "singleton_lock_prefix": Setting("lock", '`"lock"`', "first part of every key", _prefix),
+    "singleton_lock_ttl": Setting(
+        30.0,
+        "`30` s",
+        "lease of a running lock, renewed about every ttl/3",
+        _seconds,
+    ),
+    "singleton_lock_queue_ttl": Setting(
+        3600.0,
+        "`3600` s (or the message's `expires`)",
+        "lease of a publish-time lock while the message waits",
+        _seconds,
+    ),
+    "singleton_lock_on_backend_error": Setting(
+        "raise",
+        '`"raise"`',
+        '`"proceed"`: publish / run anyway and log at ERROR; never a silent drop',
+        _policy,
+    ),
+    "singleton_lock_backend_timeout": Setting(
+        5.0,
+        "`5` s (the socket timeout the package gives its clients)",
+        "how long a publish's lock, a run's start and a run's release may wait for Redis "
+        'in all, resends included; then `LockBackendError` (or `"proceed"`), and what is '
+        "left to undo goes on in the background",
+        _seconds,
+    ),
+    "singleton_lock_beat_scheduler": Setting(
+        "celery.beat:PersistentScheduler",
+        '`"celery.beat:PersistentScheduler"`',
+        "the scheduler `celery_singleton_lock.beat:LeaderScheduler` runs while it leads "
+        "(e.g. `django_celery_beat.schedulers:DatabaseScheduler`, `redbeat.RedBeatScheduler`)",
+        _class_path,
+    ),
+    "singleton_lock_tasks": Setting(
+        {},
+        "`{}`",
+        "`{task name: options}`, as `install(app, tasks=...)`: read by `install(app)`, and "
+        "by a worker or beat whose app has a `LockedTask` even without that call "
+        "(publish-time dedup needs `install(app)` in the processes that publish); an app "
+        "that neither calls `install(app)` nor has a `LockedTask` never reads it",
+        _of(Mapping, "a dict of {task name: options}"),
+    ),
+    "singleton_lock_metrics_port": Setting(
+        None,
+        "`None` (off)",
+        "serve Prometheus metrics from every worker process that runs tasks (the "
+        "`prometheus` extra): a solo or threads worker on this port; prefork: the main "
+        "process on it, pool child *i* on port + *i*",
+        _port,
+    ),
+    "singleton_lock_metrics_address": Setting(
+        "0.0.0.0",
+        '`"0.0.0.0"`',
+        "the address the metrics listen on",
+        _address,
+    ),
+    "singleton_lock_counts": Setting(
+        True,
+        "`True`",
+        "count duplicates, refusals and lost locks per minute in Redis "
+        "(`<prefix>:counts:<minute>` hashes, kept 2 h) for the locks web page's last hour; "
+        "a task pays a dict increment on those paths only, a thread writes them each second",
+        _of(bool, "True or False"),
+    ),
+    "singleton_lock_web_app": Setting(
+        None,
+        "Celery's current app",
+        "Django only: the Celery app of the locks page mounted in the project "
+        '(`celery_singleton_lock.web.django`), as `"proj.celery:app"`',
+        _app_path,
+    ),
+    "singleton_lock_web_options": Setting(
+        {},
+        "`{}`",
+        "Django only: the page's options (`make_app`'s: `link_pattern`, `refresh`, "
+        "`page_size` ...)",
+        _dict,
+    ),
 }
 
 #: the environment variables the package reads, with the settings table's words
@@ -392,8 +374,8 @@ def _respelled(written: str, name: str) -> str:
 def settings_table() -> str:
     """The README's settings table (Markdown), made from the definition."""
     rows = ["| setting | default | meaning |", "| --- | --- | --- |"]
-    for s in SETTINGS.values():
-        rows.append(f"| `{s.name}` | {s.shown} | {s.doc} |")
+    for name, s in SETTINGS.items():
+        rows.append(f"| `{name}` | {s.shown} | {s.doc} |")
     for name, (shown, doc) in ENVIRONMENT.items():
         rows.append(f"| `{name}` | {shown} | {doc} |")
     return "\n".join(rows)
