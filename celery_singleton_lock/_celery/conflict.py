@@ -1,6 +1,6 @@
-"""What a run-time duplicate does (``lock_on_locked``): one class per choice, made once per task
-class. A chord header member that would be skipped fails instead: a skip never reports to its
-chord, which would wait for ever.
+"""What a run-time duplicate does (``lock_on_locked``): one class per choice (``"wait"`` is
+``"skip"`` after a wait), made once per task class. A chord header member that would be skipped
+fails instead: a skip never reports to its chord, which would wait for ever.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ def lock_retry_delay(retries: int, holder_lease: float) -> float:
 
 class Conflict:
     """``lock_on_locked="skip"``: the duplicate's body does not run; it ends ``SKIPPED`` (not a
-    ready state: ``.get()`` on its id waits out its timeout), the holder in its meta."""
-
-    #: seconds to block for the lock before giving up (``None``: try once)
-    wait_timeout: float | None = None
+    ready state: ``.get()`` on its id waits out its timeout), the holder in its meta.
+    ``"wait"``: the same, after blocking up to ``lock_wait_timeout`` for the lock."""
 
     def __init__(self, options: LockOptions) -> None:
         self.options = options
+        #: seconds to block for the lock before giving up (``None``: try once)
+        self.wait_timeout = options.lock_wait_timeout if options.lock_on_locked == "wait" else None
 
     def retry_countdown(self, request: Any, refusal: AcquireReply) -> float:
         """``lock_retry_countdown``, else the growing backoff."""
@@ -96,14 +96,6 @@ class Conflict:
         raise Ignore()
 
 
-class Wait(Conflict):
-    """``"wait"``: block up to ``lock_wait_timeout`` for the lock, then skip."""
-
-    def __init__(self, options: LockOptions) -> None:
-        super().__init__(options)
-        self.wait_timeout = options.lock_wait_timeout
-
-
 class Raise(Conflict):
     """``"raise"``: the run fails with :class:`TaskLockedError` naming the holder."""
 
@@ -145,7 +137,7 @@ class Retry(Conflict):
 
 _BY_CHOICE: dict[str, type[Conflict]] = {
     "skip": Conflict,
-    "wait": Wait,
+    "wait": Conflict,
     "raise": Raise,
     "retry": Retry,
 }
