@@ -1,8 +1,6 @@
-"""What a run-time duplicate does (``lock_on_locked``): one class per choice, made once per task
-class. ``Wait`` blocks for the lock first, then skips as ``Skip`` does; ``Retry`` comes back
-later, then skips when its retries run out; ``Raise`` fails the run with
-:class:`TaskLockedError`. A chord header member that would be skipped fails instead: a skip
-never reports to its chord, which would wait for ever.
+"""What a run-time duplicate does (``lock_on_locked``): one class per choice (``"wait"`` is
+``"skip"`` after a wait), made once per task class. A chord header member that would be skipped
+fails instead: a skip never reports to its chord, which would wait for ever.
 """
 
 from __future__ import annotations
@@ -23,17 +21,15 @@ __all__ = ["Conflict", "conflict_for", "lock_retry_delay"]
 
 log = logging.getLogger("celery_singleton_lock.run")
 
-#: a retried duplicate's first retry comes back after about this long (seconds); each later
-#: one waits twice as long, up to the holder's remaining lease
+#: seconds before a retried duplicate's first retry; each later one waits twice as long
 RETRY_FIRST_DELAY = 1.0
 #: no lock retry is sooner than this (seconds): each one costs the broker a message
 RETRY_MIN_DELAY = 0.1
 
 
 def lock_retry_delay(retries: int, holder_lease: float) -> float:
-    """The default countdown of a retried duplicate: a backoff that doubles from
-    :data:`RETRY_FIRST_DELAY` with the request's retries, capped by the holder's remaining lease
-    (seconds), with equal jitter (so duplicates refused together do not come back together)."""
+    """A retried duplicate's default countdown: a backoff doubling with the retries, capped by
+    the holder's remaining lease, with equal jitter (duplicates refused together come apart)."""
     backoff = RETRY_FIRST_DELAY * 2.0 ** min(max(retries, 0), 30)
     ceiling = min(backoff, max(holder_lease, RETRY_MIN_DELAY))
     return max(RETRY_MIN_DELAY, ceiling * random.uniform(0.5, 1.0))
@@ -41,13 +37,13 @@ def lock_retry_delay(retries: int, holder_lease: float) -> float:
 
 class Conflict:
     """``lock_on_locked="skip"``: the duplicate's body does not run; it ends ``SKIPPED`` (not a
-    ready state: ``.get()`` on its id waits out its timeout), the holder in its meta."""
-
-    #: seconds to block for the lock before giving up (``None``: try once)
-    wait_timeout: float | None = None
+    ready state: ``.get()`` on its id waits out its timeout), the holder in its meta.
+    ``"wait"``: the same, after blocking up to ``lock_wait_timeout`` for the lock."""
 
     def __init__(self, options: LockOptions) -> None:
         self.options = options
+        #: seconds to block for the lock before giving up (``None``: try once)
+        self.wait_timeout = options.lock_wait_timeout if options.lock_on_locked == "wait" else None
 
     def retry_countdown(self, request: Any, refusal: AcquireReply) -> float:
         """``lock_retry_countdown``, else the growing backoff."""
@@ -100,14 +96,6 @@ class Conflict:
         raise Ignore()
 
 
-class Wait(Conflict):
-    """``"wait"``: block up to ``lock_wait_timeout`` for the lock, then skip."""
-
-    def __init__(self, options: LockOptions) -> None:
-        super().__init__(options)
-        self.wait_timeout = options.lock_wait_timeout
-
-
 class Raise(Conflict):
     """``"raise"``: the run fails with :class:`TaskLockedError` naming the holder."""
 
@@ -125,9 +113,8 @@ def _locked_error(refusal: AcquireReply, key: str, reason: str) -> Exception:
 
 
 class Retry(Conflict):
-    """``"retry"``: come back later (counted against ``max_retries``); skip when they run
-    out. An eager call cannot come back later (Celery's eager retry runs again at once, in the
-    same stack: without ``max_retries`` for ever), so it is skipped at once."""
+    """``"retry"``: come back later (counted against ``max_retries``); skip when they run out.
+    An eager call is skipped at once (Celery's eager retry reruns at once, in the same stack)."""
 
     def refused(
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
@@ -150,7 +137,7 @@ class Retry(Conflict):
 
 _BY_CHOICE: dict[str, type[Conflict]] = {
     "skip": Conflict,
-    "wait": Wait,
+    "wait": Conflict,
     "raise": Raise,
     "retry": Retry,
 }

@@ -1,16 +1,8 @@
-"""``install(app, tasks=...)``: the same locking for tasks that do not use the base class,
-and the publish paths that bypass ``apply_async`` (``send_task`` by name, beat).
-
-A listed task's class is swapped, at app finalization, for a subclass that puts
-:class:`LockedTask` in front of its own class, so it gets every option of the base class (the
-run-time lock has to wrap the body: a signal receiver cannot stop a run). A
-``before_task_publish`` receiver takes the publish-time lock for messages that did not come
-through ``apply_async``; it cannot stop a duplicate from being sent (Celery swallows receiver
-errors), so such a duplicate is left to the worker's run-time check: skipped while the job it
-duplicates still holds the lock (queued or running), run again if it reaches a worker after
-that job ended. A process that does not register the task (it sends it by name) takes the lock
-only where it names it as the worker does, without the task's parameters; other calls are left
-to the worker's check.
+"""``install(app, tasks=...)``: the locking of :class:`LockedTask` for tasks of other classes
+(each listed task's class is swapped at finalization for a subclass with ``LockedTask`` in front:
+a signal receiver cannot stop a run), and the publish-time lock for messages that bypass
+``apply_async`` (``send_task``, beat), taken by a ``before_task_publish`` receiver. That one
+cannot stop a send (Celery swallows receiver errors): a duplicate is left to the worker's check.
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ from .hold import HEADER
 from .options import validate_options
 from .task import LockedTask
 
-__all__ = ["install", "is_installed"]
+__all__ = ["install"]
 
 log = logging.getLogger("celery_singleton_lock.install")
 
@@ -43,7 +35,9 @@ _lock = threading.Lock()
 def install(app: Any, tasks: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Connect the signal hooks for ``app`` (idempotent) and lock the tasks named in
     ``tasks`` (merged with the ``singleton_lock_tasks`` setting): ``{task name: options}``,
-    the options being those of :class:`LockedTask`. Call it once where the app is defined."""
+    the options being those of :class:`LockedTask`. Call it once where the app is defined.
+
+    Raises ``TypeError`` or ``ValueError`` for a malformed entry or a wrong option."""
     configured = peek(app, "singleton_lock_tasks")
     merged: dict[str, dict[str, Any]] = {}
     for source, where in ((configured, "singleton_lock_tasks"), (tasks or {}, "tasks")):
@@ -74,11 +68,6 @@ def install(app: Any, tasks: Mapping[str, Mapping[str, Any]] | None = None) -> N
         _lock_tasks(app)
 
 
-def is_installed(app: Any) -> bool:
-    """Whether :func:`install` was called for ``app`` in this process."""
-    return app in _configs
-
-
 def _on_after_finalize(sender: Any = None, **kwargs: Any) -> None:
     _lock_tasks(sender)
 
@@ -107,11 +96,10 @@ def _lock_tasks(app: Any) -> None:
 
 
 def _publishing_apps(reply_to: Any) -> list[Any]:
-    """The installed app that publishes in this thread. Celery sets a message's ``reply_to``
-    to the publishing app's ``thread_oid``; the signal says nothing else about the app, and
-    with several apps in a process (Celery registers shared tasks in every one) a message of
-    one app must not be locked in another app's Redis. A publisher that is not installed (or
-    that set its own ``reply_to``) is left to the worker's run-time check."""
+    """The installed app that publishes in this thread, by the ``reply_to`` Celery sets to its
+    ``thread_oid`` (the signal names no app, and with several apps, which all register shared
+    tasks, one app's message must not be locked in another's Redis). A publisher that is not
+    installed (or set its own ``reply_to``) is left to the worker's run-time check."""
     apps = list(_configs)
     if not reply_to:
         return apps
@@ -119,13 +107,11 @@ def _publishing_apps(reply_to: Any) -> list[Any]:
 
 
 def _registered(app: Any, name: str) -> Any:
-    """The app's task ``name`` with the lock put in front of its class, or ``None``.
-
-    A lazy app's task is registered, but the app is not finalized, when its proxy is first
-    used (``task.delay()`` at the end of a module): finalize it then, as Celery does for
-    ``app.tasks``, so its tasks are locked from this publish on (and its key is computed from
-    the task's own signature, as the worker computes it). A task defined after finalization
-    is locked here too, the first time it is published."""
+    """The app's task ``name`` with the lock put in front of its class, or ``None``. A lazy
+    app whose task proxy is first used (``task.delay()`` at the end of a module) is finalized
+    as Celery does for ``app.tasks``, so its tasks are locked (and keyed by their own
+    signature, as the worker does) from this publish on; a task defined after finalization is
+    locked at its first publish."""
     if not app.finalized:
         if not app.autofinalize:
             return None  # the app's owner finalizes it; until then, a stand-in
@@ -147,22 +133,19 @@ def _task_for(name: str, reply_to: Any = None) -> Any:
             return task
         if options is not None:
             stand_ins = _stand_ins.setdefault(app, {})
-            stand_in = stand_ins.get(name)
-            if stand_in is None:
-                stand_in = stand_ins[name] = _new_stand_in(app, name, options)
-            return stand_in
+            if name not in stand_ins:
+                stand_ins[name] = _new_stand_in(app, name, options)
+            return stand_ins[name]
     return None
 
 
 def _new_stand_in(app: Any, name: str, options: Mapping[str, Any]) -> Any:
-    """A :class:`LockedTask` with the configured options for a task this process does not
-    register (a publisher that only knows its name). Its parameters are unknown here: it
-    binds no signature (``lock_key`` and keyword arguments are taken as sent), and
-    :func:`_stand_in_knows_key` tells whether the name it makes is the worker's."""
+    """A :class:`LockedTask` with the configured options for a task this process only knows
+    by name: it binds no signature (see :func:`_stand_in_knows_key`)."""
     attrs = {**options, "name": name, "_singleton_lock_stand_in": True}
     cls: type[LockedTask] = type(name.rsplit(".", 1)[-1], (LockedTask,), attrs)
-    # Task.run's (*args, **kwargs) is not the task's signature: binding to it would name every
-    # call's lock after "args" and "kwargs" (lock_unique_on's names always None).
+    # Task.run's (*args, **kwargs) is not the task's: binding to it would name every call's
+    # lock after "args" and "kwargs"
     cls.locking.signature = None
     stand_in = cls()
     stand_in.bind(app)
@@ -170,16 +153,12 @@ def _new_stand_in(app: Any, name: str, options: Mapping[str, Any]) -> Any:
 
 
 def _stand_in_knows_key(task: Any, kwargs: Any) -> bool:
-    """Whether a stand-in names the lock of a call with ``kwargs`` as the worker does, which
-    binds the arguments to the task's parameters (positional ones to their names, defaults
-    filled in): with ``lock_key`` (called with the arguments as sent, on both sides), or
-    ``lock_unique_on`` whose arguments are all given by keyword. Any other call's name depends
-    on the parameters, which this process does not know."""
+    """Whether a stand-in names a call's lock as the worker does (which binds the arguments to
+    the task's unknown parameters): with ``lock_key``, or ``lock_unique_on`` all given by
+    keyword."""
     options = task.locking.options
-    if options.lock_key is not None:
-        return True
     unique_on = options.lock_unique_on
-    return (
+    return options.lock_key is not None or (
         unique_on is not None
         and isinstance(kwargs, Mapping)
         and all(n in kwargs for n in unique_on)
@@ -223,9 +202,8 @@ def _before_publish(
         return
     task_id = headers.get("id")
     if getattr(task, "_singleton_lock_stand_in", False) and not _stand_in_knows_key(task, kw):
-        # A lock under another name than the worker's would be wrong both ways: a call of
-        # another job refused by it, a duplicate not found by it. Without a lock in its
-        # headers, the message is checked by the worker, under the name the worker makes.
+        # A lock under another name than the worker's would refuse another job's call and
+        # miss a duplicate: without a lock in its headers, the worker checks the message.
         _left_to_the_worker(task, task_id)
         return
     if isinstance(task_id, str):
@@ -233,12 +211,11 @@ def _before_publish(
 
 
 def _lock_configured_tasks(app: Any, what: str) -> None:
-    """At the start of a worker or beat whose app uses the package (a :class:`LockedTask` is
-    bound to it, which connects the start's receiver): lock the ``singleton_lock_tasks``
-    setting's tasks, even where the app module never calls :func:`install`. An app that never
-    uses the package gets nothing from it, even with the setting."""
+    """At the start of a worker or beat whose app uses the package (a :class:`LockedTask` bound
+    to it connects this): lock the ``singleton_lock_tasks`` setting's tasks, even where the app
+    module never calls :func:`install`."""
     tasks = LockConfig.of(app).tasks
-    if not tasks or is_installed(app):
+    if not tasks or app in _configs:
         return
     install(app)
     publish_mode = sorted(n for n, o in tasks.items() if o.get("lock_at", "run") != "run")
@@ -255,6 +232,5 @@ def _lock_configured_tasks(app: Any, what: str) -> None:
         )
 
 
-# Run by every worker's or beat's start check; that check is connected only by a use of the
-# package (a LockedTask bound to the app, install()), never by importing it.
+# run by every worker's or beat's start check, connected only by a use of the package
 wiring.START_HOOKS.append(_lock_configured_tasks)

@@ -1,8 +1,6 @@
-"""Per-task lock options: their one definition, and their validation.
-
-Each option is one field of :class:`LockOptions` (name, default, the README's description,
-check): ``LockedTask`` gets its class attributes from these fields, the misspelt-option check
-its names, and the README's options table is :func:`options_table` (a test keeps them equal).
+"""Per-task lock options: their one definition (a field of :class:`LockOptions` each: name,
+default, the README's description, check), and their validation. ``LockedTask``'s attributes,
+the misspelt-option check and the README's options table are made from it.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ import difflib
 import inspect
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import Field, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from .._lock import Rate, check_duration
 from .combinations import check_combination
@@ -25,6 +23,7 @@ __all__ = [
 ]
 
 Check = Callable[[str, str, Any], Any]
+T = TypeVar("T")
 
 
 def _choice(*choices: str) -> Check:
@@ -45,22 +44,15 @@ def _flag(task: str, name: str, value: object) -> bool:
     return value
 
 
-def _seconds(task: str, name: str, value: object) -> float:
-    return check_duration(value, f"task {task!r}: {name}")
+def _seconds(**how: Any) -> Check:
+    def check(task: str, name: str, value: object) -> Any:
+        return check_duration(value, f"task {task!r}: {name}", **how)
+
+    return check
 
 
-def _seconds_or_zero(task: str, name: str, value: object) -> float:
-    return check_duration(value, f"task {task!r}: {name}", include_minimum=True)
-
-
-def _seconds_or_none(task: str, name: str, value: object) -> float | None:
-    return check_duration(
-        value, f"task {task!r}: {name}", allow_none=True, none_means="the default"
-    )
-
-
-def _no_cooldown_or_seconds(task: str, name: str, value: object) -> float | None:
-    return check_duration(value, f"task {task!r}: {name}", allow_none=True, none_means="none")
+_seconds_or_default = _seconds(allow_none=True, none_means="the default")
+_no_cooldown_or_seconds = _seconds(allow_none=True, none_means="none")
 
 
 def _permits_or_none(task: str, name: str, value: object) -> int | None:
@@ -120,170 +112,136 @@ def _callable_or_none(task: str, name: str, value: object) -> Callable[..., str]
     return value
 
 
-def _about(shown: str, doc: str, check: Check) -> dict[str, Any]:
-    """A field's metadata: its default as the README shows it, its meaning, its check."""
-    return {"shown": shown, "doc": doc, "check": check}
+def _option(default: T, shown: str, doc: str, check: Check) -> T:
+    """A field: its default, the default as the README shows it, its meaning, its check."""
+    return field(default=default, metadata={"shown": shown, "doc": doc, "check": check})
 
 
 @dataclass(frozen=True)
 class LockOptions:
     """One task's validated options (decorator keywords or class attributes of the task)."""
 
-    lock_at: str = field(
-        default="run",
-        metadata=_about(
-            '`"run"`',
-            '`"run"`: held while the task runs. `"publish"`: taken at publish, held through the '
-            'end of the run. `"queue"`: one copy queued and one running; the queued copy starts '
-            "when the running one ends (it waits without a pool process, never skipped)",
-            _choice("run", "publish", "queue"),
-        ),
+    lock_at: str = _option(
+        "run",
+        '`"run"`',
+        '`"run"`: held while the task runs. `"publish"`: taken at publish, held through the '
+        'end of the run. `"queue"`: one copy queued and one running; the queued copy starts '
+        "when the running one ends (it waits without a pool process, never skipped)",
+        _choice("run", "publish", "queue"),
     )
-    lock_limit: int | None = field(
-        default=1,
-        metadata=_about(
-            "`1` (`None` with `lock_rate` alone)",
-            "how many runs of one key may hold it at once (each holds one of `lock_limit` "
-            "leased slots); over the limit `lock_on_locked` applies. `None`: no limit on runs "
-            "at once, only `lock_rate` (the default when `lock_rate` is set with no `lock_at`, "
-            "`lock_limit`, `lock_cooldown` or `lock_debounce`)",
-            _permits_or_none,
-        ),
+    lock_limit: int | None = _option(
+        1,
+        "`1` (`None` with `lock_rate` alone)",
+        "how many runs of one key may hold it at once (each holds one of `lock_limit` "
+        "leased slots); over the limit `lock_on_locked` applies. `None`: no limit on runs "
+        "at once, only `lock_rate` (the default when `lock_rate` is set with no `lock_at`, "
+        "`lock_limit`, `lock_cooldown` or `lock_debounce`)",
+        _permits_or_none,
     )
-    lock_rate: Rate | Callable[..., Any] | None = field(
-        default=None,
-        metadata=_about(
-            "`None`",
-            'at most N *starts* per period per key, across every worker: `"10/s"`, `"100/m"`, '
-            '`"5/10s"`; exact over any window of that length, on Redis\'s clock; or a '
-            "`callable(*args, **kwargs)` returning one (a limit by plan). A call over the limit "
-            "comes back when its turn comes, not counted against `max_retries`",
-            _rate,
-        ),
+    lock_rate: Rate | Callable[..., Any] | None = _option(  # noqa: RUF009 (a field())
+        None,
+        "`None`",
+        'at most N *starts* per period per key, across every worker: `"10/s"`, `"100/m"`, '
+        '`"5/10s"`; exact over any window of that length, on Redis\'s clock; or a '
+        "`callable(*args, **kwargs)` returning one (a limit by plan). A call over the limit "
+        "comes back when its turn comes, not counted against `max_retries`",
+        _rate,
     )
-    lock_rate_key: str | Callable[..., str] | None = field(
-        default=None,
-        metadata=_about(
-            "the job's key",
-            "which calls share a `lock_rate` limiter: a name several tasks share (one partner "
-            "API), or a `callable(*args, **kwargs) -> str` (per customer or tenant)",
-            _rate_key,
-        ),
+    lock_rate_key: str | Callable[..., str] | None = _option(  # noqa: RUF009 (a field())
+        None,
+        "the job's key",
+        "which calls share a `lock_rate` limiter: a name several tasks share (one partner "
+        "API), or a `callable(*args, **kwargs) -> str` (per customer or tenant)",
+        _rate_key,
     )
-    lock_rate_max_delay: float = field(
-        default=3600.0,
-        metadata=_about(
-            "`3600` s",
-            "with `lock_rate`: the longest a call waits for its turn, counted from its first "
-            "refusal; past it `lock_on_locked` applies (`0`: at once)",
-            _seconds_or_zero,
-        ),
+    lock_rate_max_delay: float = _option(
+        3600.0,
+        "`3600` s",
+        "with `lock_rate`: the longest a call waits for its turn, counted from its first "
+        "refusal; past it `lock_on_locked` applies (`0`: at once)",
+        _seconds(include_minimum=True),
     )
-    lock_cooldown: float | None = field(
-        default=None,
-        metadata=_about(
-            "`None`",
-            "seconds the key stays taken after a run ends: a duplicate in that window is "
-            'handled as one of a running job (`lock_on_locked`; with `"publish"`, the last '
-            "job is returned)",
-            _no_cooldown_or_seconds,
-        ),
+    lock_cooldown: float | None = _option(
+        None,
+        "`None`",
+        "seconds the key stays taken after a run ends: a duplicate in that window is "
+        'handled as one of a running job (`lock_on_locked`; with `"publish"`, the last '
+        "job is returned)",
+        _no_cooldown_or_seconds,
     )
-    lock_cooldown_on_failure: bool = field(
-        default=True,
-        metadata=_about(
-            "`True`",
-            "with `lock_cooldown`: a run that failed (raised, hit its hard time limit, or its "
-            "pool process was killed) starts the cooldown too; `False`: only a run that "
-            "returned does (a whole worker killed starts none: its lock ends with its lease)",
-            _flag,
-        ),
+    lock_cooldown_on_failure: bool = _option(
+        True,
+        "`True`",
+        "with `lock_cooldown`: a run that failed (raised, hit its hard time limit, or its "
+        "pool process was killed) starts the cooldown too; `False`: only a run that "
+        "returned does (a whole worker killed starts none: its lock ends with its lease)",
+        _flag,
     )
-    lock_debounce: float | None = field(
-        default=None,
-        metadata=_about(
-            "`None`",
-            'with `"publish"` or `"queue"`: each call is sent to run this many seconds later, '
-            "and a call within that time replaces the one still waiting (the replaced one is "
-            "skipped when it arrives; the call returns the job that will run); a call's own "
-            "`countdown=` or `eta=` replaces this delay for that call",
-            _no_cooldown_or_seconds,
-        ),
+    lock_debounce: float | None = _option(
+        None,
+        "`None`",
+        'with `"publish"` or `"queue"`: each call is sent to run this many seconds later, '
+        "and a call within that time replaces the one still waiting (the replaced one is "
+        "skipped when it arrives; the call returns the job that will run); a call's own "
+        "`countdown=` or `eta=` replaces this delay for that call",
+        _no_cooldown_or_seconds,
     )
-    lock_release_on_start: bool = field(
-        default=False,
-        metadata=_about(
-            "`False`",
-            'with `"publish"`: released when the run starts (dedups the queue only)',
-            _flag,
-        ),
+    lock_release_on_start: bool = _option(
+        False,
+        "`False`",
+        'with `"publish"`: released when the run starts (dedups the queue only)',
+        _flag,
     )
-    lock_unique_on: tuple[str, ...] | None = field(
-        default=None,
-        metadata=_about("all parameters", "parameter names that make up the key", _names),
+    lock_unique_on: tuple[str, ...] | None = _option(
+        None, "all parameters", "parameter names that make up the key", _names
     )
-    lock_key: Callable[..., str] | None = field(
-        default=None,
-        metadata=_about(
-            "`None`",
-            "`callable(*args, **kwargs) -> str` that replaces the argument part of the key",
-            _callable_or_none,
-        ),
+    lock_key: Callable[..., str] | None = _option(  # noqa: RUF009 (a field())
+        None,
+        "`None`",
+        "`callable(*args, **kwargs) -> str` that replaces the argument part of the key",
+        _callable_or_none,
     )
-    lock_ttl: float | None = field(
-        default=None,
-        metadata=_about(
-            "`singleton_lock_ttl`", "lease of this task's running lock", _seconds_or_none
-        ),
+    lock_ttl: float | None = _option(
+        None, "`singleton_lock_ttl`", "lease of this task's running lock", _seconds_or_default
     )
-    lock_queue_ttl: float | None = field(
-        default=None,
-        metadata=_about(
-            "`singleton_lock_queue_ttl`",
-            "lease of this task's publish-time lock while its message waits",
-            _seconds_or_none,
-        ),
+    lock_queue_ttl: float | None = _option(
+        None,
+        "`singleton_lock_queue_ttl`",
+        "lease of this task's publish-time lock while its message waits",
+        _seconds_or_default,
     )
-    lock_on_duplicate: str = field(
-        default="return",
-        metadata=_about(
-            '`"return"`',
-            'publish-time duplicate: `"return"` the holder\'s `AsyncResult`, or `"raise"` '
-            "`AlreadyQueuedError(task_id, ttl)`",
-            _choice("return", "raise"),
-        ),
+    lock_on_duplicate: str = _option(
+        "return",
+        '`"return"`',
+        'publish-time duplicate: `"return"` the holder\'s `AsyncResult`, or `"raise"` '
+        "`AlreadyQueuedError(task_id, ttl)`",
+        _choice("return", "raise"),
     )
-    lock_on_locked: str = field(
-        default="skip",
-        metadata=_about(
-            '`"skip"`',
-            'run-time duplicate: `"skip"` (it ends `SKIPPED` with the holder in `.info`; not a '
-            "ready state, so `.get()` on its id waits out its timeout: read `.state`), "
-            '`"retry"`, `"raise"` `TaskLockedError(task_id)`, or `"wait"`',
-            _choice("skip", "retry", "raise", "wait"),
-        ),
+    lock_on_locked: str = _option(
+        "skip",
+        '`"skip"`',
+        'run-time duplicate: `"skip"` (it ends `SKIPPED` with the holder in `.info`; not a '
+        "ready state, so `.get()` on its id waits out its timeout: read `.state`), "
+        '`"retry"`, `"raise"` `TaskLockedError(task_id)`, or `"wait"`',
+        _choice("skip", "retry", "raise", "wait"),
     )
-    lock_wait_timeout: float = field(
-        default=10.0,
-        metadata=_about(
-            "`10` s",
-            'for `"wait"`: block up to this long, then skip (with `"queue"`: then wait for '
-            "the run's end without a pool process)",
-            _seconds,
-        ),
+    lock_wait_timeout: float = _option(
+        10.0,
+        "`10` s",
+        'for `"wait"`: block up to this long, then skip (with `"queue"`: then wait for '
+        "the run's end without a pool process)",
+        _seconds(),
     )
-    lock_retry_countdown: float | None = field(
-        default=None,
-        metadata=_about(
-            "1 s, 2 s, 4 s, … with jitter, capped by the holder's remaining lease",
-            'for `"retry"`: the countdown of each retry (a fixed number replaces the growing '
-            "backoff); these retries count against `max_retries` (Celery's default of 3 covers "
-            "3.5 to 7 s of backoff), and when they run out the duplicate ends `SKIPPED` "
-            '(with `"queue"`: the countdown of the queued copy\'s fallback, by default the '
-            "holder's remaining lease, which the run's end makes moot; these do not count: a "
-            "queued copy is never dropped)",
-            _seconds_or_none,
-        ),
+    lock_retry_countdown: float | None = _option(
+        None,
+        "1 s, 2 s, 4 s, … with jitter, capped by the holder's remaining lease",
+        'for `"retry"`: the countdown of each retry (a fixed number replaces the growing '
+        "backoff); these retries count against `max_retries` (Celery's default of 3 covers "
+        "3.5 to 7 s of backoff), and when they run out the duplicate ends `SKIPPED` "
+        '(with `"queue"`: the countdown of the queued copy\'s fallback, by default the '
+        "holder's remaining lease, which the run's end makes moot; these do not count: a "
+        "queued copy is never dropped)",
+        _seconds_or_default,
     )
 
 

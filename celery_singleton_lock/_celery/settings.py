@@ -1,6 +1,6 @@
-"""The settings: their one definition (name, default, the README's words, a check), and how
-``app.conf`` is read for them: with Celery's own ``conf.get``, whose namespace mapping gives a
-Django project's ``CELERY_SINGLETON_LOCK_*`` names. :mod:`.config` keeps what is read, per app.
+"""The settings: their one definition (name, default, the README's words, a check), how
+``app.conf`` is read for them (Celery's ``conf.get``, whose namespace mapping gives a Django
+project's ``CELERY_SINGLETON_LOCK_*`` names), and the Redis URLs they may give.
 """
 
 from __future__ import annotations
@@ -9,25 +9,96 @@ import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from .._lock import check_duration, check_prefix
-from .urls import REDIS_SCHEMES, SentinelURL, parse_sentinel_url, scheme_of
 
 __all__ = [
-    "DEFAULTS",
     "ENVIRONMENT",
     "REDIS_SCHEMES",
     "SETTINGS",
     "SentinelURL",
     "Setting",
-    "check_seconds",
-    "given",
     "parse_sentinel_url",
     "read",
     "scheme_of",
     "settings_table",
-    "spelling",
 ]
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
+#: the port of a ``sentinel://`` URL that gives none (Sentinel's, and kombu's default)
+SENTINEL_PORT = 26379
+
+
+def scheme_of(url: object) -> str:
+    """A URL shown without its host, credentials or path (``amqp://…``), for errors."""
+    if not url or not isinstance(url, str):
+        return "none configured"
+    return url.split(":", 1)[0] + "://…"
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """A ``sentinel://`` list: the sentinels in order; the master's user, password, db."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    db: int
+
+
+def parse_sentinel_url(url: str, name: str) -> SentinelURL:
+    """Read ``sentinel://s1:26379;sentinel://s2/0`` as kombu's Redis transport does (user,
+    password and database from the first URL, the master's). ``ValueError`` naming ``name``
+    where kombu would go on in silence: another scheme in the list (kombu drops it), a later
+    URL whose user, password or database differ (kombu uses the first's), a bad number."""
+    parts = [part.strip() for part in url.split(";") if part.strip()]
+    if not parts:
+        raise ValueError(f"{name} names no sentinel: give 'sentinel://host:26379;...'")
+    sentinels: list[tuple[str, int]] = []
+    first: tuple[str | None, str | None, int | None] | None = None
+    for part in parts:
+        parsed = urlsplit(part)
+        if parsed.scheme.lower() != "sentinel":
+            raise ValueError(
+                f"{name} mixes {scheme_of(part)} into a sentinel:// list: every URL separated "
+                "by ';' must be a sentinel:// URL (give the locks a URL of their own in "
+                "singleton_lock_redis_url if the broker's cannot be one)"
+            )
+        try:
+            port = parsed.port or SENTINEL_PORT
+        except ValueError:
+            raise ValueError(
+                f"{name}: the port of sentinel {parsed.hostname or '?'} is not a number"
+            ) from None
+        host = parsed.hostname or "127.0.0.1"
+        sentinels.append((host, port))
+        path = parsed.path.strip("/")
+        try:
+            db = int(path) if path else None
+        except ValueError:
+            raise ValueError(
+                f"{name}: the database of sentinel {host}:{port} must be a number "
+                "(sentinel://host:26379/0)"
+            ) from None
+        given = (
+            unquote(parsed.username) if parsed.username else None,
+            unquote(parsed.password) if parsed.password else None,
+            db,
+        )
+        if first is None:
+            first = given
+        elif any(
+            value is not None and value != wanted
+            for value, wanted in zip(given, first, strict=True)
+        ):
+            raise ValueError(
+                f"{name}: sentinel {host}:{port} gives another user, password or database "
+                "than the first URL (the broker uses the first URL's for the master): give "
+                "them in the first URL only, or the same in every URL"
+            )
+    username, password, db = first or (None, None, None)
+    return SentinelURL(tuple(sentinels), username, password, db or 0)
 
 
 def _url(name: str, value: Any) -> Any:
@@ -43,16 +114,13 @@ def _url(name: str, value: Any) -> Any:
     return value
 
 
-def _dict(name: str, value: Any) -> Any:
-    if not isinstance(value, dict):
-        raise TypeError(f"{name} must be a dict, got {value!r}")
-    return value
+def _of(kind: type, words: str) -> Callable[[str, Any], Any]:
+    def check(name: str, value: Any) -> Any:
+        if not isinstance(value, kind):
+            raise TypeError(f"{name} must be {words}, got {value!r}")
+        return value
 
-
-def _mapping(name: str, value: Any) -> Any:
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a dict of {{task name: options}}, got {value!r}")
-    return value
+    return check
 
 
 def _client(name: str, value: Any) -> Any:
@@ -68,19 +136,16 @@ def _prefix(name: str, value: Any) -> str:
     return check_prefix(value, name)
 
 
+def _seconds(name: str, value: Any) -> float:
+    return check_duration(value, name)
+
+
 def _class_path(name: str, value: Any) -> Any:
     if isinstance(value, type):
         return value
     if not isinstance(value, str) or not value.strip(". :"):
         raise TypeError(f"{name} must be a class or its path ('module:Class'), got {value!r}")
     return value
-
-
-def check_seconds(name: str, value: Any) -> float:
-    """``value`` as seconds of a lease (> 0, at most ten years), or an error naming ``name``
-    and saying what it takes: :func:`check_duration` in a setting's ``check(name, value)``
-    form."""
-    return check_duration(value, name)
 
 
 def _port(name: str, value: Any) -> int | None:
@@ -111,146 +176,121 @@ def _app_path(name: str, value: Any) -> str:
     return value
 
 
-def _bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
+_dict = _of(dict, "a dict")
 
 
 @dataclass(frozen=True)
 class Setting:
-    name: str
     default: Any
-    #: the default as the README shows it
-    shown: str
-    #: the README's description
-    doc: str
-    #: ``check(name, value) -> value``: raises naming the setting
-    check: Callable[[str, Any], Any]
+    shown: str  # the default as the README shows it
+    doc: str  # the README's description
+    check: Callable[[str, Any], Any]  # check(name, value) -> value, raises naming the setting
 
 
 SETTINGS: dict[str, Setting] = {
-    s.name: s
-    for s in (
-        Setting(
-            "singleton_lock_redis_url",
-            None,
-            "`broker_url` when it is `redis://`, `rediss://`, `unix://` or `sentinel://`",
-            "where locks live; with any other broker (RabbitMQ, SQS) it is required, and the "
-            "first use says so; a `rediss://` broker URL brings `broker_use_ssl`'s "
-            "`ssl_*` keys along; a `;`-separated `sentinel://` list gives the locks every "
-            "sentinel in it, read as the broker reads it",
-            _url,
-        ),
-        Setting(
-            "singleton_lock_redis_options",
-            {},
-            "`{}`",
-            "extra redis-py client options (TLS files, socket timeouts); `master_name`, "
-            "`sentinel_kwargs`, `min_other_sentinels` for `sentinel://` (else "
-            "`broker_transport_options`' own); `cluster: True` for Redis Cluster",
-            _dict,
-        ),
-        Setting(
-            "singleton_lock_client",
-            None,
-            "`None`",
-            "a ready redis-py client, or a callable returning one; wins over the URL",
-            _client,
-        ),
-        Setting("singleton_lock_prefix", "lock", '`"lock"`', "first part of every key", _prefix),
-        Setting(
-            "singleton_lock_ttl",
-            30.0,
-            "`30` s",
-            "lease of a running lock, renewed about every ttl/3",
-            check_seconds,
-        ),
-        Setting(
-            "singleton_lock_queue_ttl",
-            3600.0,
-            "`3600` s (or the message's `expires`)",
-            "lease of a publish-time lock while the message waits",
-            check_seconds,
-        ),
-        Setting(
-            "singleton_lock_on_backend_error",
-            "raise",
-            '`"raise"`',
-            '`"proceed"`: publish / run anyway and log at ERROR; never a silent drop',
-            _policy,
-        ),
-        Setting(
-            "singleton_lock_backend_timeout",
-            5.0,
-            "`5` s (the socket timeout the package gives its clients)",
-            "how long a publish's lock, a run's start and a run's release may wait for Redis "
-            'in all, resends included; then `LockBackendError` (or `"proceed"`), and what is '
-            "left to undo goes on in the background",
-            check_seconds,
-        ),
-        Setting(
-            "singleton_lock_beat_scheduler",
-            "celery.beat:PersistentScheduler",
-            '`"celery.beat:PersistentScheduler"`',
-            "the scheduler `celery_singleton_lock.beat:LeaderScheduler` runs while it leads "
-            "(e.g. `django_celery_beat.schedulers:DatabaseScheduler`, `redbeat.RedBeatScheduler`)",
-            _class_path,
-        ),
-        Setting(
-            "singleton_lock_tasks",
-            {},
-            "`{}`",
-            "`{task name: options}`, as `install(app, tasks=...)`: read by `install(app)`, and "
-            "by a worker or beat whose app has a `LockedTask` even without that call "
-            "(publish-time dedup needs `install(app)` in the processes that publish); an app "
-            "that neither calls `install(app)` nor has a `LockedTask` never reads it",
-            _mapping,
-        ),
-        Setting(
-            "singleton_lock_metrics_port",
-            None,
-            "`None` (off)",
-            "serve Prometheus metrics from every worker process that runs tasks (the "
-            "`prometheus` extra): a solo or threads worker on this port; prefork: the main "
-            "process on it, pool child *i* on port + *i*",
-            _port,
-        ),
-        Setting(
-            "singleton_lock_metrics_address",
-            "0.0.0.0",
-            '`"0.0.0.0"`',
-            "the address the metrics listen on",
-            _address,
-        ),
-        Setting(
-            "singleton_lock_counts",
-            True,
-            "`True`",
-            "count duplicates, refusals and lost locks per minute in Redis "
-            "(`<prefix>:counts:<minute>` hashes, kept 2 h) for the locks web page's last hour; "
-            "a task pays a dict increment on those paths only, a thread writes them each second",
-            _bool,
-        ),
-        Setting(
-            "singleton_lock_web_app",
-            None,
-            "Celery's current app",
-            "Django only: the Celery app of the locks page mounted in the project "
-            '(`celery_singleton_lock.web.django`), as `"proj.celery:app"`',
-            _app_path,
-        ),
-        Setting(
-            "singleton_lock_web_options",
-            {},
-            "`{}`",
-            "Django only: the page's options (`make_app`'s: `link_pattern`, `refresh`, "
-            "`page_size` ...)",
-            _dict,
-        ),
-    )
+    "singleton_lock_redis_url": Setting(
+        None,
+        "`broker_url` when it is `redis://`, `rediss://`, `unix://` or `sentinel://`",
+        "where locks live; with any other broker (RabbitMQ, SQS) it is required, and the "
+        "first use says so; a `rediss://` broker URL brings `broker_use_ssl`'s "
+        "`ssl_*` keys along; a `;`-separated `sentinel://` list gives the locks every "
+        "sentinel in it, read as the broker reads it",
+        _url,
+    ),
+    "singleton_lock_redis_options": Setting(
+        {},
+        "`{}`",
+        "extra redis-py client options (TLS files, socket timeouts); `master_name`, "
+        "`sentinel_kwargs`, `min_other_sentinels` for `sentinel://` (else "
+        "`broker_transport_options`' own); `cluster: True` for Redis Cluster",
+        _dict,
+    ),
+    "singleton_lock_client": Setting(
+        None,
+        "`None`",
+        "a ready redis-py client, or a callable returning one; wins over the URL",
+        _client,
+    ),
+    "singleton_lock_prefix": Setting("lock", '`"lock"`', "first part of every key", _prefix),
+    "singleton_lock_ttl": Setting(
+        30.0,
+        "`30` s",
+        "lease of a running lock, renewed about every ttl/3",
+        _seconds,
+    ),
+    "singleton_lock_queue_ttl": Setting(
+        3600.0,
+        "`3600` s (or the message's `expires`)",
+        "lease of a publish-time lock while the message waits",
+        _seconds,
+    ),
+    "singleton_lock_on_backend_error": Setting(
+        "raise",
+        '`"raise"`',
+        '`"proceed"`: publish / run anyway and log at ERROR; never a silent drop',
+        _policy,
+    ),
+    "singleton_lock_backend_timeout": Setting(
+        5.0,
+        "`5` s (the socket timeout the package gives its clients)",
+        "how long a publish's lock, a run's start and a run's release may wait for Redis "
+        'in all, resends included; then `LockBackendError` (or `"proceed"`), and what is '
+        "left to undo goes on in the background",
+        _seconds,
+    ),
+    "singleton_lock_beat_scheduler": Setting(
+        "celery.beat:PersistentScheduler",
+        '`"celery.beat:PersistentScheduler"`',
+        "the scheduler `celery_singleton_lock.beat:LeaderScheduler` runs while it leads "
+        "(e.g. `django_celery_beat.schedulers:DatabaseScheduler`, `redbeat.RedBeatScheduler`)",
+        _class_path,
+    ),
+    "singleton_lock_tasks": Setting(
+        {},
+        "`{}`",
+        "`{task name: options}`, as `install(app, tasks=...)`: read by `install(app)`, and "
+        "by a worker or beat whose app has a `LockedTask` even without that call "
+        "(publish-time dedup needs `install(app)` in the processes that publish); an app "
+        "that neither calls `install(app)` nor has a `LockedTask` never reads it",
+        _of(Mapping, "a dict of {task name: options}"),
+    ),
+    "singleton_lock_metrics_port": Setting(
+        None,
+        "`None` (off)",
+        "serve Prometheus metrics from every worker process that runs tasks (the "
+        "`prometheus` extra): a solo or threads worker on this port; prefork: the main "
+        "process on it, pool child *i* on port + *i*",
+        _port,
+    ),
+    "singleton_lock_metrics_address": Setting(
+        "0.0.0.0",
+        '`"0.0.0.0"`',
+        "the address the metrics listen on",
+        _address,
+    ),
+    "singleton_lock_counts": Setting(
+        True,
+        "`True`",
+        "count duplicates, refusals and lost locks per minute in Redis "
+        "(`<prefix>:counts:<minute>` hashes, kept 2 h) for the locks web page's last hour; "
+        "a task pays a dict increment on those paths only, a thread writes them each second",
+        _of(bool, "True or False"),
+    ),
+    "singleton_lock_web_app": Setting(
+        None,
+        "Celery's current app",
+        "Django only: the Celery app of the locks page mounted in the project "
+        '(`celery_singleton_lock.web.django`), as `"proj.celery:app"`',
+        _app_path,
+    ),
+    "singleton_lock_web_options": Setting(
+        {},
+        "`{}`",
+        "Django only: the page's options (`make_app`'s: `link_pattern`, `refresh`, "
+        "`page_size` ...)",
+        _dict,
+    ),
 }
-DEFAULTS: dict[str, Any] = {name: s.default for name, s in SETTINGS.items()}
 
 #: the environment variables the package reads, with the settings table's words
 ENVIRONMENT: dict[str, tuple[str, str]] = {
@@ -262,42 +302,26 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
 }
 
 
-#: names under this package's prefix that no Celery setting reads, never a misspelling of
-#: ours: celery-singleton's lease setting, which its drop-in (compat.singleton) reads
+#: not a misspelling: celery-singleton's lease setting, which compat.singleton reads
 _OTHER_PACKAGES_NAMES = frozenset({"singleton_lock_expiry"})
 
 
-def given(conf: Any, name: str) -> Any:
-    """The value the user gave the setting ``name`` in ``conf`` (an ``app.conf``), or ``None``:
-    Celery's ``conf.get``, which applies the app's namespace (Django's ``CELERY_``)."""
-    return conf.get(name)
-
-
 def _ours(key: object) -> str | None:
-    """The setting a configuration key means (``CELERY_SINGLETON_LOCK_TTL`` means
-    ``singleton_lock_ttl``), when it is under this package's prefix."""
+    """The setting a key under this package's prefix means (``CELERY_SINGLETON_LOCK_TTL``)."""
     if not isinstance(key, str):
         return None
-    lowered = key.lower()
-    lowered = lowered.removeprefix("celery_")
+    lowered = key.lower().removeprefix("celery_")
     return lowered if lowered.startswith("singleton_lock_") else None
 
 
-def spelling(conf: Any, name: str) -> str:
-    """``name`` as the user wrote it in ``conf`` (looked up only for an error's sake)."""
-    return next((key for key in list(conf.keys()) if _ours(key) == name), name)
-
-
 def read(conf: Any) -> tuple[dict[str, Any], list[TypeError | ValueError]]:
-    """Every setting of ``conf`` (an ``app.conf``), checked: its value or default, and every
-    problem in words: a value its setting cannot take (named as the user wrote it), and a name
-    under this package's prefix that no setting reads (a misspelling, with the closest
-    setting; or a spelling this app's configuration does not read, such as an upper-case name
-    without Django's ``CELERY`` namespace)."""
+    """Every setting of ``conf`` (an ``app.conf``, read with ``conf.get``), checked, and every
+    problem: a wrong value (named as the user wrote it), a name under our prefix that no setting
+    reads (a misspelling, or upper case without Django's ``CELERY`` namespace)."""
     values: dict[str, Any] = {}
     problems: list[TypeError | ValueError] = []
     for name, definition in SETTINGS.items():
-        value = given(conf, name)
+        value = conf.get(name)
         if value is None:
             values[name] = definition.default
             continue
@@ -306,7 +330,8 @@ def read(conf: Any) -> tuple[dict[str, Any], list[TypeError | ValueError]]:
         except (TypeError, ValueError):
             values[name] = definition.default
             try:
-                definition.check(spelling(conf, name), value)
+                spelt = next((key for key in list(conf.keys()) if _ours(key) == name), name)
+                definition.check(spelt, value)
             except (TypeError, ValueError) as exc:
                 problems.append(exc)
     for key in list(conf.keys()):
@@ -329,7 +354,7 @@ def read(conf: Any) -> tuple[dict[str, Any], list[TypeError | ValueError]]:
                     f"{key} is not a celery-singleton-lock setting{hint}; the settings are {known}"
                 )
             )
-        elif given(conf, meant) is None:
+        elif conf.get(meant) is None:
             problems.append(
                 ValueError(
                     f"{key} is not read by this app: write {meant} (or, in a Django project "
@@ -349,8 +374,8 @@ def _respelled(written: str, name: str) -> str:
 def settings_table() -> str:
     """The README's settings table (Markdown), made from the definition."""
     rows = ["| setting | default | meaning |", "| --- | --- | --- |"]
-    for s in SETTINGS.values():
-        rows.append(f"| `{s.name}` | {s.shown} | {s.doc} |")
+    for name, s in SETTINGS.items():
+        rows.append(f"| `{name}` | {s.shown} | {s.doc} |")
     for name, (shown, doc) in ENVIRONMENT.items():
         rows.append(f"| `{name}` | {shown} | {doc} |")
     return "\n".join(rows)

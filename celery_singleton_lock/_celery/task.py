@@ -1,19 +1,7 @@
-"""``LockedTask``: run-time singletons and publish-time dedup for Celery tasks.
-
-A thin class of hooks, as Celery's own ``contrib/abortable.py`` is: each hook hands its part of
-the task's life to the class's mode (:mod:`.modes`, made with the class).
-
-* publish: ``apply_async`` (a signal receiver cannot veto a publish: Celery swallows its
-  errors), so the dedup that must *not send* lives here.
-* run and retry (:mod:`.run`): ``__call__`` takes the lock before the body and releases it as
-  the body returns, before the result is stored; ``retry`` parks it for the retry. Whatever
-  the class's ``__call__`` chain (a base class that pushes an app context or a DB session and
-  calls ``self.run``, before or after ``LockedTask`` in the MRO), the lock is taken before the
-  first ``__call__`` of the chain and the rest of the chain runs inside it.
-* the worker's request (:mod:`.worker`): a task class's own ``Request`` is composed with
-  ``LockedRequest``, never replaced by it; it releases for a pool process killed or out of
-  time, without waiting for the lease.
-* ``after_return``: an idempotent safety net.
+"""``LockedTask``: a thin class of hooks (as Celery's ``contrib/abortable.py``), each handing
+its part of a task's life to the class's mode (:mod:`.modes`): ``apply_async`` (publish-time
+dedup must not send, and a signal receiver cannot veto a publish), ``__call__`` and ``retry``
+(:mod:`.run`), the worker's ``Request`` (:mod:`.worker`), ``after_return`` (a safety net).
 """
 
 from __future__ import annotations
@@ -45,11 +33,10 @@ log_release = logging.getLogger("celery_singleton_lock.release")
 class LockedTask(Task):  # type: ignore[misc]  # celery ships no type information
     """A Celery task that never runs twice at once for the same arguments.
 
-    The options (``lock_at``, ``lock_limit``, ``lock_cooldown``, ``lock_debounce``, ...) are
-    decorator keywords or class attributes, each defined once, with its default and meaning
-    (the options table of the README and of the docs' Configuration page is made from that
-    definition). They are checked when the class is made: a wrong value, a combination that
-    makes no sense or a misspelt ``lock_*`` name raises, naming the task and the option.
+    The options (``lock_at``, ``lock_limit``, ``lock_cooldown``, ``lock_debounce``, ...; see the
+    options table) are decorator keywords or class attributes, checked when the class is made:
+    a wrong value, a combination that makes no sense or a misspelt ``lock_*`` name raises,
+    naming the task and the option.
 
     A run-time duplicate (``lock_on_locked="skip"``, the default) never runs its body: it ends
     ``SKIPPED``, with ``{"holder", "lock", "reason"}`` as its result's ``info``. ``SKIPPED`` is
@@ -68,19 +55,18 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     #: the class's options as validated, and how it makes lock names
     locking: ClassVar[TaskLocking]
 
-    #: the ``__call__`` after ``LockedTask``'s in the class's MRO, ``None`` for Celery's own
+    #: the ``__call__`` after ``LockedTask``'s in the MRO, ``None`` for Celery's own
     next_call: ClassVar[Callable[..., Any] | None] = None
 
-    #: names starting with ``lock_`` that a subclass defines for itself and that are not lock
-    #: options (a compat shim's ``lock_expiry``): kept out of the misspelt-option check, for
-    #: that subclass and its own subclasses
+    #: a subclass's own ``lock_*`` names that are not options (a compat shim's ``lock_expiry``),
+    #: kept out of the misspelt-option check
     own_lock_attributes: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         key_func = cls.__dict__.get("lock_key")
         if inspect.isfunction(key_func):
-            # A plain function as a class attribute would be bound to the task: keep it plain.
+            # a plain function as a class attribute would be bound to the task
             cls.lock_key = staticmethod(key_func)
         cls.locking = TaskLocking.of_class(cls, LockedTask)
         _lock_the_call_chain(cls)
@@ -94,13 +80,10 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         wiring.connect()
         super().on_bound(app)
 
-    # -- extension points: what a subclass (a drop-in) may resolve its own way -----------------
-
     @classmethod
     def key_prefix(cls, app: Any) -> str:
         """The prefix of this class's lock keys under ``app``: ``singleton_lock_prefix``. An
-        override must give the same in every process that knows the class; it is asked once
-        per app config."""
+        override must give the same in every process; asked once per app config."""
         return LockConfig.of(app).prefix
 
     @classmethod
@@ -112,17 +95,16 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     @classmethod
     def key_encoder(cls) -> type[json.JSONEncoder] | None:
-        """A JSON encoder class that writes a call's arguments for its lock name, as they are
-        (a value it refuses in the canonical form); ``None``: the canonical form alone. Asked
-        for every name made without ``lock_key``, on the publisher and the worker alike."""
+        """A JSON encoder class that writes a call's arguments for its lock name (what it refuses
+        in the canonical form); ``None``: the canonical form alone. Asked for every name made
+        without ``lock_key``, on the publisher and the worker alike."""
         return None
 
     def rate_limit_pause(self, exc: BaseException) -> float | None:
         """Seconds to pause this task's ``lock_rate`` limiter, for every worker, when the body
-        raised ``exc``; ``None``: ``exc`` is not a rate limit (the run fails as usual). Here a
+        raised ``exc`` (``None``: not a rate limit, the run fails as usual): a
         :class:`RateLimited`'s ``retry_after``; override it to map a client library's "too many
-        requests" error (with its ``Retry-After``) the same way. Asked only for a task with
-        ``lock_rate``."""
+        requests" error (with its ``Retry-After``)."""
         return exc.retry_after if isinstance(exc, RateLimited) else None
 
     @classmethod
@@ -130,15 +112,13 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         """This class's locks under ``app``: the app's lock client, under :meth:`key_prefix`."""
         return cls.locking.space(app)
 
-    # -- the job's lock, from outside a run ----------------------------------------------------
-
     def _lock_name(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         return self.locking.lock_name(self.name, args, kwargs)
 
     def lock_key_for(self, *args: Any, **kwargs: Any) -> str:
         """The Redis key of the lock these arguments take (``prefix:{task:digest}``)."""
         app = self._get_app()
-        LockConfig.of(app).check()  # a wrong setting says so here too (no client needed)
+        LockConfig.of(app).check()  # no client needed, but a wrong setting still raises
         return LockKeys.for_name(self.key_prefix(app), self._lock_name(args, kwargs)).lock
 
     def is_locked(self, *args: Any, **kwargs: Any) -> bool:
@@ -155,18 +135,16 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         return next((s.holder for s in states if s.held), None)
 
     def release_lock(self, *args: Any, **kwargs: Any) -> bool:
-        """An operator's **force release** of this job's lock, whoever holds it: every one of
-        its ``lock_limit`` slots, its queued lock with ``lock_at="queue"``, a cooldown. Waiters
-        are woken. A run that holds the lock is not stopped: it goes on unlocked (its heartbeat
-        logs the lease as lost), and a duplicate may then start beside it. Not for a task's own
-        code: a run's lock is released when the run ends. Logged at WARNING on
-        ``celery_singleton_lock.release``, with the holders. Returns whether a lock was
-        released."""
+        """An operator's **force release** of this job's lock, whoever holds it: every
+        ``lock_limit`` slot, its queued lock with ``lock_at="queue"``, a cooldown; waiters are
+        woken. A run that holds it goes on unlocked (its heartbeat logs the lease as lost), and
+        a duplicate may start beside it. Not for a task's own code. Logged at WARNING on
+        ``celery_singleton_lock.release``. Returns whether a lock was released."""
         name = self._lock_name(args, kwargs)  # first: arguments that do not fit raise
         app = self._get_app()
         space = self.locking.space(app)
         held = [s for s in self.locking.states(app, name) if s.held]
-        released = [s for s in held if space.force_release(s.keys.lock)]  # each one, always
+        released = [s for s in held if space.force_release(s.keys.lock)]
         if released:
             log_release.warning(
                 "release_lock: force-released %d lock(s) of %s %s held by %s (a run still "
@@ -183,16 +161,13 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         """Inside a run of a task with ``lock_rate``: its limiter's reply (``at``: the start as
         the limiter counted it, on Redis's clock; ``used``: starts in the window so far)."""
         run = current_run(self.request)
-        turn = None if run is None else run.turn
-        return None if turn is None else turn.reply
+        return None if run is None or run.turn is None else run.turn.reply
 
     @property
     def lock(self) -> Any:
         """Inside a run: the held :class:`ReentrantLock` (``None`` when this run holds none)."""
         run = current_run(self.request)
         return None if run is None else run.held_lock
-
-    # -- the hooks -----------------------------------------------------------------------------
 
     def apply_async(
         self,
@@ -205,45 +180,37 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         shadow: str | None = None,
         **options: Any,
     ) -> Any:
-        send = super().apply_async
-        if not self.locking.at_publish or self._get_app().conf.task_always_eager:
-            return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-        callbacks = bool(link or link_error or options.get("chain") or options.get("chord"))
-        return self.locking.mode.publish(
-            self,
-            lambda new_id, opts: send(
+        def send(new_id: str | None, opts: dict[str, Any]) -> Any:
+            return super(LockedTask, self).apply_async(
                 args, kwargs, new_id, producer, link, link_error, shadow, **opts
-            ),
-            args,
-            kwargs,
-            task_id,
-            options,
-            callbacks,
-        )
+            )
+
+        if not self.locking.at_publish or self._get_app().conf.task_always_eager:
+            return send(task_id, options)
+        callbacks = bool(link or link_error or options.get("chain") or options.get("chord"))
+        return self.locking.mode.publish(self, send, args, kwargs, task_id, options, callbacks)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if request.called_directly:
-            return super().__call__(*args, **kwargs)  # a plain function call
+            return super().__call__(*args, **kwargs)
         run = current_run(request)
         if run is None:
             if type(self).next_call is None:
-                # The body itself comes next (see _call_past_locked_task): run_locked marks the
-                # run's body started as it calls it, without looking the run up again.
+                # the body comes next: run_locked marks it started without a second lookup
                 return run_locked(self, request, args, kwargs, self.run, body_is_run=True)
             return run_locked(self, request, args, kwargs, self._call_past_locked_task)
         if not run.body_started:
-            # the run's own __call__ chain, on its way to the body (a base class's __call__
-            # before this one in the MRO was wrapped and took the lock)
+            # the run's own __call__ chain on its way to the body (a base class's wrapped
+            # __call__ before this one in the MRO took the lock)
             return self._call_past_locked_task(*args, **kwargs)
         return super().__call__(*args, **kwargs)  # the task called inside its own body
 
     def _call_past_locked_task(self, *args: Any, **kwargs: Any) -> Any:
-        """The ``__call__`` after this class's in the MRO (a base class's that wraps the body
-        in a context), or the body itself where that is Celery's ``Task.__call__``: the worker
-        has pushed this run's request already, ``Task.__call__`` would push a bare copy (the
-        worker's stack protection skips it the same way), and ``self.request`` must stay the
-        Context the run's state is kept for."""
+        """The next ``__call__`` in the MRO, or the body itself where that is Celery's
+        ``Task.__call__``: it would push a bare copy of the request the worker pushed (the
+        worker's stack protection skips it too), and ``self.request`` must stay the Context the
+        run's state is kept for."""
         call = type(self).next_call
         if call is None:
             run = current_run(self.request)
@@ -273,7 +240,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     def after_return(
         self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
     ) -> None:
-        # Safety net only: __call__ has released already on every path that returns here.
+        # a safety net: __call__ has released on every path that returns here
         run = current_run(self.request)
         if run is not None:
             run.finish(f"after_return {status}", failed=status != states.SUCCESS)
@@ -285,12 +252,9 @@ _LOCKING_CALL = "_singleton_lock_wraps_call"
 
 
 def _lock_the_call_chain(cls: type[LockedTask]) -> None:
-    """Make the lock hold around the whole ``__call__`` chain of ``cls``.
-
-    ``LockedTask.__call__`` takes the lock and calls the next ``__call__`` of the MRO. A class
-    before ``LockedTask`` in the MRO whose ``__call__`` calls ``self.run`` itself (Flask's
-    documented base class) would never reach it: that ``__call__`` is wrapped to take the lock
-    first. The next ``__call__`` after ``LockedTask`` is found once, here."""
+    """Make the lock hold around the whole ``__call__`` chain of ``cls``: a ``__call__`` before
+    ``LockedTask``'s in the MRO that calls ``self.run`` itself (Flask's documented base class)
+    is wrapped to take the lock first; the next one after it is found once, here."""
     call = cls.__call__
     if call is not LockedTask.__call__ and not getattr(call, _LOCKING_CALL, False):
         cls.__call__ = _locking_call(call)  # type: ignore[method-assign]
@@ -316,8 +280,8 @@ def _locking_call(call: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _own_request(cls: type[LockedTask]) -> Any:
-    """The ``Request`` a class of ``cls``'s MRO other than ``LockedTask`` and Celery's
-    ``Task`` defines (whatever their order), unless it is already composed with ours."""
+    """The ``Request`` of a class of the MRO other than ``LockedTask`` and ``Task``, unless it
+    is already composed with ours."""
     for klass in cls.__mro__:
         if klass in (LockedTask, Task):
             continue
@@ -327,8 +291,7 @@ def _own_request(cls: type[LockedTask]) -> Any:
     return None
 
 
-# The options' class attributes, from their one definition: a subclass (or a decorator
-# keyword) that sets one overrides it, and TaskLocking.of_class reads it back.
+# the options' class attributes, which a subclass (or a decorator keyword) overrides
 for _option in fields(LockOptions):
     setattr(LockedTask, _option.name, _option.default)
 del _option

@@ -1,8 +1,7 @@
-"""Lock keys for Celery tasks: the task name plus the arguments bound to its signature.
-
-``f(1)``, ``f(x=1)`` and ``f(1, y=<default>)`` are one key. Values are put in a canonical form
-that survives the message serializer's round trip (json turns tuples into lists and int dict
-keys into strings; pickle keeps both), so the publisher and the worker compute the same key.
+"""Lock names of Celery task calls: the task name plus the arguments bound to its signature
+(``f(1)``, ``f(x=1)`` and ``f(1, y=<default>)`` are one), in a canonical form that survives
+the serializer's round trip (json makes tuples lists, int dict keys strings; pickle does not),
+so the publisher and the worker compute the same name.
 """
 
 from __future__ import annotations
@@ -24,13 +23,11 @@ __all__ = ["MAX_PART", "bind_arguments", "canonical", "task_lock_name"]
 MAX_PART = 128
 
 
-#: json.dumps(value, sort_keys=True, separators=(",", ":")), with the encoder made once (json.dumps
-#: builds a new one per call whenever an option is given)
+#: json.dumps(value, sort_keys=True, separators=(",", ":")) with the encoder made once
 _KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
-#: the JSON of the values :func:`_plain_json` writes itself, by type (exact types: a subclass of
-#: ``int`` or ``str`` goes the general way)
+#: the JSON of the values :func:`_plain_json` writes itself, by exact type
 _PLAIN: dict[type, Callable[[Any], str]] = {
     str: encode_basestring_ascii,
     int: int.__repr__,
@@ -40,10 +37,9 @@ _PLAIN: dict[type, Callable[[Any], str]] = {
 
 
 def _plain_json(arguments: Mapping[str, Any]) -> str | None:
-    """``_KEY_JSON(sorted(canonical items))`` for arguments that are all strings, ints,
-    booleans or ``None`` (most calls), written without the JSON encoder: the same text, at a
-    fraction of its cost (a key is made at every publish and run); ``None`` for any other
-    value."""
+    """``_KEY_JSON(sorted(canonical items))`` without the encoder, at a fraction of its cost
+    (a name is made at every publish and run), for arguments that are all str, int, bool or
+    ``None``; else ``None``."""
     parts = []
     for name in sorted(arguments):
         write = _PLAIN.get(type(arguments[name]))
@@ -64,18 +60,13 @@ def _bounded(text: str) -> str:
 
 
 def _dict_key(key: object, where: str) -> str:
-    # json writes every key as a string; do the same here so both sides agree.
+    # json writes every key as a string: do the same so that both sides agree
     if isinstance(key, str):
         return key
-    if key is None:
-        return "null"
-    if isinstance(key, bool):
-        return "true" if key else "false"
+    if key is None or isinstance(key, (bool, float)):
+        return json.dumps(key)  # null, true, false; NaN, Infinity (repr says nan, inf)
     if isinstance(key, int):
         return str(key)
-    if isinstance(key, float):
-        # json's spelling: NaN / Infinity / -Infinity for non-finite keys (repr says nan, inf)
-        return json.dumps(key)
     raise TypeError(
         f"cannot build a lock key: argument {where!r} has a dict key of type "
         f"{type(key).__name__}; pass lock_key=callable or lock_unique_on=[...] to choose the "
@@ -120,28 +111,6 @@ def canonical(value: Any, where: str) -> Any:
     )
 
 
-#: id(signature) -> (signature, its parameter names when all are plain positional-or-keyword ones
-#: without a default, else None); the signature is kept so that its id stays its own
-_positional: dict[int, tuple[inspect.Signature, tuple[str, ...] | None]] = {}
-
-
-def _positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
-    entry = _positional.get(id(signature))
-    if entry is None or entry[0] is not signature:
-        params = signature.parameters.values()
-        plain = all(
-            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-            for p in params
-        )
-        if len(_positional) >= 1024:  # one per task class in practice; never unbounded
-            _positional.clear()
-        entry = _positional[id(signature)] = (
-            signature,
-            tuple(p.name for p in params) if plain else None,
-        )
-    return entry[1]
-
-
 def bind_arguments(
     signature: inspect.Signature | None,
     args: Sequence[Any],
@@ -149,18 +118,19 @@ def bind_arguments(
     *,
     strict_for: str | None = None,
 ) -> dict[str, Any]:
-    """The arguments by parameter name, defaults applied.
-
-    When they do not fit the signature: with ``strict_for`` (a task's name), a ``TypeError``
-    naming that task and what does not fit (a missing or unexpected argument); without it,
-    positional ones by index (the key stays stable, and the run fails on its own)."""
+    """The arguments by parameter name, defaults applied. When they do not fit the signature:
+    with ``strict_for`` (a task's name), a ``TypeError`` naming it and what does not fit;
+    without it, positional ones by index (the name stays stable, the run fails on its own)."""
     if signature is not None:
-        if not kwargs:
+        params = signature.parameters
+        if (
+            not kwargs
+            and len(params) == len(args)
+            and all(p.kind <= p.POSITIONAL_OR_KEYWORD for p in params.values())
+        ):
             # Every parameter given by position (the usual message): what bind() returns,
-            # without its general machinery (the key is computed on every publish and run).
-            names = _positional_names(signature)
-            if names is not None and len(names) == len(args):
-                return dict(zip(names, args, strict=True))
+            # without its general machinery (a name is made at every publish and run).
+            return dict(zip(params, args, strict=True))
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
