@@ -202,10 +202,6 @@ REVOCABLE = _held_before(Event.REVOKE)
 PURGEABLE = _held_before(Event.OPERATOR_PURGE)
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def lifecycle_table() -> str:
     """The table as Markdown (``docs/lifecycle.md``)."""
     rows = [
@@ -221,5 +217,5 @@ def lifecycle_table() -> str:
             s.redis,
             s.answer,
         )
-        rows.append("| " + " | ".join(_cell(str(c)) for c in cells) + " |")
+        rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)

@@ -120,13 +120,6 @@ class Debounce:
         report_duplicate(task, "replaced")
         return True
 
-    @staticmethod
-    def skip_if_replaced(task: Any, request: Any, job: NamedLock) -> None:
-        """End the run of ``request`` as replaced if a later call replaced its hold on ``job``."""
-        by = job.note(REPLACED, request.id)
-        if by is not None:
-            skip_replaced(task, request, job.keys[0].lock, by)
-
 
 def skip_replaced(task: Any, request: Any, key: str, by: str) -> NoReturn:
     """End the run of a message whose call was replaced by a later one (task ``by``)."""

@@ -27,7 +27,7 @@ from ..config import Bound
 from ..hold import HoldState, MessageLock, holder_info, report_duplicate
 from ..lifecycle import AT_PUBLISH, AT_RETRY
 from ..options import LockOptions
-from ..parts import Debounce, refusal_reason, skip_replaced
+from ..parts import REPLACED, Debounce, refusal_reason, skip_replaced
 from ..run import TaskRun, seconds_until
 from .base import Attempt, RunMode, free_revoked_holder
 
@@ -267,7 +267,10 @@ class PublishMode(RunMode):
     def skip_if_replaced(self, at: Attempt) -> None:
         """With ``lock_debounce``: end the run (SKIPPED) if a later call replaced its message."""
         if self.debounce is not None:
-            self.debounce.skip_if_replaced(at.task, at.request, at.bound.space.named(at.message))
+            job = at.bound.space.named(at.message)
+            by = job.note(REPLACED, at.request.id)
+            if by is not None:
+                skip_replaced(at.task, at.request, job.keys[0].lock, by)
 
 
 def _sent_prefix(bound: Bound) -> str | None:
