@@ -1,4 +1,4 @@
-"""The wait records beside a lock (lua/wait_*.lua, run by ``_celery/modes/waiters.py`` on a
+"""The wait records beside a lock (lua/wait_*.lua, run by ``_celery/modes/wake.py`` on a
 ``NamedLock``'s keys), on a real server.
 
 The queued copy of Celery's ``lock_at="queue"`` waits for a run with them
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery_singleton_lock import LockSpace, ReentrantLock
-from celery_singleton_lock._celery.modes.waiters import (
+from celery_singleton_lock._celery.modes.wake import (
     CLAIMED,
     CLAIMED_ELSEWHERE,
     WAIT_OVER,

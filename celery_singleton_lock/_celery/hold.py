@@ -1,12 +1,6 @@
-"""What a task's hold on its job's lock says about itself, and how a message names that lock.
-
-:class:`HoldState` is the hold's state, a field of its own in Redis (the lock layer's
-``state``): what acts on some holds only (``celery locks purge --queued``, a debounce replacing
-a waiting call, the revoked-holder check, a dropped message's release) asks Redis to release a
-hold only while it is in the states it names, in the same step as the release. The operator
-info (:func:`holder_info`: which task, which id, where) is display text that nothing reads
-back. :class:`MessageLock` is the one codec of the lock a message's headers carry.
-"""
+"""What a task's hold on its job's lock says about itself (its :class:`HoldState`, its operator
+info: display text nothing reads back), how a message names that lock (:class:`MessageLock`),
+and what the Celery layer stores and reports about a call."""
 
 from __future__ import annotations
 
@@ -16,7 +10,6 @@ import os
 import socket
 from collections.abc import Callable, Collection
 from contextlib import suppress
-from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, NamedTuple, Protocol
 
 from celery.app.task import Context
@@ -50,30 +43,15 @@ SKIPPED = "SKIPPED"
 
 
 HOST = socket.gethostname()
-_HOST_JSON = _json_str(HOST)
-#: (task name, slots) -> the info's text before and after its task id: a class's names are
-#: few, its jobs many. Cleared in a forked child (the pid is in the text).
-_info_parts: dict[tuple[str, int], tuple[str, str]] = {}
-os.register_at_fork(after_in_child=_info_parts.clear)
 
 
 def holder_info(task_name: str, task_id: str, limit: int = 1) -> str:
-    """``{"task", "id", "host", "pid"}`` as compact JSON (with ``"limit"`` for a job of several
-    slots), spelt out: every publish and run writes one."""
-    if not (type(task_name) is str and type(task_id) is str and type(limit) is int):
-        info: dict[str, object] = {"task": task_name, "id": task_id, "host": HOST}
-        info["pid"] = os.getpid()
-        if limit != 1:
-            info["limit"] = int(limit)
-        return json.dumps(info, separators=(",", ":"))
-    parts = _info_parts.get((task_name, limit))
-    if parts is None:
-        slots = f',"limit":{limit}' if limit != 1 else ""
-        parts = _info_parts[(task_name, limit)] = (
-            f'{{"task":{_json_str(task_name)},"id":',
-            f',"host":{_HOST_JSON},"pid":{os.getpid()}{slots}}}',
-        )
-    return parts[0] + _json_str(task_id) + parts[1]
+    """The operator info of a hold: ``{"task", "id", "host", "pid"}`` as compact JSON (with
+    ``"limit"`` for a job of several slots)."""
+    info: dict[str, object] = {"task": task_name, "id": task_id, "host": HOST, "pid": os.getpid()}
+    if limit != 1:
+        info["limit"] = int(limit)
+    return json.dumps(info, separators=(",", ":"))
 
 
 def release_if_in(
@@ -84,9 +62,8 @@ def release_if_in(
     note: tuple[str, str] | None = None,
 ) -> bool:
     """Force-release ``job`` from ``holder`` only while its hold is in one of ``states`` (no
-    run inside it) and ``also()`` agrees; Redis checks the holder, the state and the run token
-    again in the release's own step, so a run that enters meanwhile keeps its lock. ``note``:
-    ``(kind, value)`` kept about the hold in that same step (:meth:`NamedLock.note`)."""
+    run inside it) and ``also()`` agrees; Redis checks all again in the release's own step, so a
+    run that enters meanwhile keeps its lock. ``note``: kept about the hold in that step."""
     if not holder:
         return False
     held = next((s for s in job.inspect() if s.holder == holder), None)
@@ -107,8 +84,7 @@ PERMITS_HEADER = "singleton_lock_permits"
 
 
 class MessageLock(NamedTuple):
-    """The lock a message's publish took, as the message's headers carry it (a tuple: one is
-    made per publish and per run)."""
+    """The lock a message's publish took, as the message's headers carry it."""
 
     name: str
     #: ``None`` in a message from a version that did not send it (the task's prefix applies)
@@ -125,8 +101,7 @@ class MessageLock(NamedTuple):
     @classmethod
     def of(cls, headers: Any) -> MessageLock | None:
         """The lock a message's headers name (a mapping, or a worker's request), or ``None``."""
-        # A worker's request keeps the headers as attributes: read them there (a run reads
-        # them once, its Context's get() is a getattr per header).
+        # A worker's request keeps the headers as attributes (its get() is a getattr each).
         get = vars(headers).get if type(headers) is Context else getattr(headers, "get", None)
         if get is None:
             return None
@@ -142,13 +117,10 @@ class MessageLock(NamedTuple):
 
 
 def store_retry(task: Any, request: Any) -> None:
-    """Record the run of ``request`` as ``RETRY`` now, as Celery's tracer would for a
-    ``Retry``, but *before* the message that brings the call back is sent: a comeback run at
-    once by another worker may store its ``SUCCESS`` within milliseconds, and the result
-    backend's guard against overwriting it reads, then writes, not atomically. The run then
-    ends with ``Ignore`` (nothing stored after). Like the tracer: not in eager mode, nor for an
-    ignored result (unless ``store_errors_even_if_ignored``); a failed write is logged, and the
-    call still comes back."""
+    """Record the run of ``request`` as ``RETRY`` as Celery's tracer would, but *before* the
+    message that brings the call back is sent: a comeback run at once elsewhere may store its
+    ``SUCCESS`` within milliseconds, and the backend's guard against overwriting it is not
+    atomic. The run then ends with ``Ignore``. A failed write is logged only."""
     if request.is_eager:
         return
     ignore = vars(request).get("ignore_result")
@@ -165,8 +137,7 @@ def store_retry(task: Any, request: Any) -> None:
 
 
 def store_skipped(task: Any, request: Any, meta: dict[str, Any]) -> None:
-    """Record the run of ``request`` as :data:`SKIPPED` with ``meta`` (not in eager mode, nor
-    without a result backend)."""
+    """Record the run of ``request`` as :data:`SKIPPED` with ``meta`` (not in eager mode)."""
     if not request.is_eager:
         with suppress(NotImplementedError):  # no result backend configured
             task.backend.store_result(request.id, meta, SKIPPED, request=request)
@@ -194,16 +165,14 @@ def set_job_observer(new: JobObserver | None) -> None:
 
 
 def report_duplicate(task: Any, action: str) -> None:
-    """Count a duplicate of ``task`` and what was done with it (see :class:`JobObserver`), for
-    the metrics and in Redis (:mod:`.counts`)."""
+    """Count a duplicate of ``task`` and what was done with it (:class:`JobObserver`)."""
     count(task, "duplicates:" + action)
     if observer is not None:
         observer.duplicate(task.name, action)
 
 
 def report_refusal(task: Any, reason: str) -> None:
-    """Count why a call of ``task`` was refused (see :class:`JobObserver`), for the metrics
-    and in Redis (:mod:`.counts`)."""
+    """Count why a call of ``task`` was refused (:class:`JobObserver`)."""
     count(task, "refusals:" + reason)
     if observer is not None:
         observer.refused_by(task.name, reason)

@@ -1,16 +1,8 @@
 """A job's life as one table: the state of its hold, each event that meets it, and what follows
-(the next state, what Redis does, the answer the call gets), with each mode's and option's
-difference as the row's condition.
-
-The states are the hold states Redis keeps (:class:`HoldState`, the lock layer's ``state``
-field), plus :data:`FREE`, a job nobody holds (no key in Redis). With ``lock_at="queue"`` a job
-has two holds: its *queued* lock (``queued``, ``requeued``) and its run lock (``running``,
-``cooldown``); the table names which one a row is about.
-
-The code takes the states it writes from :func:`written` (module constants computed once at
-import: no cost per call), and ``tests/test_job_model.py`` drives every event of this table
-through the real code on a real Redis, over every combination of options the class check
-admits. ``docs/lifecycle.md`` shows :func:`lifecycle_table` (a test keeps them equal).
+(the next state, what Redis does, the answer), each mode's and option's difference as a row's
+condition. The code takes the states it writes from :func:`written` (once, at import);
+``tests/test_job_model.py`` drives every event through the real code on a real Redis, and
+``docs/lifecycle.md`` shows :func:`lifecycle_table`.
 """
 
 from __future__ import annotations
@@ -31,16 +23,14 @@ __all__ = [
 
 
 class HoldState(StrEnum):
-    """The state of a task's hold (its value is the label Redis keeps; ``locks list`` shows
-    it). A hold never has an empty state."""
+    """The state of a task's hold (the label Redis keeps; ``locks list`` shows it)."""
 
     #: a message waits in a queue (its publish took the hold); no run of it has started
     QUEUED = "queued"
     #: a run holds it
     RUNNING = "running"
-    #: a run started and its message waits again (a retry's countdown, a rate comeback, a
-    #: redelivery after its worker was lost): never replaced by a debounce, never purged as
-    #: queued; its own message re-enters it, and nothing else
+    #: a run started and its message waits again (a retry, a rate comeback, a redelivery):
+    #: never replaced by a debounce nor purged as queued; only its own message re-enters it
     REQUEUED = "requeued"
     #: the job ended, and its key stays taken for ``lock_cooldown``
     COOLDOWN = "cooldown"
@@ -48,7 +38,7 @@ class HoldState(StrEnum):
 
 #: the table's state of a job that nobody holds (nothing in Redis)
 FREE = "free"
-#: every state of the table: a hold Redis keeps is in one of the first four
+#: every state of the table
 STATES: tuple[str, ...] = (*HoldState, FREE)
 
 
@@ -79,9 +69,8 @@ class Event(StrEnum):
 
 @dataclass(frozen=True)
 class Step:
-    """One row: ``event`` meets a hold in one of ``before`` (under ``when``, a condition on the
-    options or the moment; ``""``: always) and leaves it in ``after``; ``redis``: what is
-    written; ``answer``: what the call (or the caller) gets."""
+    """One row: ``event`` meets a hold in one of ``before`` (under ``when``; ``""``: always) and
+    leaves it in ``after``; ``redis``: what is written; ``answer``: what the call gets."""
 
     event: Event
     before: tuple[str, ...]
@@ -185,8 +174,7 @@ TABLE: tuple[Step, ...] = (
 
 
 def written(event: Event, when: str = "") -> HoldState:
-    """The hold state ``event`` writes (the row whose condition contains ``when``), as the
-    code writes it: one lookup at import, never per call."""
+    """The hold state ``event`` writes (the row whose condition contains ``when``)."""
     found = {s.after for s in TABLE if s.event == event and when in s.when}
     states = [HoldState(s) for s in found if s in HoldState.__members__.values()]
     if len(states) != 1:
@@ -207,16 +195,11 @@ AT_RETRY = written(Event.RETRY)
 AT_COMEBACK = written(Event.RATE_REFUSAL, "lock_at='publish'")
 AT_COOLDOWN = written(Event.BODY_SUCCESS, "lock_cooldown")
 AT_REDELIVERY = written(Event.WORKER_LOST, "reject_on_worker_lost")
-#: the states a debounce replaces, a dropped message frees, a revoked holder is freed in
-#: and a purge --queued frees
+#: the states a debounce replaces, a dropped message frees, a revoke frees, a purge frees
 REPLACEABLE = _held_before(Event.DEBOUNCE_REPLACE)
 DROPPABLE = _held_before(Event.MESSAGE_DROPPED)
 REVOCABLE = _held_before(Event.REVOKE)
 PURGEABLE = _held_before(Event.OPERATOR_PURGE)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
 
 
 def lifecycle_table() -> str:
@@ -234,5 +217,5 @@ def lifecycle_table() -> str:
             s.redis,
             s.answer,
         )
-        rows.append("| " + " | ".join(_cell(str(c)) for c in cells) + " |")
+        rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)

@@ -47,12 +47,10 @@ class TaskLocking:
         task_class: Any,
     ) -> None:
         self.options = options
-        #: the class whose extension points (``key_prefix``, ``queue_lease``, ``key_encoder``:
-        #: see ``LockedTask``) resolve the prefix, the queued lease and the names' encoder
+        #: the class whose extension points (``key_prefix``, ``queue_lease``, ``key_encoder``)
         self.task_class = task_class
         self.signature = signature
-        #: arguments that do not fit the signature raise ``TypeError`` rather than make a key of
-        #: their own (Celery's ``Task.typing`` checks them at publish the same way)
+        #: arguments that do not fit the signature raise ``TypeError`` (as ``Task.typing``)
         self.strict = strict
         self.mode: RunMode = mode_for(options)
         self._bound: Bound | None = None
@@ -62,8 +60,8 @@ class TaskLocking:
         """Read and check the options of ``task_class`` (a subclass of ``base``, whose
         attributes are the defaults): an error names the task and the option."""
         defaults = LockOptions()
-        # An option counts as set when a class below ``base`` defines it, even to its default
-        # (lock_limit=1 beside lock_rate means one at a time, not lock_rate alone).
+        # Set when a class below ``base`` defines it, even to its default (lock_limit=1 beside
+        # lock_rate means one at a time, not lock_rate alone).
         below = task_class.__mro__[: task_class.__mro__.index(base)]
         raw = {}
         for name in OPTION_NAMES:
@@ -74,8 +72,7 @@ class TaskLocking:
                 raw[name] = value
         task = str(task_class.__dict__.get("name") or task_class.__qualname__)
         # Celery turns every decorator keyword into a class attribute: a misspelt option would
-        # otherwise be ignored in silence. A subclass may name lock_* attributes of its own (a
-        # drop-in's lock_expiry) in own_lock_attributes.
+        # be ignored in silence (own_lock_attributes: a subclass's own, a drop-in's lock_expiry).
         own: set[str] = set()
         for klass in task_class.__mro__:
             own.update(vars(klass).get("own_lock_attributes", ()))
@@ -119,26 +116,21 @@ class TaskLocking:
         bound = self._bound
         if bound is None or bound.config is not config:
             ttl = config.ttl if self.options.lock_ttl is None else self.options.lock_ttl
-            bound = self._bound = Bound(config, config.space(self.prefix(app)), ttl)
+            space = config.space(self.task_class.key_prefix(app))
+            bound = self._bound = Bound(config, space, ttl)
         return bound
-
-    def prefix(self, app: Any) -> str:
-        """The prefix of the class's keys (``LockedTask.key_prefix``)."""
-        prefix: str = self.task_class.key_prefix(app)
-        return prefix
 
     def space(self, app: Any) -> LockSpace:
         return self.bound(app).space
 
     def queue_ttl(self, app: Any) -> float:
-        """The lease of a publish-time (or parked) hold while its message waits
-        (``LockedTask.queue_lease``)."""
+        """The lease of a hold while its message waits (``LockedTask.queue_lease``)."""
         lease: float = self.task_class.queue_lease(app)
         return lease
 
     def states(self, app: Any, name: str) -> list[LockState]:
         """Every lock of the job ``name`` as Redis has it now: its slots, then its queued lock
-        when its message holds another one (``lock_at="queue"``)."""
+        (``lock_at="queue"``)."""
         limit = self.options.lock_limit
         if limit is None:
             return []  # lock_rate alone: the job holds no lock

@@ -1,36 +1,24 @@
-"""The optional parts of a job's hold: its cooldown and its debounce, each made once per task
-class (``None`` when the option is not set) and asked by the class's mode.
+"""The optional parts of a job's hold, made once per task class and asked by its mode.
 
-* :class:`Cooldown` (``lock_cooldown``): a run that ends *parks* its hold for the cooldown
-  instead of releasing it (kept in Redis under the task id, unrenewed, in state ``cooldown``);
-  a duplicate meanwhile is refused as one of a running job, and the lease ending is the end.
-* :class:`Debounce` (``lock_debounce``): each call is sent that many seconds later, and a call
-  that finds its job's message still waiting (state ``queued``) *replaces* it: that hold is
-  force-released (checked again in Redis) and the new call takes it. The replaced message still
-  arrives; its run ends ``SKIPPED`` (reason ``"replaced"``). What says so is a note the
-  replace writes in the release's own step, beside the lock, for as long as the replaced
-  hold had lease left (the replaced message may arrive until then): it is read as a debounced
-  run starts, so a replaced message that arrives after its replacement ran and let the lock go
-  (free again) is still skipped.
+* :class:`Cooldown` (``lock_cooldown``): a run that ends *parks* its hold for the cooldown (state
+  ``cooldown``, unrenewed) instead of releasing it; a duplicate meanwhile is refused.
+* :class:`Debounce` (``lock_debounce``): each call is sent that much later, and a call that finds
+  its job's message still waiting (``queued``) *replaces* it: that hold is force-released and the
+  new call takes it. The release writes a note, kept for as long as the replaced message may
+  arrive, that ends its run ``SKIPPED`` (reason ``"replaced"``), even after its replacement ran.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from celery.exceptions import Ignore
 
 from .._errors import LockBackendError
 from .._lock import NamedLock, ReentrantLock
-from .hold import (
-    HoldState,
-    holder_info,
-    release_if_in,
-    report_duplicate,
-    report_refusal,
-    store_skipped,
-)
+from .hold import holder_info, release_if_in, report_duplicate, report_refusal, store_skipped
 from .lifecycle import AT_COOLDOWN, REPLACEABLE
 
 __all__ = ["REPLACED", "Cooldown", "Debounce"]
@@ -42,15 +30,13 @@ log_debounce = logging.getLogger("celery_singleton_lock.debounce")
 REPLACED = "replaced"
 
 
+@dataclass(frozen=True, slots=True)
 class Cooldown:
     """``lock_cooldown`` seconds after a run (a failed one too, unless
     ``lock_cooldown_on_failure=False``)."""
 
-    __slots__ = ("on_failure", "seconds")
-
-    def __init__(self, seconds: float, on_failure: bool) -> None:
-        self.seconds = seconds
-        self.on_failure = on_failure
+    seconds: float
+    on_failure: bool
 
     def after(self, failed: bool) -> float | None:
         """The cooldown a run that ended starts (``failed``: it raised, or its process died)."""
@@ -61,8 +47,7 @@ class Cooldown:
         try:
             kept = lock.park(seconds, holder_info(task_name, lock.owner), AT_COOLDOWN)
         except LockBackendError as exc:
-            # Unrenewed either way: it ends with the cooldown if the park ran, else with the
-            # rest of the run's lease; neither keeps it longer.
+            # unrenewed either way: it ends with the cooldown or the rest of the run's lease
             log_cooldown.error(
                 "could not start the cooldown of %s after task %s (%s); the lock ends when its "
                 "lease does (at most %.0f s from now)",
@@ -80,10 +65,9 @@ class Cooldown:
 
     @staticmethod
     def holds(job: NamedLock, holder: str) -> bool:
-        """Whether ``holder`` holds ``job`` for a cooldown (one read, made only to say why a
-        duplicate was refused; a read that fails says no)."""
+        """Whether ``holder`` holds ``job`` for a cooldown (a read that fails says no)."""
         try:
-            return any(s.holder == holder and s.state == HoldState.COOLDOWN for s in job.inspect())
+            return any(s.holder == holder and s.state == AT_COOLDOWN for s in job.inspect())
         except Exception:
             return False
 
@@ -101,17 +85,14 @@ def refusal_reason(task: Any, cooldown: Cooldown | None, job: NamedLock, holder:
     return reason
 
 
+@dataclass(frozen=True, slots=True)
 class Debounce:
     """``lock_debounce`` seconds: the last call of a job within them runs."""
 
-    __slots__ = ("seconds",)
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    seconds: float
 
     def delay(self, task: Any, task_id: str, options: dict[str, Any]) -> None:
-        """Send the call ``seconds`` later, unless the caller gave a countdown or eta of its
-        own (Celery's options win: said at DEBUG)."""
+        """Send the call ``seconds`` later, unless the caller gave a countdown or eta."""
         for given in ("countdown", "eta"):
             if options.get(given) is not None:
                 if task_id != task.request.id:  # a retry's countdown is not the caller's
@@ -126,8 +107,7 @@ class Debounce:
         options["countdown"] = self.seconds
 
     def replace(self, task: Any, job: NamedLock, holder: str, by: str) -> bool:
-        """Free ``job`` from ``holder`` if its hold is a message still waiting (not a run, a
-        retry or a cooldown), so the call ``by`` can take it."""
+        """Free ``job`` from ``holder`` if its hold is a message still waiting, for ``by``."""
         if not release_if_in(job, holder, REPLACEABLE, note=(REPLACED, by)):
             return False
         task.locking.mode.replaced(task, job, holder, by)
@@ -139,14 +119,6 @@ class Debounce:
         )
         report_duplicate(task, "replaced")
         return True
-
-    @staticmethod
-    def skip_if_replaced(task: Any, request: Any, job: NamedLock) -> None:
-        """End the run of ``request`` as replaced if a later call replaced its message's hold
-        on ``job`` (its message lock): one read, made by a debounced run only."""
-        by = job.note(REPLACED, request.id)
-        if by is not None:
-            skip_replaced(task, request, job.keys[0].lock, by)
 
 
 def skip_replaced(task: Any, request: Any, key: str, by: str) -> NoReturn:

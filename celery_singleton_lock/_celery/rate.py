@@ -1,15 +1,7 @@
-"""``lock_rate``: at most N starts per period per key, across every worker, on Redis's clock
-(the lock layer's :class:`RateLimiter`). :class:`TaskRate` is made once per task class and asked
-by its mode as a run starts: after the job's lock (if any) is taken and just before the body,
-so the limiter counts a start when it happens.
-
-A call over the limit is not failed: the limiter reserves it a turn and the call comes back at
-that turn, as a copy of its message with a countdown, the same task id and the same
-``retries`` (``max_retries`` never sees it); its own count travels in the header
-:data:`RATE_HEADER`. Past ``lock_rate_max_delay`` from its first refusal, ``lock_on_locked``
-applies. A body that raises :class:`RateLimited` (or an exception the task's
-``rate_limit_pause`` maps to seconds) pauses the whole limiter, and the call comes back after
-the pause.
+"""``lock_rate``: at most N starts per period per key, across every worker, on Redis's clock. A
+call over the limit comes back at the turn its limiter reserved, as a copy of its message with
+a countdown, the same task id and ``retries``; past ``lock_rate_max_delay`` ``lock_on_locked``
+applies. A body that raises :class:`RateLimited` pauses the whole limiter.
 """
 
 from __future__ import annotations
@@ -39,24 +31,21 @@ RATE_HEADER = "singleton_lock_rate"
 #: instead of coming back: about what a comeback itself takes on a busy worker
 NEAR_TURN = 0.25
 
-#: the mode's say on the job's hold (its ``yield_hold``) as a call waits for its turn:
-#: ``let_go(countdown)`` for a comeback due in ``countdown`` seconds, ``let_go(None)`` when
-#: nothing comes back
+#: the mode's ``yield_hold``: ``let_go(countdown)`` for a comeback, ``let_go(None)`` for none
 LetGo = Callable[[float | None], None]
 
 
 @dataclass(frozen=True, slots=True)
 class Waited:
-    """How long a call has waited for its turn: its comebacks so far, and its first refusal on
-    Redis's clock (Unix seconds; 0.0: never refused)."""
+    """A call's comebacks so far, and its first refusal on Redis's clock (0.0: never)."""
 
     comebacks: int = 0
     since: float = 0.0
 
     @classmethod
     def of(cls, request: Any) -> Waited:
-        """The wait the message of ``request`` carries: only a comeback's own (a later retry
-        of the run copies the headers along, with another ``retries``)."""
+        """The wait a comeback's message carries (a later retry copies the header along, with
+        another ``retries``)."""
         get = getattr(request, "get", None)
         value = None if get is None else get(RATE_HEADER)
         if (
@@ -69,12 +58,9 @@ class Waited:
             return cls(value[0], float(value[1]))
         return cls()
 
-    def header(self, retries: int) -> list[Any]:
-        return [self.comebacks, self.since, retries]
-
 
 class Turn(NamedTuple):
-    """A call admitted by its limiter: the limiter, and its reply (``reply.at``: the start)."""
+    """A call admitted by its limiter, and its reply (``reply.at``: the start)."""
 
     limiter: RateLimiter
     reply: RateReply
@@ -89,21 +75,12 @@ class TaskRate:
         self.rate = options.lock_rate
         self.key = options.lock_rate_key
         self.max_delay = options.lock_rate_max_delay
-        #: ``lock_rate`` or ``lock_rate_key`` is a callable: each call's answer is checked
         self.asks = callable(self.rate) or callable(self.key)
-        #: the one limiter of a fixed name and rule, with the lock space it was made for
+        #: the limiter of a fixed name and rule, with the lock space it was made for
         self._shared: tuple[Any, RateLimiter] | None = None
 
-    def limiter(
-        self,
-        task: Any,
-        bound: Bound,
-        job: str,
-        args: Sequence[Any] | None,
-        kwargs: Mapping[str, Any] | None,
-    ) -> RateLimiter:
-        """The limiter of one call of the job ``job`` (its lock name): the one the call's
-        arguments name (``lock_rate_key``), else the job's own, under its rule."""
+    def limiter(self, task: Any, bound: Bound, job: str, args: Any, kwargs: Any) -> RateLimiter:
+        """The limiter of one call of the job ``job`` (its lock name)."""
         key, rate = self.key, self.rate
         if isinstance(key, str) and isinstance(rate, Rate):
             # one limiter for every call: made once per app config, not per call
@@ -115,16 +92,10 @@ class TaskRate:
         return bound.space.rate_limiter(name, rule)
 
     def answer(
-        self,
-        task: Any,
-        job: str,
-        args: Sequence[Any] | None,
-        kwargs: Mapping[str, Any] | None,
+        self, task: Any, job: str, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
     ) -> tuple[str, Rate]:
-        """The limiter's name and rule for one call of the job ``job``: ``lock_rate`` and
-        ``lock_rate_key`` asked when they are callables, and their answers checked (a clear
-        ``TypeError`` or ``ValueError`` naming them); nothing is read or written in Redis. A
-        publish asks it before it takes the job's lock."""
+        """The limiter's name and rule for one call: ``lock_rate`` and ``lock_rate_key`` asked
+        when callables, their answers checked (a ``TypeError`` or ``ValueError`` naming them)."""
         key, rate = self.key, self.rate
         args, kwargs = args or (), kwargs or {}
         if not isinstance(rate, Rate):
@@ -146,17 +117,16 @@ class TaskRate:
     def admit(
         self, task: Any, request: Any, limiter: RateLimiter, conflict: Any, let_go: LetGo
     ) -> Turn:
-        """This call's turn now, or (it raises) its comeback at its turn: ``let_go`` keeps or
-        frees the job's hold first. An eager call (``task.apply()``) waits here instead."""
+        """This call's turn now, or (it raises) its comeback at its turn. An eager call waits
+        here instead."""
         if request.is_eager:
             reply = limiter.acquire(timeout=self.max_delay, call_id=request.id)
         else:
             reply = limiter.try_acquire(request.id)
             left = self.delay_left(request, reply)
             if not reply.admitted and not reply.paused and reply.wait <= min(NEAR_TURN, left):
-                # A turn this near is the window's last starts leaving it (their calls came
-                # back some ms after their own turns): wait for it here, not by a comeback,
-                # which would take longer than the wait and come back late again.
+                # A turn this near is the window's last starts leaving it: wait here, not by a
+                # comeback, which would take longer and come back late again.
                 timeout = min(reply.wait + NEAR_TURN, left)
                 reply = limiter.acquire(timeout=timeout, call_id=request.id)
         if reply.admitted:
@@ -165,22 +135,14 @@ class TaskRate:
         self.wait_turn(task, request, limiter, reply, conflict, let_go)
 
     def delay_left(self, request: Any, reply: RateReply) -> float:
-        """Seconds of ``lock_rate_max_delay`` the call has left at ``reply``, counted from its
-        first refusal."""
+        """Seconds of ``lock_rate_max_delay`` left at ``reply``, from the first refusal."""
         since = Waited.of(request).since or reply.at
         return self.max_delay - (reply.at - since)
 
     def paused(
-        self,
-        task: Any,
-        request: Any,
-        turn: Turn,
-        seconds: float,
-        conflict: Any,
-        let_go: LetGo,
+        self, task: Any, request: Any, turn: Turn, seconds: float, conflict: Any, let_go: LetGo
     ) -> NoReturn:
-        """The body said "slow down" for ``seconds``: pause the limiter for every worker, and
-        come back after the pause."""
+        """The body said "slow down": pause the limiter for every worker, come back after."""
         limiter = turn.limiter
         left = limiter.pause(seconds)
         log.warning(
@@ -205,7 +167,7 @@ class TaskRate:
         let_go: LetGo,
     ) -> NoReturn:
         """Come back at the turn ``reply`` gives, or past ``lock_rate_max_delay`` hand the call
-        to ``lock_on_locked`` (``conflict``)."""
+        to ``lock_on_locked``."""
         waited = Waited.of(request)
         since = waited.since or reply.at
         if request.is_eager or reply.wait > self.delay_left(request, reply):
@@ -225,16 +187,14 @@ class TaskRate:
             )
             refusal = AcquireReply(False, lease_left=reply.wait)
             conflict.refused(task, request, limiter.name, refusal, "rate")
-        # Its turn is reserved: a little jitter keeps a worker's clock ahead of Redis's from
-        # bringing it back before the turn.
+        # jitter: a worker's clock ahead of Redis's must not bring it back before the turn
         countdown = reply.wait + random.uniform(0.005, 0.02 + reply.wait * 0.02)
         let_go(countdown)
         try:
             come_back(task, request, countdown, Waited(waited.comebacks + 1, since))
         except Reject as unsent:
-            # Not sent (the broker failed): nothing comes back for its turn or for the hold
-            # kept for it; both are let go now, as a retry that cannot be sent lets go, and
-            # only then is the call stored as failed (a caller that sees FAILURE may call again).
+            # Not sent: its turn and its hold are let go first, and only then is the call
+            # stored as failed (a caller that sees FAILURE may call again).
             try:
                 limiter.cancel(request.id)
             finally:
@@ -246,14 +206,12 @@ class TaskRate:
 
 
 def come_back(task: Any, request: Any, countdown: float, waited: Waited) -> NoReturn:
-    """Send the call again in ``countdown`` seconds, as Celery's ``Task.retry`` does but with
-    the same ``retries``, and end this run. Its ``RETRY`` state is stored *before* the comeback
-    is sent, and the run ends with ``Ignore`` (nothing stored after it): a comeback that runs
-    at once elsewhere stores its result last. A comeback that cannot be sent raises ``Reject``
-    with the broker's error (the caller stores ``FAILURE`` once it has let go of what it kept)."""
+    """Send the call again in ``countdown`` seconds, as ``Task.retry`` does but with the same
+    ``retries``, and end this run (``Ignore``, its ``RETRY`` stored before the send). A
+    comeback that cannot be sent raises ``Reject`` with the broker's error."""
     retries = request.retries or 0
     headers = dict(request.headers or {})
-    headers[RATE_HEADER] = waited.header(retries)
+    headers[RATE_HEADER] = [waited.comebacks, waited.since, retries]
     sig = task.signature_from_request(
         request, countdown=countdown, retries=retries, headers=headers
     )

@@ -1,12 +1,7 @@
 """A run of a locked task: the lock taken before the body, let go as the body returns and
-*before* the worker stores the result (a caller who saw the result and publishes the job again
-gets a new run), or kept for a retry or a cooldown.
-
-The owner is the task id, so a publish's hold is re-entered by its own run; each delivery has a
-run token of its own, so a message redelivered while its first run lives is refused. A retry
-*parks* the hold (kept in Redis, unrenewed, long enough for the countdown) before the retry is
-sent. Per-run state lives with the run's request Context, never on the task instance, which
-serves every run in a process.
+*before* the worker stores the result (a caller who saw the result and publishes again gets a
+new run), or *parked* (kept in Redis, unrenewed) for a retry or a cooldown. Per-run state lives
+with the run's request Context, never on the task instance, which serves every run in a process.
 """
 
 from __future__ import annotations
@@ -14,6 +9,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -38,55 +34,32 @@ log = logging.getLogger("celery_singleton_lock.release")
 _runs: weakref.WeakKeyDictionary[Any, TaskRun] = weakref.WeakKeyDictionary()
 
 
+@dataclass(eq=False, slots=True)
 class TaskRun:
-    """One run, from its lock's check to its end. ``lock``: its hold on its job's lock
-    (``None``: it holds none, released at its start or going on without Redis); ``after_end``
-    and ``after_park``: what its mode does once the hold is let go, or parked for a retry (the
-    queue mode wakes the copy that waits for the end). ``after_end(seconds)``: the job stays
-    taken that much longer (its cooldown; 0.0: it is free now)."""
+    """One run, from its lock's check to its end. ``lock``: its hold on its job's lock (``None``:
+    it holds none); ``after_end(seconds)`` and ``after_park()``: what its mode does once the hold
+    is let go (or parked for a cooldown of ``seconds``), or parked for a retry."""
 
-    __slots__ = (
-        "after_end",
-        "after_park",
-        "body_started",
-        "finished",
-        "lock",
-        "parked",
-        "start",
-        "task",
-        "turn",
-    )
-
-    def __init__(
-        self,
-        task: Any,
-        lock: ReentrantLock | None,
-        after_end: Callable[[float], None] | None = None,
-        after_park: Callable[[], None] | None = None,
-    ) -> None:
-        self.task = task
-        self.lock = lock
-        self.after_end = after_end
-        self.after_park = after_park
-        self.finished = False
-        self.parked = False
-        #: the class's ``__call__`` chain reached the body: a call of the task from now on is
-        #: a nested call inside its own run
-        self.body_started = False
-        #: its turn under ``lock_rate`` (``None`` without the option), and its app's bound
-        #: config and message lock, what a pause of the limiter gives back (never its request:
-        #: a run is kept by its request weakly, and would keep it alive)
-        self.turn: Turn | None = None
-        self.start: tuple[Bound, str] | None = None
+    task: Any
+    lock: ReentrantLock | None
+    after_end: Callable[[float], None] | None = None
+    after_park: Callable[[], None] | None = None
+    finished: bool = False
+    parked: bool = False
+    #: the body was reached: a call of the task from now on is a nested call inside its run
+    body_started: bool = False
+    #: its ``lock_rate`` turn, and its bound config and message lock for a pause (never its
+    #: request: a run is kept by its request weakly)
+    turn: Turn | None = None
+    start: tuple[Bound, str] | None = None
 
     @property
     def held_lock(self) -> ReentrantLock | None:
         return None if self.finished or self.parked else self.lock
 
     def finish(self, why: str, failed: bool, cooldown: bool = True) -> None:
-        """Release every hold of the task id (its run's and its publish's), or keep it for the
-        task's cooldown (not with ``cooldown=False``: a run that did not happen, for a rate
-        limit); ``failed``: the run raised. Idempotent."""
+        """Release every hold of the task id, or park it for the task's cooldown (not with
+        ``cooldown=False``); ``failed``: the run raised. Idempotent."""
         lock = self.lock
         if self.finished or self.parked or lock is None:
             return
@@ -100,8 +73,7 @@ class TaskRun:
                 and cooling is not None
                 and cooling.start(task.name, lock, seconds)
             ):
-                # The end of the run all the same: a copy that waits for it (queue mode) is
-                # woken to come back as the cooldown ends, not at its fallback.
+                # a copy that waits (queue mode) comes back as the cooldown ends
                 if self.after_end is not None:
                     self.after_end(seconds)
                 return
@@ -182,8 +154,7 @@ def current_run(request: Any) -> TaskRun | None:
     return _runs.get(request)
 
 
-#: what a run raises before its body on purpose (a refused duplicate, a redelivery of a run
-#: still alive, a retry); anything else is a run that failed
+#: what a run raises before its body on purpose; anything else is a run that failed
 _NOT_A_FAILURE = (Ignore, Retry, Reject, TaskLockedError)
 
 
@@ -196,9 +167,8 @@ def run_locked(
     *,
     body_is_run: bool = False,
 ) -> Any:
-    """``body(*args, **kwargs)`` (the rest of the class's ``__call__`` chain) under the job's
-    lock: ``LockedTask.__call__``. ``body_is_run``: ``body`` is the task's body itself (no
-    ``__call__`` of the chain in between), which the run is marked as having reached."""
+    """``LockedTask.__call__``: ``body(*args, **kwargs)`` (the rest of the ``__call__`` chain)
+    under the job's lock. ``body_is_run``: ``body`` is the task's body itself."""
     mode = task.locking.mode
     try:
         run = _runs[request] = mode.enter(task, request, args, kwargs)
@@ -235,8 +205,8 @@ def retry_keeping_lock(
     countdown: float | None,
     max_retries: int | None,
 ) -> Any:
-    """``LockedTask.retry``: park the run's hold before the retry message exists (a fast
-    worker may start the retry at once), and take it back if the retry is not sent."""
+    """``LockedTask.retry``: park the run's hold before the retry message exists (a fast worker
+    may start it at once), and take it back if the retry is not sent."""
     request = task.request
     run = _runs.get(request)
     limit = task.max_retries if max_retries is None else max_retries

@@ -1,10 +1,6 @@
-"""The worker's main-process side: a task's lock freed when its pool process cannot free it.
-
-Only the main process hears of a pool process killed (SIGKILL, OOM), a hard time limit, a
-revoke, or a message dropped unrun (a task it does not know, a message it rejects). Celery then
-calls the request's ``on_failure`` / ``on_timeout`` there, or sends ``task_revoked``,
-``task_unknown`` or ``task_rejected``: the lock is released at once (or parked for what comes
-next: a redelivery, a cooldown) instead of waiting for its lease.
+"""The worker's main-process side: a task's lock freed when its pool process cannot free it (a
+pool process killed, a hard time limit, a revoke, a message dropped unrun): released at once,
+or parked for what comes next (a redelivery, a cooldown), instead of waiting for its lease.
 """
 
 from __future__ import annotations
@@ -38,29 +34,17 @@ _CHILD_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, Keybo
 
 
 def release_for_request(
-    task: Any,
-    task_id: str,
-    args: Any,
-    kwargs: Any,
-    headers: Any,
-    why: str,
-    *,
-    requeued: bool = False,
-    ran: bool = False,
-    wait: Any = None,
+    task: Any, task_id: str, args: Any, kwargs: Any, headers: Any, why: str, **how: Any
 ) -> None:
-    """Release the holds of ``task_id`` on its job's lock, from the worker's main process (see
-    the mode's ``release_for``); ``headers``: the message's (they name its lock). Never
-    raises: a lock not released ends with its lease."""
-    locking = getattr(task, "locking", None)
-    mode = getattr(locking, "mode", None)
-    if locking is None or mode is None:
+    """Release the holds of ``task_id`` on its job's lock (the mode's ``release_for``, ``how``
+    its options); ``headers``: the message's. Never raises: a lock not released ends with its
+    lease."""
+    mode = getattr(getattr(task, "locking", None), "mode", None)
+    if mode is None:
         return  # not a locked task
     try:
-        lock = MessageLock.of(headers)
-        message = lock.name if lock is not None else None
-        message = message or mode.message_lock(locking.lock_name(task.name, args, kwargs))
-        mode.release_for(task, task_id, message, why, requeued=requeued, ran=ran, wait=wait)
+        message = mode.message_lock_of(task, headers, args, kwargs)
+        mode.release_for(task, task_id, message, why, **how)
     except Exception as exc:
         log.error(
             "could not release the lock of %s[%s] after %s: %s; it frees itself when its "
@@ -89,9 +73,9 @@ def on_task_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> N
 
 
 def _release_dropped(consumer: Any, message: Any, why: str) -> None:
-    """A message the worker drops unrun: no run will ever release the lock its publisher took
-    for it. Freed where its headers say (its prefix too: the task may be unknown here), only
-    while its task id holds it for a message that waits, checked in Redis."""
+    """A message the worker drops unrun: free the lock its publisher took for it, where its
+    headers say (the task may be unknown here), only while its task id holds it for a message
+    that waits, checked in Redis."""
     headers = getattr(message, "headers", None) or {}
     lock, task_id = MessageLock.of(headers), headers.get("id")
     app = getattr(consumer, "app", None)
@@ -102,9 +86,8 @@ def _release_dropped(consumer: Any, message: Any, why: str) -> None:
         job = space.named(lock.name, lock.permits)
         freed = job.force_release(holder=task_id, states=DROPPABLE)
         if lock.name.endswith(QUEUED):
-            # lock_at="queue": the message of a retry (or a comeback, a redelivery) whose run
-            # parked its hold on the job's lock for it: nothing else will ever free it (the
-            # task's slots when this worker knows it, else the job's first).
+            # lock_at="queue": a retry (comeback, redelivery) whose run parked its hold on the
+            # job's lock for it: nothing else will ever free it.
             task = getattr(app, "tasks", {}).get(headers.get("task"))
             mode = getattr(getattr(task, "locking", None), "mode", None)
             run = space.named(lock.name[: -len(QUEUED)], getattr(mode, "limit", 1))
@@ -188,13 +171,14 @@ LOCKED_REQUEST = f"{__name__}:LockedRequest"
 
 def _composed(own: Any, task: str) -> type[Request]:
     request_cls = symbol_by_name(own) if isinstance(own, str) else own  # type: ignore[no-untyped-call]  # kombu: unannotated
-    if not (isinstance(request_cls, type) and issubclass(request_cls, Request)):
+    is_class = isinstance(request_cls, type)
+    if is_class and issubclass(request_cls, LockedRequest):
+        return request_cls  # type: ignore[no-any-return]
+    if not (is_class and issubclass(request_cls, Request)):
         raise TypeError(
             f"{task}.Request must be a subclass of celery.worker.request.Request (or its "
             f"'module:Class' path), got {own!r}"
         )
-    if issubclass(request_cls, LockedRequest):
-        return request_cls
     # LockedRequest's hooks call super(): the task's own Request runs after them, unchanged.
     composed: type[Request] = type(
         request_cls.__name__,
@@ -205,10 +189,8 @@ def _composed(own: Any, task: str) -> type[Request]:
 
 
 class _LockedRequestOf:
-    """``Request`` of a locked task class that brings its own: that class with
-    :class:`LockedRequest` put in front, made the first time the worker asks (a
-    ``'module:Class'`` path may name a module that is not importable yet when the task class
-    is made)."""
+    """``Request`` of a locked task class that names its own by path: composed the first time
+    the worker asks (the module may not be importable yet when the task class is made)."""
 
     composes_locked_request = True
 
@@ -224,9 +206,8 @@ class _LockedRequestOf:
 
 
 def with_locked_request(own: Any, task: str) -> Any:
-    """The ``Request`` of a locked task class (named ``task`` in errors) whose MRO defines
-    ``own``: a class is composed now (a wrong one fails when the task class is made), a path
-    when the worker first resolves it."""
+    """The ``Request`` of a locked task class (named ``task`` in errors) that defines ``own``:
+    :class:`LockedRequest` put in front of it."""
     if isinstance(own, str):
         return _LockedRequestOf(own, task)
     composed = _composed(own, task)

@@ -1,8 +1,5 @@
-"""One object per ``lock_at`` mode, chosen once per task class: :class:`RunMode` (``"run"``),
-:class:`PublishMode` (``"publish"``) and :class:`QueueMode` (``"queue"``). A mode owns the
-job's life in its mode: what a publish takes, what a run takes and gives back, what the
-worker's main process does for a run whose pool process cannot; the job's limit, cooldown and
-debounce are parts it was made with."""
+"""One object per ``lock_at`` mode, chosen once per task class: it owns the job's life in its mode
+(what a publish takes, what a run takes and gives back, what the worker's main process frees)."""
 
 from __future__ import annotations
 

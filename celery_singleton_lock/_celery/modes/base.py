@@ -1,20 +1,13 @@
-"""``lock_at="run"``, and what every mode shares: the run takes its job's lock (with
-``lock_limit`` above 1, one of its leased slots) before the body and lets it go as the body
-returns; a duplicate that reaches a worker meanwhile is handled as ``lock_on_locked`` says.
-
-A mode is made once per task class, with the class's options and its parts (its cooldown, its
-``lock_on_locked`` choice); :mod:`.publish` and :mod:`.queue` extend it. Its methods are the
-job's life: ``enter`` (a run starts), ``yield_hold`` (a call waits for its ``lock_rate`` turn),
-what a run's end or retry does (:mod:`..run`), and ``release_for`` (the worker's main process,
-for a run whose pool process cannot).
-"""
+"""``lock_at="run"``, and what every mode shares: the run takes its job's lock (or one of its
+``lock_limit`` slots) before the body and lets it go as the body returns; a duplicate meanwhile
+is handled as ``lock_on_locked`` says. :mod:`.publish` and :mod:`.queue` extend it."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from typing import Any, ClassVar, NamedTuple, NoReturn
+from typing import Any, ClassVar, NamedTuple
 
 from celery import states
 from celery.exceptions import Ignore
@@ -31,20 +24,20 @@ from ..._lock import (
 from ..config import Bound
 from ..conflict import Conflict, conflict_for
 from ..hold import MessageLock, holder_info, release_if_in
-from ..lifecycle import AT_COOLDOWN, AT_REDELIVERY, AT_RUN, REVOCABLE
+from ..lifecycle import AT_COMEBACK, AT_COOLDOWN, AT_REDELIVERY, AT_RUN, REVOCABLE
 from ..options import LockOptions
 from ..parts import Cooldown, refusal_reason
 from ..rate import TaskRate, Turn
 from ..run import TaskRun
 
-__all__ = ["Attempt", "Mode", "RunMode", "free_revoked_holder"]
+__all__ = ["Attempt", "RunMode", "free_revoked_holder"]
 
 log = logging.getLogger("celery_singleton_lock.run")
 log_release = logging.getLogger("celery_singleton_lock.release")
 
 
 class Attempt(NamedTuple):
-    """A run taking its job's lock: what each step of its start is given."""
+    """A run taking its job's lock."""
 
     task: Any
     request: Any
@@ -57,7 +50,6 @@ class RunMode:
     """``lock_at="run"``: held while the task runs."""
 
     name: ClassVar[str] = "run"
-    #: a publish takes a lock for its message
     at_publish: ClassVar[bool] = False
 
     def __init__(self, options: LockOptions) -> None:
@@ -73,15 +65,13 @@ class RunMode:
         )
         self.rate = None if options.lock_rate is None else TaskRate(options)
 
-    # -- the job's locks --------------------------------------------------------------------
-
     @property
     def message_permits(self) -> int:
         """How many messages of one job may hold its message lock at once."""
         return 1
 
     def message_lock(self, name: str) -> str:
-        """The lock a queued message of the job ``name`` holds (its publish takes it)."""
+        """The lock a queued message of the job ``name`` holds."""
         return name
 
     def run_lock(self, message_lock: str) -> str:
@@ -89,20 +79,15 @@ class RunMode:
         return message_lock
 
     def job_of(self, at: Attempt) -> NamedLock:
-        """The job's lock that the run of ``at`` takes, to act on in Redis."""
         return at.bound.space.named(self.run_lock(at.message), self.limit)
 
-    def message_lock_of(
-        self, task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> str:
-        """The lock this run's message holds or would hold: the one its headers name (its
-        publish took it), else the one its arguments make."""
+    def message_lock_of(self, task: Any, request: Any, args: Any, kwargs: Any) -> str:
+        """The lock a message holds or would hold: the one its headers (or request) name, else
+        the one its arguments make."""
         lock = MessageLock.of(request)
         if lock is not None:
             return lock.name
         return self.message_lock(task.locking.lock_name(task.name, args, kwargs))
-
-    # -- a run starts -----------------------------------------------------------------------
 
     def enter(
         self, task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -123,14 +108,23 @@ class RunMode:
             )
             return TaskRun(task, None)
 
+    def check_rate(self, task: Any, name: str, args: Any, kwargs: Any) -> None:
+        """A ``lock_rate`` or ``lock_rate_key`` callable's bad answer fails the call here,
+        before its lock is taken."""
+        if self.rate is not None and self.rate.asks:
+            self.rate.answer(task, name, args, kwargs)
+
+    def limiter_of(self, at: Attempt) -> RateLimiter | None:
+        """The call's ``lock_rate`` limiter (a callable that fails does so before any write)."""
+        if self.rate is None:
+            return None
+        name = self.run_lock(at.message)
+        return self.rate.limiter(at.task, at.bound, name, at.request.args, at.request.kwargs)
+
     def take(self, at: Attempt) -> TaskRun:
         task, request, bound, message = at
         name = self.run_lock(message)
-        # The call's limiter first: a lock_rate or lock_rate_key callable that fails does so
-        # before anything is written.
-        limiter = None
-        if self.rate is not None:
-            limiter = self.rate.limiter(task, bound, name, request.args, request.kwargs)
+        limiter = self.limiter_of(at)
         if not self.holds_lock:  # lock_rate alone: no lock, the limiter only
             assert limiter is not None, "lock_limit=None is refused without lock_rate"
             run = TaskRun(task, None)
@@ -163,80 +157,85 @@ class RunMode:
         return self.refused(at, self.job_of(at), lock, reply)
 
     def started(self, at: Attempt, held: ReentrantLock, limiter: RateLimiter | None) -> TaskRun:
-        """The run took its job's lock (``held``): its ``lock_rate`` turn, then its start.
-        Every way a run gets the lock comes here, so that no start goes without a turn."""
+        """The run took its job's lock: its ``lock_rate`` turn, then its start (every way a run
+        gets the lock comes here, so that no start goes without a turn)."""
         turn = None if limiter is None else self.admit(at, held, limiter)
         run = self.entered(at, held)
         run.turn, run.start = turn, (at.bound, at.message)
         return run
 
-    def admit(self, at: Attempt, held: ReentrantLock | None, limiter: RateLimiter) -> Turn:
-        """Take the run's ``lock_rate`` turn, or give its hold up (:meth:`yield_hold`) and come
-        back (``held``: ``None`` with ``lock_rate`` alone). When the limiter fails (Redis),
-        what the run took is let go before the error goes on."""
-        assert self.rate is not None
-        let_go_done = False
+    def admit(
+        self,
+        at: Attempt,
+        held: ReentrantLock | None,
+        limiter: RateLimiter,
+        run: TaskRun | None = None,
+        pause: float = 0.0,
+    ) -> Turn:
+        """Take the call's ``lock_rate`` turn, or come back for it (``run``: after its body
+        paused the limiter for ``pause`` seconds), its hold as :meth:`yield_hold` says. When the
+        limiter fails (Redis) before the body, what the run took is let go first."""
+        rate = self.rate
+        assert rate is not None
+        gave_up = False
 
         def let_go(countdown: float | None) -> None:
-            nonlocal let_go_done
-            let_go_done = True
+            nonlocal gave_up
+            gave_up = True
             if held is not None:
-                self.yield_hold(at, held, countdown)
+                self.yield_hold(at, held, countdown, run)
 
         try:
-            return self.rate.admit(at.task, at.request, limiter, self.conflict, let_go)
+            if run is not None:
+                assert run.turn is not None
+                rate.paused(at.task, at.request, run.turn, pause, self.conflict, let_go)
+            return rate.admit(at.task, at.request, limiter, self.conflict, let_go)
         except LockBackendError:
-            if held is not None and not let_go_done:
+            if held is not None and run is None and not gave_up:
                 with suppress(Exception):  # resent in the background when Redis fails
                     held.release_all()
             raise
 
-    def rate_paused(self, task: Any, request: Any, run: TaskRun, seconds: float) -> NoReturn:
-        """The body of ``run`` raised a rate limit of ``seconds``: pause its limiter and come
-        back after it (its hold as :meth:`yield_hold` says)."""
-        assert self.rate is not None and run.turn is not None and run.start is not None
-        at, held = Attempt(task, request, *run.start), run.lock
-
-        def let_go(countdown: float | None) -> None:
-            if held is not None:
-                self.yield_hold(at, held, countdown, run)
-
-        self.rate.paused(task, request, run.turn, seconds, self.conflict, let_go)
+    def rate_paused(self, task: Any, request: Any, run: TaskRun, seconds: float) -> Turn:
+        """The body of ``run`` raised a rate limit of ``seconds``: come back after it."""
+        assert run.turn is not None and run.start is not None
+        at = Attempt(task, request, *run.start)
+        return self.admit(at, run.lock, run.turn.limiter, run, seconds)
 
     def yield_hold(
         self, at: Attempt, held: ReentrantLock, countdown: float | None, run: TaskRun | None = None
     ) -> None:
         """What the job's hold does while a call waits for its ``lock_rate`` turn, before its
         body or (``run``) after the body paused the limiter: the call comes back in
-        ``countdown`` seconds, or never (``None``). A run-time lock is let go either way, for
-        the job's other calls meanwhile."""
-        if run is None:
+        ``countdown`` seconds, or never (``None``). A run-time lock is let go; publish and queue
+        modes keep the job's place for the comeback, as for a retry."""
+        if countdown is not None and self.at_publish:
+            if run is not None:
+                run.park(countdown)
+            else:
+                self.park_place(at, held, countdown + at.task.locking.queue_ttl(at.task.app))
+        elif run is not None:
+            # After a park for a comeback that was not sent, the hold is taken back first; let
+            # go as a run's end is (a copy that waits for the run is woken), with no cooldown.
+            run.unpark()
+            run.finish("a rate limit", failed=False, cooldown=False)
+        else:
             held.release_all()
-            return
-        # After a park for a comeback that was not sent, the hold is taken back first; let go
-        # as a run's end is (a copy that waits for the run is woken), with no cooldown.
-        run.unpark()
-        run.finish("a rate limit", failed=False, cooldown=False)
+            self.release_queued(at.task, at.bound, at.message, at.request.id)
+
+    def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:
+        """Keep the job's hold for the call that comes back for its turn."""
+        held.park(lease, holder_info(at.task.name, at.request.id), AT_COMEBACK)
 
     def new_lock(
         self, task: Any, bound: Bound, name: str, task_id: str
     ) -> ReentrantLock | Semaphore:
-        """The lock (or slots) a run of ``task`` takes: owned by the task id, with a run token
-        of its own, renewed while it runs."""
+        """The lock (or slots) a run takes: owned by the task id, with a run token of its own."""
         info = holder_info(task.name, task_id, self.limit)
+        how: dict[str, Any] = {"ttl": bound.ttl, "owner": task_id, "info": info, "state": AT_RUN}
         if self.limit > 1:
-            return bound.space.semaphore(
-                name,
-                self.limit,
-                ttl=bound.ttl,
-                owner=task_id,
-                info=info,
-                run_token=new_run_token(),
-                state=AT_RUN,
-            )
-        return bound.space.checked_lock(
-            name, ttl=bound.ttl, owner=task_id, info=info, run_token=new_run_token(), state=AT_RUN
-        )
+            return bound.space.semaphore(name, self.limit, run_token=new_run_token(), **how)
+        return bound.space.checked_lock(name, run_token=new_run_token(), **how)
 
     def publish(
         self,
@@ -254,7 +253,7 @@ class RunMode:
     def take_for_message(
         self, task: Any, task_id: str, args: Any, kwargs: Any, headers: dict[str, Any]
     ) -> None:
-        """``install()``'s receiver for a message sent by name: nothing to take."""
+        """``install()``'s receiver for a message sent by name."""
 
     def entered(self, at: Attempt, lock: ReentrantLock) -> TaskRun:
         """The run holds its job's lock."""
@@ -268,17 +267,28 @@ class RunMode:
         self.conflict.refused(at.task, at.request, lock.key, reply, reason)
 
     def failed_before_body(
-        self,
-        task: Any,
-        request: Any,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        exc: BaseException,
+        self, task: Any, request: Any, args: Any, kwargs: Any, exc: BaseException
     ) -> None:
-        """A run that failed before its body (a setting Redis cannot use, Redis failing):
-        nothing of it is held (its publish's hold is freed by the modes that take one)."""
-
-    # -- the worker's main process ------------------------------------------------------------
+        """A run that failed before its body (a setting Redis cannot use, Redis failing) ends
+        its job: free the hold its publish took (a mode that takes one), or a new publish of
+        the job would get this failed one back for the rest of the queue lease."""
+        if not self.at_publish or request.is_eager:
+            return
+        try:
+            name = self.message_lock_of(task, request, args, kwargs)
+            job = task.locking.bound(task.app).space.named(name, self.message_permits)
+            # Redis may be what failed: keep trying for as long as the hold could live.
+            job.release(request.id, retry_for=task.locking.queue_ttl(task.app))
+        except Exception as release_exc:
+            log_release.error(
+                "%s[%s] failed before its body (%s: %s) and its publish lock could not be freed "
+                "(%s); a new publish of this job returns this task until the lock's lease ends",
+                task.name,
+                request.id,
+                type(exc).__name__,
+                exc,
+                release_exc,
+            )
 
     def release_for(
         self,
@@ -292,9 +302,9 @@ class RunMode:
         wait: Any = None,
     ) -> None:
         """Release every hold of ``task_id`` on its job's lock after its pool process died, a
-        hard time limit or a revoke. ``requeued``: the message goes back to the queue
-        (``reject_on_worker_lost``): the hold is parked for its redelivery. ``ran``: the run
-        had started and ended as a failure: its cooldown, if a failure starts one, parks it."""
+        hard time limit or a revoke (the worker's main process). ``requeued``: the message goes
+        back to the queue: the hold is parked for its redelivery. ``ran``: the run started and
+        failed: its cooldown, if a failure starts one, parks it."""
         if not self.holds_lock:
             return  # lock_rate alone: the run held no lock
         app = task.app
@@ -316,8 +326,7 @@ class RunMode:
             log_release.info("%s cools down for %.1f s after %s[%s]", key, seconds, task.name, why)
             self.released(task, job, task_id, True, wait, cooldown=seconds)
             return
-        # Resent from the background when Redis fails, for as long as the run's lease could
-        # keep the hold.
+        # resent in the background when Redis fails, for as long as the run's lease could last
         reply = job.release(task_id, retry_for=bound.ttl)
         self.released(task, job, task_id, reply.freed, wait)
         if reply.freed:
@@ -327,25 +336,19 @@ class RunMode:
         """A debounced call ``by`` replaced the message of ``holder`` holding ``job``."""
 
     def release_queued(self, task: Any, bound: Bound, message: str, task_id: str) -> None:
-        """The run's message lock, when it is another lock than the run's (queue mode)."""
+        """Free the run's message lock, when it is another lock than the run's (queue mode)."""
 
     def released(
         self, task: Any, job: NamedLock, task_id: str, freed: bool, wait: Any, cooldown: float = 0.0
     ) -> None:
         """The main process let the run's hold on ``job`` go, or parked it for a ``cooldown``
-        of that many seconds (queue mode wakes the copy waiting, to come back when the job is
-        free)."""
-
-
-#: every mode is a :class:`RunMode`
-Mode = RunMode
+        (queue mode wakes the copy that waits)."""
 
 
 def free_revoked_holder(task: Any, job: NamedLock, holder: str) -> bool:
-    """Free the hold of ``holder`` on ``job`` if that task was revoked while its message
-    waited (queued, or requeued for a retry): no worker may reach its message for a long time,
-    or ever. Only when its state is REVOKED, and atomically (Redis checks the holder and its
-    state again as it releases); on any error the holder is taken to be alive."""
+    """Free the hold of ``holder`` on ``job`` if that task was revoked while its message waited
+    (no worker may reach its message for a long time, or ever); checked again in Redis as it
+    releases. On any error the holder is taken to be alive."""
     try:
         freed = release_if_in(
             job,

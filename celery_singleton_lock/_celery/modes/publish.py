@@ -1,13 +1,9 @@
 """``lock_at="publish"``: a job's lock taken by its publish, for its task id, and held through
 the end of its run; a duplicate publish sends nothing and returns (or raises for) the job.
 
-Two ways in: :meth:`PublishMode.publish` is ``LockedTask.apply_async`` (it can veto the send),
-:meth:`PublishMode.take_for_message` is ``install()``'s ``before_task_publish`` receiver for
-messages sent by name (it cannot: Celery swallows a receiver's error, so such a duplicate is
-handled by the worker's run-time check). Both hold the lock for as long as the message may wait
-(:func:`queue_lease`) and name it in the message's headers, so the worker never computes it
-again. With ``lock_release_on_start`` the run lets it go as it starts (the queue is deduplicated,
-not the runs); with ``lock_debounce`` a call replaces the one still waiting.
+:meth:`PublishMode.publish` is ``LockedTask.apply_async`` (it can veto the send);
+:meth:`PublishMode.take_for_message` is ``install()``'s receiver for messages sent by name (it
+cannot: Celery swallows a receiver's error, so the worker's check handles such a duplicate).
 """
 
 from __future__ import annotations
@@ -29,9 +25,9 @@ from ..canvas import (
 )
 from ..config import Bound
 from ..hold import HoldState, MessageLock, holder_info, report_duplicate
-from ..lifecycle import AT_COMEBACK, AT_PUBLISH, AT_RETRY
+from ..lifecycle import AT_PUBLISH, AT_RETRY
 from ..options import LockOptions
-from ..parts import Debounce, refusal_reason, skip_replaced
+from ..parts import REPLACED, Debounce, refusal_reason, skip_replaced
 from ..run import TaskRun, seconds_until
 from .base import Attempt, RunMode, free_revoked_holder
 
@@ -48,7 +44,7 @@ def queue_lease(
     queue_ttl: float, expires: Any = None, eta: Any = None, countdown: Any = None
 ) -> float:
     """How long a message's lock is held while it waits: until it expires (at least 1 s), or
-    its delay plus ``queue_ttl``; at most the longest lease the lock takes."""
+    its delay plus ``queue_ttl``; at most the longest lease."""
     if expires is None and eta is None and countdown is None:  # most calls: the TTL alone
         return min(0.0 + queue_ttl, MAX_LEASE_SECONDS)
     until_expiry = seconds_until(expires)
@@ -77,21 +73,6 @@ class PublishMode(RunMode):
     def message_permits(self) -> int:
         return self.limit  # a message's hold is its run's
 
-    def yield_hold(
-        self, at: Attempt, held: ReentrantLock, countdown: float | None, run: TaskRun | None = None
-    ) -> None:
-        """The job stays taken for the call that comes back for its ``lock_rate`` turn (a
-        duplicate meanwhile still finds it), as for a retry; let go when it gives up."""
-        if countdown is None:
-            super().yield_hold(at, held, None, run)
-        elif run is not None:  # its body ran: parked as for a retry
-            run.park(countdown)
-        else:
-            lease = countdown + at.task.locking.queue_ttl(at.task.app)
-            held.park(lease, holder_info(at.task.name, at.request.id), AT_COMEBACK)
-
-    # -- publish ----------------------------------------------------------------------------
-
     def publish(
         self,
         task: Any,
@@ -106,15 +87,11 @@ class PublishMode(RunMode):
         and return (or raise) the holder's."""
         locking = task.locking
         app = task.app
-        # The retry of the run in progress sends that run's id; a call that names no id is a
-        # new one (and reading the current request costs more than the rest of this test).
+        # A retry sends its run's id (reading the current request costs more than this test).
         retry = bool(task_id) and task_id == task.request.id
         task_id = task_id or str(uuid.uuid4())
         name = self.message_lock(locking.lock_name(task.name, args, kwargs))
-        if self.rate is not None and self.rate.asks:
-            # a lock_rate or lock_rate_key callable's bad answer fails the call here, before
-            # anything is written (the run would only find it after the lock was taken)
-            self.rate.answer(task, name, args, kwargs)
+        self.check_rate(task, name, args, kwargs)
         if self.debounce is not None:
             self.debounce.delay(task, task_id, options)
         lease = queue_lease(
@@ -147,12 +124,10 @@ class PublishMode(RunMode):
                 task.name,
                 exc,
             )
-            # The header marks the message as handled here (install()'s receiver must not try
-            # again); it names the lock only.
+            # the header marks the message as handled (install()'s receiver must not try again)
             return send(task_id, _with_lock(options, MessageLock(name)))
         if not reply.acquired and retry:
-            # The retry of a run that holds no lock (a duplicate retrying): it must be sent,
-            # or the job would be lost.
+            # a retry of a run that holds no lock (a duplicate retrying): sent, or the job is lost
             return send(task_id, options)
         if not reply.acquired:
             return self.duplicate_publish(task, job, task_id, options, reply, has_callbacks)
@@ -160,8 +135,8 @@ class PublishMode(RunMode):
         try:
             return send(task_id, _with_lock(options, lock))
         except BaseException:
-            # Nothing was sent: no lock for a message that does not exist (and while Redis
-            # fails, keep trying for as long as that lock could live).
+            # Nothing was sent: no lock for a message that does not exist (resent while Redis
+            # fails, for as long as that lock could live).
             try:
                 job.release(task_id, holds=1, retry_for=lease)
             except LockBackendError as exc:
@@ -173,11 +148,8 @@ class PublishMode(RunMode):
             raise
 
     def retry_state(self, options: dict[str, Any]) -> HoldState:
-        """The state the publish of a retry writes on the hold it re-enters or takes (a new
-        call's is ``queued``): a retry or a ``lock_rate`` comeback of a run that started is
-        ``requeued`` whether it re-enters the hold its run parked or, that hold gone, takes the
-        lock afresh (never an empty state: what acts on waiting messages by state, a dropped
-        message's release, the revoked-holder check, ``locks purge --queued``, must see it)."""
+        """The state a retry's publish writes on the hold it re-enters or takes afresh:
+        ``requeued``, never empty (what acts on waiting messages by state must see it)."""
         return AT_RETRY
 
     def duplicate_publish(
@@ -235,15 +207,13 @@ class PublishMode(RunMode):
     def take_for_message(
         self, task: Any, task_id: str, args: Any, kwargs: Any, headers: dict[str, Any]
     ) -> None:
-        """The lock of a message sent by name (``before_task_publish``): taken when free, and
-        named in the message's headers; a duplicate is only logged (the worker skips it only
-        while the job it duplicates holds the lock)."""
+        """The lock of a message sent by name (``before_task_publish``): taken when free and
+        named in its headers; a duplicate is only logged (the worker's check skips it)."""
         locking = task.locking
         app = task.app
         try:
             name = self.message_lock(locking.lock_name(task.name, args, kwargs))
-            if self.rate is not None and self.rate.asks:
-                self.rate.answer(task, name, args, kwargs)  # as a publish: before the lock
+            self.check_rate(task, name, args, kwargs)
             lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
             bound = locking.bound(app)
             job = bound.space.named(name, self.message_permits)
@@ -269,8 +239,6 @@ class PublishMode(RunMode):
                 job.keys[0].lock,
             )
 
-    # -- the run ----------------------------------------------------------------------------
-
     def take(self, at: Attempt) -> TaskRun:
         self.skip_if_replaced(at)
         return self.take_run(at)
@@ -292,49 +260,21 @@ class PublishMode(RunMode):
     def refused(
         self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
     ) -> TaskRun:
-        # A later call may have taken its publish hold over since the run looked; else it is
-        # a duplicate like any other (sent by name while the job was held, a cooldown).
+        # a later call may have taken its publish hold over since the run looked
         self.skip_if_replaced(at)
         return super().refused(at, job, lock, reply)
 
     def skip_if_replaced(self, at: Attempt) -> None:
         """With ``lock_debounce``: end the run (SKIPPED) if a later call replaced its message."""
         if self.debounce is not None:
-            self.debounce.skip_if_replaced(at.task, at.request, at.bound.space.named(at.message))
-
-    def failed_before_body(
-        self,
-        task: Any,
-        request: Any,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        exc: BaseException,
-    ) -> None:
-        """A run that failed before its body ends its job: free the hold its publish took, or
-        a new publish of the job would get this failed one back for the rest of the queue
-        lease."""
-        if request.is_eager:
-            return
-        try:
-            name = self.message_lock_of(task, request, args, kwargs)
-            job = task.locking.bound(task.app).space.named(name, self.message_permits)
-            # Redis may be what failed: keep trying for as long as the hold could live.
-            job.release(request.id, retry_for=task.locking.queue_ttl(task.app))
-        except Exception as release_exc:
-            log_release.error(
-                "%s[%s] failed before its body (%s: %s) and its publish lock could not be freed "
-                "(%s); a new publish of this job returns this task until the lock's lease ends",
-                task.name,
-                request.id,
-                type(exc).__name__,
-                exc,
-                release_exc,
-            )
+            job = at.bound.space.named(at.message)
+            by = job.note(REPLACED, at.request.id)
+            if by is not None:
+                skip_replaced(at.task, at.request, job.keys[0].lock, by)
 
 
 def _sent_prefix(bound: Bound) -> str | None:
-    """The prefix a message's headers name: none when it is the app's ``singleton_lock_prefix``,
-    which a worker that reads no prefix uses (a drop-in's own prefix is sent)."""
+    """The prefix a message's headers name: none when it is the app's own (a drop-in's is sent)."""
     prefix = bound.space.prefix
     return None if prefix == bound.config.prefix else prefix
 

@@ -1,13 +1,7 @@
-"""``lock_at="queue"``: one copy of a job queued and one running; the queued copy starts when the
-running one ends.
-
-A job has two locks: its *queued* lock (the job's lock name + :data:`QUEUED`), held by the one
-message that waits (its publish takes it), and its lock itself, held by the one run. A run
-takes the job's lock first and only then lets the queued lock go, so a publish meanwhile is
-handed the copy about to start, and a new copy can be queued the moment it has. A queued copy
-that finds the job running is never dropped: it waits beside the job's lock, with no pool
-process, and the run's end wakes it (:mod:`.wake`); its retries keep its queued lock whatever
-``lock_on_locked`` says, and do not count against ``max_retries``.
+"""``lock_at="queue"``: one copy of a job queued (its publish holds the *queued* lock, the job's
+name + :data:`QUEUED`) and one running (the job's lock). A run takes the job's lock first, then
+frees the queued lock for the next copy. A queued copy that finds the job running waits beside
+its lock, with no pool process, until the run's end wakes it (:mod:`.wake`).
 """
 
 from __future__ import annotations
@@ -26,12 +20,12 @@ from ..rate import Waited
 from ..run import TaskRun
 from .base import Attempt, RunMode
 from .publish import PublishMode
-from .waiters import replace_waiter
 from .wake import (
     WAIT_HEADER,
     Wait,
     claim_wait,
     end_claim,
+    replace_waiter,
     request_wait,
     wait_for_run,
     wait_of,
@@ -44,15 +38,6 @@ log = logging.getLogger("celery_singleton_lock.run")
 
 #: the queued lock of a job is its lock's name with this after it
 QUEUED = ":queued"
-
-
-def started_before(request: Any) -> bool:
-    """Whether the message of ``request`` is one of a run that started before: a retry
-    (``retries`` above 0, not a waiting copy's own message), a ``lock_rate`` comeback, or a
-    redelivery."""
-    if getattr(request, "retries", 0) or Waited.of(request).comebacks:
-        return True
-    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 
 
 class QueueMode(PublishMode):
@@ -71,20 +56,16 @@ class QueueMode(PublishMode):
         return message_lock[: -len(QUEUED)] if message_lock.endswith(QUEUED) else message_lock
 
     def retry_state(self, options: dict[str, Any]) -> HoldState:
-        """A waiting copy's fallback (a retry that carries its wait) re-enters the queued lock
-        of a copy that never ran: it stays ``queued`` (a debounced call may still replace it)."""
+        """A waiting copy's fallback re-enters the queued lock of a copy that never ran: it stays
+        ``queued`` (a debounced call may still replace it)."""
         headers = options.get("headers") or {}
         if wait_of(headers.get(WAIT_HEADER), options.get("retries")) is not None:
             return AT_PUBLISH
         return AT_RETRY
 
-    # -- the run ----------------------------------------------------------------------------
-
     def take(self, at: Attempt) -> TaskRun:
         task, request, bound, message = at
-        if self.rate is not None and self.rate.asks:
-            # a callable's bad answer fails the run before its queued lock is taken
-            self.rate.answer(task, message, request.args, request.kwargs)
+        self.check_rate(task, message, request.args, request.kwargs)
         wait = request_wait(request)
         # a wake or a fallback: only the first of them runs the copy
         again = wait is not None and claim_wait(
@@ -95,20 +76,18 @@ class QueueMode(PublishMode):
 
     def still_queued(self, at: Attempt, wait: Wait | None, again: bool) -> None:
         """Make sure this message is the job's one queued copy: re-enter its queued lock (or
-        take it, when its hold ran out while it waited). Held by another task, this message is
-        not that copy: a later call replaced it (``lock_debounce``), or it duplicates a copy
-        published by name; it is skipped either way."""
+        take it, its hold gone). Held by another task, this message is skipped: a later call
+        replaced it (``lock_debounce``), or it duplicates a copy published by name."""
         task, request, bound, message = at
         queued = bound.space.named(message)
         if wait is None:
-            # (a wake or fallback of a replaced copy learns it from its wait record instead)
+            # (a replaced copy's wake or fallback learns it from its wait record instead)
             self.skip_if_replaced(at)
         lease = task.locking.queue_ttl(task.app)
         info = holder_info(task.name, request.id)
         if wait is not None and self.debounce is not None and not again:
-            # A copy that waited: its queued lock is its own still (kept), or a later call
-            # replaced it meanwhile (and may have run already, leaving that lock free: the
-            # replacement's note says so), or its hold ran out unreplaced: taken again.
+            # A copy that waited: its queued lock is still its own, or a later call replaced it
+            # (and may have run already, leaving it free: the note says so), or it ran out.
             if queued.park(request.id, lease, info=info, state=AT_PUBLISH):
                 return
             self.skip_if_replaced(at)
@@ -120,8 +99,7 @@ class QueueMode(PublishMode):
             return
         if wait is not None:
             end_claim(self.job_of(at), request.id, wait)
-        # replaced by a later call since it looked; else a duplicate (sent by name while the
-        # job had its queued copy) of the queued copy, as without lock_debounce
+        # replaced by a later call since it looked; else a duplicate of the queued copy
         self.skip_if_replaced(at)
         log.info(
             "skipped %s[%s]: task %s is this job's queued copy (lock %s)",
@@ -135,19 +113,18 @@ class QueueMode(PublishMode):
         raise Ignore()
 
     def has_place(self, at: Attempt) -> bool:
-        """This message was refused the queued lock (another copy is the job's queued copy):
-        is it the message of a run that started, coming back to its place? A retry, a
-        ``lock_rate`` pause's comeback or a redelivery after its worker was lost finds its
-        job's lock parked for its task id: that hold is the job's place, and its own message
-        is admitted (the queued copy goes on waiting beside it, as beside a running job).
-        When that hold is gone (its lease ran out, an operator released it), such a message
-        still takes the job's lock if nothing holds it, rather than be lost; a new call's
-        message never does. One read, on this path only (a Redis error goes on, as the lock's
-        own check's does)."""
-        holds = self.job_of(at).inspect()
-        if any(at.request.id in s.owners for s in holds):
+        """Refused the queued lock: is this the message of a run that started, coming back to
+        its place (a retry, a comeback, a redelivery)? Its job's lock parked for its task id is
+        its place; that hold gone, it still takes the job's lock if nothing holds it, rather
+        than be lost. A new call's message never does."""
+        request, holds = at.request, self.job_of(at).inspect()
+        if any(request.id in s.owners for s in holds):
             return True
-        return started_before(at.request) and not any(s.held for s in holds)
+        if any(s.held for s in holds):
+            return False
+        if getattr(request, "retries", 0) or Waited.of(request).comebacks:
+            return True
+        return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 
     def entered(self, at: Attempt, lock: ReentrantLock) -> TaskRun:
         """The run has the job's lock: free the queued lock for the next copy; the run's end
@@ -180,31 +157,18 @@ class QueueMode(PublishMode):
 
         return TaskRun(task, lock, after_end, after_park)
 
-    def yield_hold(
-        self, at: Attempt, held: ReentrantLock, countdown: float | None, run: TaskRun | None = None
-    ) -> None:
-        """A copy that waits for its ``lock_rate`` turn before its body stays the job's queued
-        copy (its queued lock is kept, as for a retry: never replaced meanwhile); the job's
-        lock is let go. A paused run freed its queued lock as it started: it keeps the job's
-        lock instead, as in publish mode."""
-        if run is not None:
-            super().yield_hold(at, held, countdown, run)
-            return
+    def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:
+        """The copy stays the job's queued copy (its queued lock kept, as for a retry: never
+        replaced meanwhile); the job's lock is let go."""
         held.release_all()
-        task, request, bound, message = at
-        if countdown is None:
-            self.release_queued(task, bound, message, request.id)
-            return
-        lease = countdown + task.locking.queue_ttl(task.app)
-        info = holder_info(task.name, request.id)
-        bound.space.named(message).park(request.id, lease, info=info, state=AT_COMEBACK)
+        info = holder_info(at.task.name, at.request.id)
+        at.bound.space.named(at.message).park(at.request.id, lease, info=info, state=AT_COMEBACK)
 
     def refused(
         self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
     ) -> TaskRun:
-        """The job runs: wait beside its lock for the run to end (never dropped). An eager
-        call cannot wait in a queue: it ends as a duplicate does eagerly in the other modes
-        (``lock_on_locked``; a retry is skipped at once)."""
+        """The job runs: wait beside its lock for the run to end (never dropped). An eager call
+        cannot wait in a queue: it ends as an eager duplicate does in the other modes."""
         task, request, bound, message = at
         if request.is_eager:
             # its queued lock goes first: nothing of the call is left to wait
@@ -213,16 +177,10 @@ class QueueMode(PublishMode):
         reply = wait_for_run(task, request, job, lock, reply)  # raises its retry, or:
         held = lock.held if isinstance(lock, Semaphore) else lock  # a slot came free
         assert reply.acquired and held is not None
-        limiter = None
-        if self.rate is not None:  # its start takes a lock_rate turn as any start does
-            limiter = self.rate.limiter(task, bound, job.name, request.args, request.kwargs)
-        return self.started(at, held, limiter)
-
-    # -- debounce and the worker's main process -----------------------------------------------
+        return self.started(at, held, self.limiter_of(at))
 
     def replaced(self, task: Any, job: NamedLock, holder: str, by: str) -> None:
-        """A copy that waits beside the running job learns it was replaced from its record, when
-        its wake or fallback starts, and no run's end wakes it again."""
+        """A copy that waits beside the running job learns it was replaced from its record."""
         bound = task.locking.bound(task.app)
         try:
             replace_waiter(bound.space.named(self.run_lock(job.name), self.limit), holder, by)
@@ -230,8 +188,7 @@ class QueueMode(PublishMode):
             log.warning("could not mark task %s as replaced by %s: %s", holder, by, exc)
 
     def release_queued(self, task: Any, bound: Bound, message: str, task_id: str) -> None:
-        # A run that starts, gives up its rate turn, or is killed while its copy still waited
-        # frees the queue (resent in the background for as long as the queued hold may live).
+        # resent in the background for as long as the queued hold may live
         bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
 
     def released(

@@ -1,21 +1,8 @@
-"""``lock_at="queue"``: a queued copy that finds its job running waits beside the job's lock,
-and the run wakes it as it ends.
-
-A refused copy writes a *wait record* beside the lock (``<job lock key>:wait``, a hash in the
-lock's hash tag: task id -> wait token and the copy's message), only while the lock is still
-held, checked in the same step (lua/wait_park.lua), and its message ends: it occupies no pool
-process while it waits. A run of the job that ends releases its lock (or slot) first and
-reads the records after (one round trip, lua/wait_end.lua), then sends each waiting copy's
-message again at once: its *wake*. Either the copy's check saw the lock free (it tries again
-at once) or the run's read saw the record: no end goes unseen.
-
-The copy also sends itself a *fallback*: the retry it always sent, delayed until about when
-the lease that frees first would run out (never more than a lease), for a holder that dies
-without a word (its whole worker killed). Both carry the wait token in :data:`WAIT_HEADER`,
-each with a mark of its own; the first to start claims the wait (lua/wait_claim.lua) and runs
-the copy, any other ends without a trace (no state stored: the copy's result stays the
-copy's). The claim stays in the record until that run ends, so a redelivery of the message
-that claimed it (``acks_late``) claims it again.
+"""``lock_at="queue"``: a refused queued copy writes a *wait record* beside the job's lock while it
+is held (checked in the same step) and its message ends; the run that ends releases first, reads
+the records after, and sends each copy's message again (its *wake*). A *fallback* retry, due
+when the lease would free, covers a holder that dies without a word; the first of the two to
+start claims the wait (:data:`WAIT_HEADER`) and runs the copy.
 """
 
 from __future__ import annotations
@@ -31,16 +18,25 @@ from celery.exceptions import Ignore, Reject
 from kombu.serialization import dumps, loads, prepare_accept_content
 
 from ..._errors import LockBackendError
-from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
+from ..._lock import (
+    AcquireReply,
+    NamedLock,
+    ReentrantLock,
+    Script,
+    Semaphore,
+    check_lease_ms,
+    lease_seconds,
+    text,
+)
 from ..hold import HEADER, store_retry
 from ..parts import skip_replaced
-from .waiters import CLAIMED, WAIT_OVER, WAIT_REPLACED, add_waiter, claim_waiter, waiters
 
 __all__ = [
     "WAIT_HEADER",
     "Wait",
     "claim_wait",
     "end_claim",
+    "replace_waiter",
     "request_wait",
     "wait_for_run",
     "wait_of",
@@ -52,29 +48,90 @@ log = logging.getLogger("celery_singleton_lock.run")
 #: the message header of a queued copy's wake and fallback: ``token.mark.retries``
 WAIT_HEADER = "singleton_lock_wait"
 
-#: the fallback comes back this long (seconds) after the lease it waits for would run out, so
-#: it finds that lease gone rather than about to go
+#: seconds after the lease would run out that a fallback comes back (to find it gone)
 FALLBACK_MARGIN = 0.1
 
-#: a copy that finds a slot free, and then loses it again, this many times in a row waits
-#: anyway, woken at once: a bound, not a busy loop
+#: a copy that finds a slot free and loses it this many times waits anyway, woken at once
 PARK_TRIES = 3
 
 
+# -- the wait records: a hash beside permit 1 (``<lock key>:wait``, in the lock's hash tag),
+# each call one script (lua/wait_*.lua) run in NamedLock.operation
+
+#: :func:`claim_waiter`'s answers: claimed; waits no more; claimed by another; replaced
+CLAIMED, WAIT_OVER, CLAIMED_ELSEWHERE, WAIT_REPLACED = 1, 0, 2, 3
+#: the kind of records (:meth:`LockKeys.records`) a lock's waiters keep beside it
+WAITERS = "wait"
+
+# Each safe to resend: a second run changes nothing.
+WAIT_PARK = Script("wait_park.lua")
+WAIT_CLAIM = Script("wait_claim.lua")
+WAIT_END = Script("wait_end.lua")
+WAIT_MARK = Script("wait_mark.lua")
+
+
+class WaitReply(NamedTuple):
+    """What :func:`add_waiter` did."""
+
+    #: the record was written: every permit was held (or the write was forced)
+    waiting: bool
+    #: seconds left on the lease that frees first (0.0: a permit is free, -1.0: no lease)
+    lease_left: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.waiting
+
+
+def _run(job: NamedLock, script: Script, what: str, keys: tuple[str, ...], *args: Any) -> Any:
+    with job.operation(what) as client:
+        return script(client, (job.keys[0].records(WAITERS), *keys), args)
+
+
+def add_waiter(
+    job: NamedLock, waiter: str, record: str, keep: float, *, force: bool = False
+) -> WaitReply:
+    """Write ``waiter``'s ``record`` beside ``job``'s lock while every permit is held (``force``:
+    even when one is free), kept at least ``keep`` seconds. A holder that ends releases first
+    and reads after: either this finds a permit free or that read finds the record."""
+    keep_ms = check_lease_ms(keep)
+    locks = tuple(keys.lock for keys in job.keys)
+    flag = "1" if force else ""
+    code, pttl = _run(job, WAIT_PARK, "write a waiter beside", locks, waiter, record, keep_ms, flag)
+    return WaitReply(int(code) == 1, lease_seconds(pttl))
+
+
+def claim_waiter(job: NamedLock, waiter: str, token: str, mark: str) -> tuple[int, str]:
+    """Claim the wait ``token`` of ``waiter`` for ``mark``: :data:`CLAIMED` (``"again"`` when
+    this mark claimed it before), or another answer (and who replaced the waiter)."""
+    code, by = _run(job, WAIT_CLAIM, "claim a wait beside", (), waiter, token, mark)
+    return int(code), text(by)
+
+
+def replace_waiter(job: NamedLock, waiter: str, by: str) -> bool:
+    """Mark ``waiter`` replaced by ``by`` (``False``: it had no record)."""
+    return bool(int(_run(job, WAIT_MARK, "mark a waiter beside", (), waiter, by)))
+
+
+def waiters(
+    job: NamedLock, *, drop: str = "", token: str = "", claim: str = "", listing: bool = True
+) -> dict[str, str]:
+    """The records of the unclaimed waiters (with ``listing``), after dropping the record of
+    ``drop`` if it is still the wait ``token`` or its ``claim``."""
+    flag = "1" if listing else ""
+    reply = _run(job, WAIT_END, "read the waiters beside", (), drop, token, claim, flag)
+    return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
+
+
 class Wait(NamedTuple):
-    """The wait a message of a queued copy carries: the wait's token and the message's mark."""
+    """The wait a queued copy's message carries: the wait's token and the message's mark."""
 
     token: str
     mark: str
 
     @property
     def claim(self) -> str:
-        """The record once this message claimed the wait (see lua/wait_claim.lua)."""
+        """The record once this message claimed the wait (lua/wait_claim.lua)."""
         return f"!{self.token} {self.mark}"
-
-
-def _new_id() -> str:
-    return uuid.uuid4().hex
 
 
 def _header(token: str, mark: str, retries: Any) -> str:
@@ -82,9 +139,8 @@ def _header(token: str, mark: str, retries: Any) -> str:
 
 
 def wait_of(value: Any, retries: Any) -> Wait | None:
-    """The wait a message's :data:`WAIT_HEADER` names, if it is one of the copy's own
-    messages: sent with the retry count it has (a retry of the copy's own run, which copies
-    the message's headers along, has another, and waits for nothing)."""
+    """The wait a message's :data:`WAIT_HEADER` names, if sent with the retry count it has (a
+    retry of the copy's own run copies the header along, and waits for nothing)."""
     if not isinstance(value, str):
         return None
     token, _, rest = value.partition(".")
@@ -103,10 +159,8 @@ def request_wait(request: Any) -> Wait | None:
 
 
 def claim_wait(task: Any, request: Any, job: NamedLock, queued_key: str, wait: Wait) -> bool:
-    """Go on only if this message claims the copy's wait (``True``: it had claimed it before,
-    and is delivered again); else end it: as replaced (SKIPPED) when a later call replaced the
-    copy while it waited (``lock_debounce``), else without a trace (its other message runs
-    the copy, or ran it, or the copy's wait was dropped)."""
+    """Go on only if this message claims the copy's wait (``True``: it had claimed it before);
+    else end it: as replaced (SKIPPED) when a later call replaced the copy, else unrun."""
     code, again = claim_waiter(job, request.id, wait.token, wait.mark)
     if code == CLAIMED:
         return again == "again"
@@ -123,8 +177,7 @@ def claim_wait(task: Any, request: Any, job: NamedLock, queued_key: str, wait: W
 
 
 def end_claim(job: NamedLock, task_id: str, wait: Wait) -> None:
-    """The copy whose wait this message claimed (or was woken for) will not run: drop its
-    record. Best effort: a record left behind ends with the records' lifetime."""
+    """The copy whose wait this message claimed will not run: drop its record (best effort)."""
     try:
         waiters(job, drop=task_id, token=wait.token, claim=wait.claim, listing=False)
     except LockBackendError as exc:
@@ -134,9 +187,8 @@ def end_claim(job: NamedLock, task_id: str, wait: Wait) -> None:
 
 
 def _payload(task: Any, request: Any, retries: int, headers: dict[str, Any]) -> str:
-    """The copy's message as a wake sends it again: the signature of its retry (same task id,
-    arguments and options), serialized with the task's serializer, base64 (any client
-    decodes it, a pickled one too)."""
+    """The copy's message as a wake sends it again: its retry's signature, serialized with the
+    task's serializer, base64."""
     sig = task.signature_from_request(request, retries=retries, headers=headers)
     content_type, encoding, body = dumps(dict(sig), serializer=task.serializer)  # type: ignore[no-untyped-call]  # kombu: unannotated
     raw = body.encode(encoding) if isinstance(body, str) else body
@@ -150,33 +202,27 @@ def wait_for_run(
     lock: ReentrantLock | Semaphore,
     refusal: AcquireReply,
 ) -> AcquireReply:
-    """The job runs (``refusal``: the lock's answer): wait beside its lock for the run to end,
-    as the job's one queued copy.
-
-    Stores the copy's ``RETRY`` state, sends its fallback, a retry that keeps the queued lock
-    (it does not count against ``max_retries``), then writes its wait record and ends the
-    message (``Ignore``: nothing is stored after the record, which a wake may act on at once).
-    Returns the lock's reply instead when a slot was found free meanwhile and taken (the
-    fallback, sent already, then finds no wait to claim and ends unrun)."""
+    """The job runs: wait beside its lock for the run to end, as the job's one queued copy:
+    store ``RETRY``, send the fallback, write the wait record and end the message (``Ignore``).
+    Returns the lock's reply instead when a slot was found free meanwhile and taken."""
     locking = task.locking
     options = locking.options
     app = task.app
     lease = locking.bound(app).ttl
     retries = request.retries + 1
     headers = {k: v for k, v in (request.headers or {}).items() if k != WAIT_HEADER}
-    token = _new_id()
+    token = uuid.uuid4().hex
     record = f"{token}\n{_payload(task, request, retries, headers)}"
     if options.lock_retry_countdown:
         countdown = options.lock_retry_countdown
     else:
         left = lease if refusal.lease_left < 0 else min(refusal.lease_left, lease)
         countdown = left + FALLBACK_MARGIN
-    headers[WAIT_HEADER] = _header(token, _new_id(), retries)
-    # Its RETRY state first: a wake may run the copy elsewhere as soon as the record is written
-    # (or the fallback sent), and its SUCCESS must be the last state stored (see store_retry).
+    headers[WAIT_HEADER] = _header(token, uuid.uuid4().hex, retries)
+    # RETRY first: a wake may run the copy elsewhere at once, and its SUCCESS must be last.
     store_retry(task, request)
-    # The fallback goes first: its publish enters the queued lock again, which must happen
-    # before any wake can run the copy (and let that lock go), never after.
+    # The fallback before the record: its publish re-enters the queued lock, which must happen
+    # before any wake can run the copy (and let that lock go).
     ending: Ignore | Reject = Ignore()
     try:
         task.retry(countdown=countdown, max_retries=retries, headers=headers, throw=False)
@@ -188,14 +234,12 @@ def wait_for_run(
             exc.reason,
         )
         ending = exc
-    # The record outlives the fallback's countdown by as long as a queued message's hold does.
     keep = countdown + locking.queue_ttl(app)
     for attempt in range(PARK_TRIES):
         parked = add_waiter(job, request.id, record, keep, force=attempt == PARK_TRIES - 1)
         if parked:
             if parked.lease_left == 0:
-                # Written although a slot is free (lost to another taker each time): its wake
-                # goes now, so it tries again from the queue, not from this pool process.
+                # written although a slot is free: woken now, to try again from the queue
                 _send_wake(task, job.name, record)
             break
         reply = lock.try_acquire()  # the run ended just now: try again at once
@@ -221,11 +265,9 @@ def wake_waiting(
     wake: bool = True,
     countdown: float = 0.0,
 ) -> None:
-    """A run of the job ``name`` let go of its lock (or slot) just before: send every waiting
-    copy's message again now (``wake``), and drop the record of ``task_id``'s own wait
-    ``wait`` (this run was that copy, or that copy ends unrun). ``countdown``: the job stays
-    taken that long yet (a cooldown): the copies come back as it ends. One round trip, plus
-    one publish per copy woken; never raises (a copy not woken comes back by its fallback)."""
+    """A run of ``job`` let its lock (or slot) go just before: send every waiting copy's message
+    again (``wake``), in ``countdown`` seconds (a cooldown), and drop ``task_id``'s own record
+    of ``wait``. Never raises: a copy not woken comes back by its fallback."""
     try:
         waiting = waiters(
             job,
@@ -257,12 +299,11 @@ def wake_waiting(
 
 
 def _send_wake(task: Any, name: str, record: str, countdown: float = 0.0) -> None:
-    """Send the copy that ``record`` describes (see :func:`_payload`) again, now or (a
-    cooldown) as the lock frees in ``countdown`` seconds."""
+    """Send the copy that ``record`` describes again, now or in ``countdown`` seconds."""
     app = task.app
     token, content_type, encoding, body = record.split("\n", 3)
     raw = base64.b64decode(body)
-    # Only a serializer the app accepts from its broker is read back.
+    # only a serializer the app accepts from its broker is read back
     accept = prepare_accept_content(app.conf.accept_content)  # type: ignore[no-untyped-call]  # kombu: unannotated
     text = raw if encoding == "binary" else raw.decode(encoding)
     data = loads(text, content_type, encoding, accept=accept)  # type: ignore[no-untyped-call]  # kombu: unannotated
@@ -271,11 +312,10 @@ def _send_wake(task: Any, name: str, record: str, countdown: float = 0.0) -> Non
     options = dict(sig.options)
     headers = dict(options.get("headers") or {})
     headers[HEADER] = target.locking.mode.message_lock(name)
-    headers[WAIT_HEADER] = _header(token, _new_id(), options.get("retries"))
+    headers[WAIT_HEADER] = _header(token, uuid.uuid4().hex, options.get("retries"))
     options["headers"] = headers
     if countdown > 0:
-        # a little after the cooldown's end: the copy finds it over rather than about to be
         options["countdown"] = countdown + FALLBACK_MARGIN
-    # Celery's own apply_async: the copy's queued lock is its already (this is no new call).
+    # Celery's own apply_async: the copy's queued lock is its already
     Task.apply_async(target, sig.args, sig.kwargs, **options)
     log.info("woke %s[%s]: the run it waited for ended", sig.task, options.get("task_id"))
