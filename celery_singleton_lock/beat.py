@@ -226,15 +226,15 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
 
     def _merge_records(self) -> None:
         """Move every entry's last run forward to what the leaders recorded (never back)."""
-        records: dict[str, datetime] = {}
+        found: dict[str, datetime] = {}
         for name, value in records(self._space, self._lock_name, RECORDS).items():
             try:
                 recorded = datetime.fromisoformat(value)
             except ValueError:
                 continue
-            records[name] = recorded if recorded.tzinfo else recorded.replace(tzinfo=UTC)
+            found[name] = recorded if recorded.tzinfo else recorded.replace(tzinfo=UTC)
         floor = None
-        if self._took_over_at is not None and not records and self._others_led:
+        if self._took_over_at is not None and not found and self._others_led:
             # Records gone after another beat led: counted as sent now, none is sent twice.
             floor = self._took_over_at
             self._say(
@@ -244,7 +244,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             )
         dirty = getattr(self, "_dirty", None)  # django-celery-beat's entries to write back
         for name, entry in list(self.schedule.items()):
-            when = records.get(name, floor)
+            when = found.get(name, floor)
             last = entry.last_run_at
             if when is None:
                 continue
