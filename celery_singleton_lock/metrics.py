@@ -75,35 +75,21 @@ class LockMetrics:
         self.backend_errors = Counter(
             PREFIX + "backend_errors", "Lock operations failed by Redis", registry=r
         )
-        # made once: a label lookup per event would cost more than counting it
+        # the observers' calls, bound once: a label lookup per event would cost more than
+        # counting it
         self._acquired = self.acquires.labels("acquired")
         self._reentered = self.acquires.labels("reentered")
-        self._refused = self.acquires.labels("refused")
+        self.refused = self.acquires.labels("refused").inc
+        self.waited = self.wait.observe
+        self.released = self.hold.observe
+        self.renewed = self.renewals.inc
+        self.renewal_failed = self.renewal_failures.inc
+        self.lost = self.lost_leases.inc
+        self.backend_error = self.backend_errors.inc
 
-    # LockObserver and JobObserver
+    # the rest of LockObserver and JobObserver
     def acquired(self, reentered: bool) -> None:
         (self._reentered if reentered else self._acquired).inc()
-
-    def refused(self) -> None:
-        self._refused.inc()
-
-    def waited(self, seconds: float) -> None:
-        self.wait.observe(seconds)
-
-    def released(self, held_seconds: float) -> None:
-        self.hold.observe(held_seconds)
-
-    def renewed(self, leases: int) -> None:
-        self.renewals.inc(leases)
-
-    def renewal_failed(self) -> None:
-        self.renewal_failures.inc()
-
-    def lost(self) -> None:
-        self.lost_leases.inc()
-
-    def backend_error(self) -> None:
-        self.backend_errors.inc()
 
     def duplicate(self, task: str, action: str) -> None:
         self.duplicates.labels(task, action).inc()

@@ -86,11 +86,6 @@ class RecentCounter:
             elif idle:
                 self._wake.notify()
 
-    def pending(self) -> dict[tuple[str, int, str], int]:
-        """What this process counted and has not written: (prefix, minute, field) -> n."""
-        with self._mutex:
-            return dict(self._pending)
-
     def close(self) -> bool:
         """Stop the writer thread (waiting up to :data:`CLOSE_WAIT` s for a write under way)
         and write what is pending; whether Redis took it (if not, it stays pending)."""
@@ -123,20 +118,16 @@ class RecentCounter:
                 type(exc).__name__,
                 exc,
             )
-            self._keep(taken)
+            # put back but those whose key would have expired by now (a bounded buffer)
+            oldest = int(time.time() // 60) - RETENTION_S // 60
+            with self._mutex:
+                for (prefix, minute, field), n in taken.items():
+                    if minute >= oldest:
+                        self._pending[prefix, minute, field] += n
             self._failing = True
             return False
         self._failing = False
         return True
-
-    def _keep(self, taken: Counter[tuple[str, int, str]]) -> None:
-        """Put back a failed write's counts but those whose key would have expired by now
-        (bounds the buffer while Redis is down)."""
-        oldest = int(time.time() // 60) - RETENTION_S // 60
-        with self._mutex:
-            for (prefix, minute, field), n in taken.items():
-                if minute >= oldest:
-                    self._pending[prefix, minute, field] += n
 
     def _run(self) -> None:
         me = threading.current_thread()
