@@ -20,16 +20,11 @@ log = logging.getLogger("celery_singleton_lock.beat")
 REDBEAT_MODULE = "redbeat.schedulers"
 
 
-def _redbeat() -> type | None:
-    redbeat = getattr(sys.modules.get(REDBEAT_MODULE), "RedBeatScheduler", None)
-    return redbeat if isinstance(redbeat, type) else None
-
-
 def seams_for(scheduler: type) -> tuple[type, ...]:
     """The classes between the leader scheduler and the wrapped ``scheduler``: for RedBeat's,
     its lock off, and its sends fitted unless a subclass has its own ``maybe_due``."""
-    redbeat = _redbeat()
-    if redbeat is None or not issubclass(scheduler, redbeat):
+    redbeat = getattr(sys.modules.get(REDBEAT_MODULE), "RedBeatScheduler", None)
+    if not isinstance(redbeat, type) or not issubclass(scheduler, redbeat):
         return ()
     own_sends = getattr(scheduler, "maybe_due", None) is not getattr(redbeat, "maybe_due", None)
     return (RedBeatLockOff,) if own_sends else (RedBeatSends,)

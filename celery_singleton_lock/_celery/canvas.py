@@ -89,16 +89,14 @@ def fail_member(
         )
 
 
-_local = threading.local()
+class _Sent(threading.local):
+    """This thread's chord headers -> the (task id, lock) of the members it sent to them."""
+
+    def __init__(self) -> None:
+        self.headers: OrderedDict[str, list[tuple[str, MessageLock]]] = OrderedDict()
 
 
-def _sent_headers() -> OrderedDict[str, list[tuple[str, MessageLock]]]:
-    headers: OrderedDict[str, list[tuple[str, MessageLock]]] | None = getattr(
-        _local, "headers", None
-    )
-    if headers is None:
-        headers = _local.headers = OrderedDict()
-    return headers
+_sent = _Sent()
 
 
 def note_chord_member(
@@ -124,7 +122,7 @@ def note_chord_member(
         return
     if not isinstance(embed, Mapping) or embed.get("chord") is None:
         return
-    sent = _sent_headers()
+    sent = _sent.headers
     if group_id in sent:
         sent.move_to_end(group_id)
     else:
@@ -140,7 +138,7 @@ def refuse_chord_member(
     """A publish-time duplicate in a chord header: revoke the members this thread sent to it
     (their locks freed), then raise :class:`ChordDuplicateError`."""
     group_id = options.get("group_id")
-    sent = _sent_headers().pop(group_id, []) if isinstance(group_id, str) else []
+    sent = _sent.headers.pop(group_id, []) if isinstance(group_id, str) else []
     revoked: list[str] = []
     if sent:
         app = task.app
