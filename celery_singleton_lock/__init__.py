@@ -13,21 +13,10 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from . import _errors
 from ._celery import LockedTask, install
 from ._celery.config import close, reload_settings
-from ._errors import (
-    AlreadyQueuedError,
-    ChordDuplicateError,
-    LockBackendError,
-    LockError,
-    LockLostError,
-    LockNotOwnedError,
-    LockTimeoutError,
-    MisconfiguredError,
-    RateLimited,
-    RateLimitExceededError,
-    TaskLockedError,
-)
+from ._errors import *  # noqa: F403  # the errors: _errors.__all__
 from ._lock import LockSpace, RateLimiter, ReentrantLock, Semaphore
 from ._ops.counts import RecentCounts, recent_counts
 
@@ -37,25 +26,16 @@ except PackageNotFoundError:  # pragma: no cover - imported from a checkout, not
     __version__ = "0+unknown"
 
 __all__ = [
-    "AlreadyQueuedError",
-    "ChordDuplicateError",
-    "LockBackendError",
-    "LockError",
-    "LockLostError",
-    "LockNotOwnedError",
     "LockSpace",
-    "LockTimeoutError",
     "LockedTask",
-    "MisconfiguredError",
-    "RateLimitExceededError",
-    "RateLimited",
     "RateLimiter",
     "RecentCounts",
     "ReentrantLock",
     "Semaphore",
-    "TaskLockedError",
     "close",
     "install",
     "recent_counts",
     "reload_settings",
 ]
+__all__ += _errors.__all__
+__all__.sort()

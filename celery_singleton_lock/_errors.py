@@ -20,9 +20,8 @@ __all__ = [
 
 
 def install_hint(extra: str | None = None, pip: str = "pip install") -> str:
-    """How to install the package (with ``extra``, such as ``"web"``) while it is not on PyPI:
-    from its checkout, or from a wheel built from it; for the errors that name a missing
-    extra or an incomplete installation (``pip``: the command, such as a reinstall)."""
+    """How to install the package (with ``extra``, e.g. ``"web"``) while it is not on PyPI,
+    for errors naming a missing extra; ``pip`` is the command (e.g. a reinstall)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -62,16 +61,14 @@ class LockBackendError(LockError):
 
 
 class MisconfiguredError(LockError):
-    """No usable Redis is configured for the locks (``singleton_lock_redis_url`` is missing
-    and the broker is not Redis), or a setting asks for what the package cannot do. Not a
-    :class:`LockBackendError`: ``singleton_lock_on_backend_error="proceed"`` never goes on
-    past it."""
+    """No usable Redis is configured (no ``singleton_lock_redis_url`` and a non-Redis broker),
+    or a setting asks the impossible. Not a :class:`LockBackendError`: ``"proceed"`` on backend
+    errors never goes past it."""
 
 
 class AlreadyQueuedError(LockError):
-    """A publish-time duplicate (``lock_on_duplicate="raise"``): the job is already queued or
-    running. ``task_id`` holds the lock, ``ttl`` is the seconds left on its lease; with
-    ``cooldown``, that task has ended and ``ttl`` is the ``lock_cooldown`` left."""
+    """A publish-time duplicate (``lock_on_duplicate="raise"``): ``task_id`` holds the lock,
+    ``ttl`` seconds left on its lease (with ``cooldown``: it ended, ``ttl`` of cooldown left)."""
 
     def __init__(self, task_id: str, ttl: float, key: str = "", cooldown: bool = False) -> None:
         super().__init__(task_id, ttl, key, cooldown)
@@ -93,10 +90,9 @@ class AlreadyQueuedError(LockError):
 
 
 class ChordDuplicateError(AlreadyQueuedError):
-    """A publish-time duplicate in a chord header, whatever ``lock_on_duplicate`` says (the
-    first job's result would leave the chord waiting): the chord was not sent. ``revoked``:
-    the header's members already sent, now revoked (their locks freed); ``in_header``: the
-    holder was one of them (the same job twice in the header)."""
+    """A publish-time duplicate in a chord header, whatever ``lock_on_duplicate`` says: the
+    chord was not sent. ``revoked``: members already sent, now revoked (locks freed);
+    ``in_header``: the holder was one of them (the same job twice in the header)."""
 
     def __init__(
         self,
@@ -107,7 +103,7 @@ class ChordDuplicateError(AlreadyQueuedError):
         in_header: bool = False,
     ) -> None:
         super().__init__(task_id, ttl, key)
-        self.args = (task_id, ttl, key, revoked, in_header)  # what pickling passes back
+        self.args = (task_id, ttl, key, revoked, in_header)  # for pickling
         self.revoked = revoked
         self.in_header = in_header
 
@@ -135,8 +131,8 @@ class ChordDuplicateError(AlreadyQueuedError):
 
 
 class TaskLockedError(LockError):
-    """A run-time duplicate with ``lock_on_locked="raise"``: another run (``task_id``, the
-    first argument, so that the result backend keeps it) holds the lock."""
+    """A run-time duplicate with ``lock_on_locked="raise"``: run ``task_id`` holds the lock
+    (the first argument, so that the result backend keeps it)."""
 
     def __init__(self, task_id: str, key: str = "") -> None:
         super().__init__(task_id, key)
@@ -148,9 +144,8 @@ class TaskLockedError(LockError):
 
 
 class RateLimitExceededError(LockError):
-    """A call of a task with ``lock_rate`` and ``lock_on_locked="raise"`` whose turn did not
-    come within ``lock_rate_max_delay``: its run did not start. ``limiter`` is the limiter's
-    name, ``wait`` the seconds its turn was still away."""
+    """A ``lock_rate`` call (``lock_on_locked="raise"``) whose turn did not come within
+    ``lock_rate_max_delay``: ``limiter`` names the limiter, ``wait`` the seconds still away."""
 
     def __init__(self, limiter: str, wait: float) -> None:
         super().__init__(limiter, wait)
@@ -165,10 +160,9 @@ class RateLimitExceededError(LockError):
 
 
 class RateLimited(Exception):
-    """Raised by a task's body when the service it calls says "slow down" (an HTTP 429, say):
-    the task's ``lock_rate`` limiter is paused ``retry_after`` seconds for every worker, and
-    this call comes back after the pause, not counted as a retry. ``LockedTask.rate_limit_pause``
-    maps another exception to a pause the same way."""
+    """Raise in a task's body when the service says "slow down" (an HTTP 429): the task's
+    ``lock_rate`` limiter pauses ``retry_after`` seconds for every worker, and this call comes
+    back after it, not counted as a retry (``LockedTask.rate_limit_pause`` maps others)."""
 
     def __init__(self, retry_after: float, message: str = "") -> None:
         if isinstance(retry_after, bool) or not isinstance(retry_after, int | float):

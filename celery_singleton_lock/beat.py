@@ -1,22 +1,10 @@
 """Beat that cannot run twice: ``celery beat -S celery_singleton_lock.beat:LeaderScheduler``.
 
-Every beat with this scheduler competes for one renewed leader lock (``beat:<app main name>``
-under ``singleton_lock_prefix``, lease ``singleton_lock_ttl``). The holder runs the scheduler
-``singleton_lock_beat_scheduler`` names (Celery's ``PersistentScheduler`` by default,
-django-celery-beat's ``DatabaseScheduler`` and RedBeat's ``RedBeatScheduler`` too, the latter
-with its own lock off: ``_beat_redbeat``); the others stand by, trying about every second, and
-one takes over when the leader stops (it releases) or dies (within one lease).
-
-A send needs Redis's word that this beat still leads: one script checks that its hold is there
-with a quarter of the lease left and, in the same step, records the send beside the lock
-(entry name -> time). Refused for lack of lease, the tick is tried again; refused because the
-hold is gone, the beat stops leading. Right before publishing, the lease is checked once more
-on the local clock, so a leader paused in between sends nothing: that tick is lost, not sent
-twice. Every publish passes that check, also one the wrapped scheduler's own tick makes with
-``apply_async()`` (recorded first when it was not). A new leader starts from the records
-(again whenever the wrapped scheduler reloads its entries); when they are gone too (Redis lost
-its data) after another beat led, it counts every entry as sent at the takeover. No Redis
-error ends the beat: it logs and tries again.
+Every beat competes for one renewed leader lock (``beat:<app main name>``); the holder runs the
+scheduler ``singleton_lock_beat_scheduler`` names, the others stand by and take over within one
+lease. Each send is first recorded beside the lock in one step with Redis's word that this beat
+leads with lease to spare, then checked on the local clock: a paused leader loses a tick, never
+sends it twice. A new leader starts from the records. No Redis error ends the beat.
 """
 
 from __future__ import annotations
@@ -27,17 +15,16 @@ import os
 import socket
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery.beat import Scheduler
 from kombu.utils.imports import symbol_by_name
 from redis.exceptions import RedisError
 
 from ._beat_redbeat import seams_for
-from ._celery import beat_records
 from ._celery.config import LockConfig
 from ._errors import LockError, LockLostError
-from ._lock import ReentrantLock
+from ._lock import LockSpace, ReentrantLock, Script, check_lease_ms, lease_seconds, text
 
 __all__ = ["LeaderScheduler"]
 
@@ -47,6 +34,49 @@ DEBUG, INFO, WARNING = logging.DEBUG, logging.INFO, logging.WARNING
 #: how long the last-run records outlive the last send (seconds), and their kind
 RECORDS_TTL = 7 * 24 * 3600.0
 RECORDS = "last_run"
+
+
+# Safe to resend: a second run writes the same field again.
+RECORD_IF_HELD = Script("record_if_held.lua")
+
+
+class RecordReply(NamedTuple):
+    """What :func:`record_if_held` did: ``recorded`` (held with enough lease), ``held``, and
+    the seconds left on the lease (-1.0: no lease)."""
+
+    recorded: bool
+    held: bool
+    lease_left: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.recorded
+
+
+def record_if_held(
+    space: LockSpace,
+    name: str,
+    owner: str,
+    kind: str,
+    field: str,
+    value: str,
+    *,
+    min_lease: float,
+    keep: float,
+) -> RecordReply:
+    """Write ``field = value`` into the ``kind`` records beside lock ``name`` only while ``owner``
+    holds it with ``min_lease`` seconds left (one step); the records live ``keep`` seconds."""
+    keys, keep_ms = space.keys(name), check_lease_ms(keep)
+    args = (owner, field, value, round(max(min_lease, 0.0) * 1000), keep_ms)
+    with space.named(name).operation("record") as client:
+        code, pttl = RECORD_IF_HELD(client, (keys.lock, keys.records(kind)), args)
+    return RecordReply(int(code) == 1, int(code) != 0, lease_seconds(pttl))
+
+
+def records(space: LockSpace, name: str, kind: str) -> dict[str, str]:
+    """The ``kind`` records beside lock ``name`` of ``space``."""
+    with space.named(name).operation("read the records of") as client:
+        raw = client.hgetall(space.keys(name).records(kind))
+    return {text(field): text(value) for field, value in raw.items()}
 
 
 class _NotNow(Exception):
@@ -60,12 +90,11 @@ _combined: dict[tuple[type, type], type] = {}
 class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type information
     """A beat scheduler that only the holder of the leader lock runs (see the module).
 
-    An instance is one of a class made of this one (or a subclass) and the scheduler that
-    ``singleton_lock_beat_scheduler`` names, so each method of that scheduler is the real one.
+    An instance is of a class made of this one and the scheduler that
+    ``singleton_lock_beat_scheduler`` names, whose methods are the real ones.
     """
 
-    #: seconds between the INFO lines of a beat that keeps standing by (and the WARNING lines
-    #: of one that keeps failing to reach Redis)
+    #: seconds between repeated standby INFO lines (and Redis-failure WARNING lines)
     standby_log_every: float = 60.0
 
     def __new__(cls, app: Any, *args: Any, **kwargs: Any) -> Any:
@@ -82,16 +111,15 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         self._ttl: float = config.ttl
         self._leader: ReentrantLock | None = None
         self._me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
-        #: the holder info operators see (`celery locks list`, the locks page), as a task's
+        #: the holder info operators see, as a task's
         self._info = json.dumps(
             {"task": "celery beat", "host": socket.gethostname(), "pid": os.getpid()}
         )
-        #: a new owner token per term: a term never re-enters an earlier one's hold that Redis
-        #: still keeps (a release that could not be sent)
+        #: a new owner token per term: never re-enter an earlier term's unreleased hold
         self._term = 1
         #: another beat led since this one last did: this one's schedule state may be behind
         self._others_led = False
-        #: the takeover's moment, until the first merge of the records after it
+        #: the takeover's moment, until the first merge of the records
         self._took_over_at: datetime | None = None
         self._standby_since: float | None = None
         self._standby_logged_at = 0.0
@@ -99,8 +127,6 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         self._failing_since: float | None = None
         self._failure_logged_at = 0.0
         super().__init__(app, *args, **kwargs)
-
-    # -- leadership ----------------------------------------------------------------------------
 
     def _say(self, level: int, message: str, *args: Any) -> None:
         log.log(level, f"beat %s {message}", self._me, *args)
@@ -200,17 +226,16 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
 
     def _merge_records(self) -> None:
         """Move every entry's last run forward to what the leaders recorded (never back)."""
-        records: dict[str, datetime] = {}
-        for name, text in beat_records.records(self._space, self._lock_name, RECORDS).items():
+        found: dict[str, datetime] = {}
+        for name, value in records(self._space, self._lock_name, RECORDS).items():
             try:
-                recorded = datetime.fromisoformat(text)
+                recorded = datetime.fromisoformat(value)
             except ValueError:
                 continue
-            records[name] = recorded if recorded.tzinfo else recorded.replace(tzinfo=UTC)
+            found[name] = recorded if recorded.tzinfo else recorded.replace(tzinfo=UTC)
         floor = None
-        if self._took_over_at is not None and not records and self._others_led:
-            # The records are gone and another beat led since this one: what it sent is
-            # unknown. Counted as sent now, an entry waits one period.
+        if self._took_over_at is not None and not found and self._others_led:
+            # Records gone after another beat led: counted as sent now, none is sent twice.
             floor = self._took_over_at
             self._say(
                 WARNING,
@@ -219,7 +244,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             )
         dirty = getattr(self, "_dirty", None)  # django-celery-beat's entries to write back
         for name, entry in list(self.schedule.items()):
-            when = records.get(name, floor)
+            when = found.get(name, floor)
             last = entry.last_run_at
             if when is None:
                 continue
@@ -239,8 +264,6 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
                     dirty.add(name)
         self._took_over_at = None
         self._others_led = False
-
-    # -- the scheduler's hooks -----------------------------------------------------------------
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if not self._leads():
@@ -263,20 +286,18 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         return min(interval, self._ttl / 3)
 
     def populate_heap(self, *args: Any, **kwargs: Any) -> None:
-        # Built at a term's first tick and whenever the wrapped scheduler's entries change
-        # (django-celery-beat reloads them from its database).
+        # At a term's first tick and whenever the wrapped scheduler reloads its entries.
         if self._leader is not None:
             self._merge_records()
         super().populate_heap(*args, **kwargs)
 
     def reserve(self, entry: Any) -> Any:
-        # Recorded before the entry advances, in one step with Redis's word that this beat
-        # leads with lease to spare: no send is left out of the records, and a refusal leaves
-        # the entry due for the next try.
+        # Recorded before the entry advances, with Redis's word that this beat leads: no send
+        # escapes the records, and a refusal leaves the entry due.
         leader = self._leader
         if leader is None:
             raise LockLostError(f"beat {self._me} does not lead")
-        reply = beat_records.record_if_held(
+        reply = record_if_held(
             self._space,
             self._lock_name,
             leader.owner,
@@ -296,8 +317,8 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         return super().reserve(entry)
 
     def _last_check(self, entry: Any) -> None:
-        """Raise :class:`LockLostError` (and say so) unless the lease still runs on the local
-        clock: a leader paused since the record sends nothing (no round trip)."""
+        """Raise (and log) unless the lease still runs on the local clock: a leader paused
+        since the record sends nothing."""
         try:
             if self._leader is None:
                 raise LockLostError(f"beat {self._me} does not lead")
@@ -307,8 +328,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             raise
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
-        # Checked before Celery logs "Sending due task": a send that does not go out is not
-        # logged as sent, nor as a "Message Error".
+        # Checked before Celery logs "Sending due task" (or a "Message Error").
         try:
             self._last_check(entry)
         except LockError:
@@ -318,10 +338,8 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
-        # Every publish goes through here, also that of a wrapped scheduler that calls it by
-        # itself rather than through apply_entry(): advanced here, the send is recorded first
-        # (reserve()), and nothing is published without the last check. A refusal is raised
-        # to the caller.
+        # Every publish passes here, also a wrapped scheduler's own: recorded first when
+        # advanced here, always checked last; a refusal raises to the caller.
         if advance:
             entry = self.reserve(entry)
         self._last_check(entry)
@@ -342,20 +360,18 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
 
 def _combine(cls: type, inner: Any) -> type:
     """The class made of the leader scheduler ``cls`` and the scheduler ``inner`` names."""
-    inner_cls = symbol_by_name(inner) if isinstance(inner, str) else inner  # type: ignore[no-untyped-call]  # kombu: unannotated
-    if not (isinstance(inner_cls, type) and issubclass(inner_cls, Scheduler)):
+    found = symbol_by_name(inner) if isinstance(inner, str) else inner  # type: ignore[no-untyped-call]  # kombu: unannotated
+    scheduler = isinstance(found, type) and issubclass(found, Scheduler)
+    if not scheduler or issubclass(found, LeaderScheduler):
         raise TypeError(
-            f"singleton_lock_beat_scheduler must name a celery.beat.Scheduler subclass, "
-            f"got {inner!r}"
+            "singleton_lock_beat_scheduler must name a celery.beat.Scheduler subclass other "
+            f"than LeaderScheduler, got {inner!r}"
         )
-    if issubclass(inner_cls, LeaderScheduler):
-        raise TypeError("singleton_lock_beat_scheduler must not be LeaderScheduler itself")
-    combined = _combined.get((cls, inner_cls))
+    combined = _combined.get((cls, found))
     if combined is None:
-        name = f"Leader{inner_cls.__name__}" if cls is LeaderScheduler else cls.__name__
+        name = f"Leader{found.__name__}" if cls is LeaderScheduler else cls.__name__
         # between the two: what fits a scheduler's own ways to the leader lock (RedBeat's)
-        seams = seams_for(inner_cls)
-        combined = _combined[(cls, inner_cls)] = type(
-            name, (cls, *seams, inner_cls), {"_leader_wraps": inner_cls}
+        combined = _combined[(cls, found)] = type(
+            name, (cls, *seams_for(found), found), {"_leader_wraps": found}
         )
     return combined

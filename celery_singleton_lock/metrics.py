@@ -1,13 +1,8 @@
-"""Prometheus metrics of the lock and the Celery layer (the ``prometheus`` extra: ``pip install
-'.[prometheus]'`` in a checkout).
+"""Prometheus metrics of the lock and the Celery layer (the ``prometheus`` extra).
 
-In a worker, set ``singleton_lock_metrics_port``: each process that runs tasks serves them (a
-solo or threads worker on that port; prefork's main process on it, pool child *i* on port +
-*i*). Elsewhere call :func:`enable` (and :func:`serve`, or expose your own registry). Every
-name starts with ``celery_singleton_lock_``: ``acquires_total{outcome}``,
-``duplicates_total{task,action}``, ``refusals_total{task,reason}``, ``wait_seconds``,
-``hold_seconds``, ``renewals_total``, ``renewal_failures_total``, ``lost_total``,
-``backend_errors_total`` (what each counts: the Operating page).
+In a worker, set ``singleton_lock_metrics_port`` (pool child *i* serves on port + *i*);
+elsewhere call :func:`enable` (and :func:`serve`, or expose your own registry). Every name
+starts with ``celery_singleton_lock_`` (what each counts: the Operating page).
 """
 
 from __future__ import annotations
@@ -41,8 +36,7 @@ _BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3600, float("inf"
 
 
 class LockMetrics:
-    """The metrics, in one registry, and the observer of the lock and the Celery layer that
-    counts into them."""
+    """The metrics in one registry, and the lock's and Celery layer's observer feeding them."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = r = registry
@@ -81,36 +75,21 @@ class LockMetrics:
         self.backend_errors = Counter(
             PREFIX + "backend_errors", "Lock operations failed by Redis", registry=r
         )
-        # made once: a label lookup per event would cost more than counting it
+        # the observers' calls, bound once: a label lookup per event would cost more than
+        # counting it
         self._acquired = self.acquires.labels("acquired")
         self._reentered = self.acquires.labels("reentered")
-        self._refused = self.acquires.labels("refused")
+        self.refused = self.acquires.labels("refused").inc
+        self.waited = self.wait.observe
+        self.released = self.hold.observe
+        self.renewed = self.renewals.inc
+        self.renewal_failed = self.renewal_failures.inc
+        self.lost = self.lost_leases.inc
+        self.backend_error = self.backend_errors.inc
 
-    # -- the lock's observer (LockObserver) and the Celery layer's (JobObserver) -----------------
-
+    # the rest of LockObserver and JobObserver
     def acquired(self, reentered: bool) -> None:
         (self._reentered if reentered else self._acquired).inc()
-
-    def refused(self) -> None:
-        self._refused.inc()
-
-    def waited(self, seconds: float) -> None:
-        self.wait.observe(seconds)
-
-    def released(self, held_seconds: float) -> None:
-        self.hold.observe(held_seconds)
-
-    def renewed(self, leases: int) -> None:
-        self.renewals.inc(leases)
-
-    def renewal_failed(self) -> None:
-        self.renewal_failures.inc()
-
-    def lost(self) -> None:
-        self.lost_leases.inc()
-
-    def backend_error(self) -> None:
-        self.backend_errors.inc()
 
     def duplicate(self, task: str, action: str) -> None:
         self.duplicates.labels(task, action).inc()
@@ -124,8 +103,8 @@ _enable_lock = threading.Lock()
 
 
 def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
-    """Count into Prometheus from now on in this process; idempotent (the first call's
-    registry stays: a metric cannot be registered twice)."""
+    """Count into Prometheus from now on in this process; idempotent (the first registry
+    stays: a metric cannot be registered twice)."""
     global _enabled
     with _enable_lock:
         if _enabled is None:
@@ -142,8 +121,7 @@ def disable() -> None:
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> Any:
-    """:func:`enable`, and serve the registry over HTTP on ``addr:port`` from a daemon thread;
-    returns prometheus_client's server."""
+    """:func:`enable`, and serve the registry on ``addr:port`` from a daemon thread."""
     metrics = enable()
     server = _start_http_server(port, addr, registry=metrics.registry)
     log.info("serving the lock metrics on http://%s:%d/metrics", addr, port)

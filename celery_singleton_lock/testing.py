@@ -1,14 +1,8 @@
-"""Test helpers for users of celery-singleton-lock (and for its own test suite).
-
-:class:`RedisServer` starts a throw-away ``redis-server`` on a free loopback port (the one on
-``PATH``, or the embedded ``valkey-server`` of the ``embedded`` extra)
-and stops it afterwards::
+"""Test helpers: :class:`RedisServer` runs a throw-away ``redis-server`` (or the ``embedded``
+extra's ``valkey-server``) on a free loopback port; test locks on a real server, not a fake::
 
     with RedisServer() as server:
         client = server.client()
-
-Test lock behaviour on a real server: a fake cannot show what a lease, a Lua script or a
-dropped connection really does.
 """
 
 from __future__ import annotations
@@ -50,9 +44,8 @@ def find_redis_server() -> str:
 
 
 class RedisServer:
-    """A redis-server process of its own, on a free port (and a unix socket with
-    ``unix_socket``), without persistence; ``args`` are extra server arguments
-    (``"--requirepass", "s3cret"``)."""
+    """A redis-server of its own on a free port (and a unix socket with ``unix_socket``),
+    without persistence; ``args`` are extra server arguments (``"--requirepass", "s3cret"``)."""
 
     def __init__(
         self,
@@ -90,8 +83,7 @@ class RedisServer:
         """Start the server (unless it runs) and wait until it answers."""
         if self.process is not None and self.process.poll() is None:
             return self
-        # The server's own output goes to a file: what it prints before its log file is open
-        # (an option it does not know, say) is why it exited at start.
+        # What it prints before its log file is open (a bad option) says why it exited.
         with open(self.dir / "server.out", "ab") as out:
             self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout

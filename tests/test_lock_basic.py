@@ -24,11 +24,11 @@ from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock import LockLostError, LockNotOwnedError, LockSpace, ReentrantLock
-from celery_singleton_lock._celery.beat_records import record_if_held, records
 from celery_singleton_lock._lock import commands
 from celery_singleton_lock._lock import scripts as _scripts
 from celery_singleton_lock._lock.commands import ReleaseReply
 from celery_singleton_lock._lock.keys import LockKeys
+from celery_singleton_lock.beat import record_if_held, records
 
 FORK = multiprocessing.get_context("fork")
 

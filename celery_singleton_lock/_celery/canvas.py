@@ -1,14 +1,8 @@
-"""A deduplicated canvas member (group, chord header, chain) ends its canvas, never leaves it
-waiting for a message that was never sent.
-
-Celery gives every member its id before sending anything and drops what its ``apply_async``
-returns, so a publish-time duplicate's id would stay PENDING for ever, and with it the group's,
-chain's or chord's result. Such a duplicate either raises at publish when it is a chord header
-member sent by the caller (:func:`refuse_chord_member`: the members this thread already sent to
-that header are revoked and their locks freed, so the chord can be sent again), or records its
-own id as failed with :class:`AlreadyQueuedError` (:func:`fail_member`): its chain fails, its
-chord counts a failed part, its group slot is ready. A run-time duplicate in a chord header
-fails too (:mod:`.conflict`).
+"""A deduplicated canvas member (group, chord header, chain) ends its canvas instead of leaving
+it PENDING for ever (Celery gives members their ids before sending and drops what
+``apply_async`` returns). A chord header member sent by the caller raises
+(:func:`refuse_chord_member`, the members already sent revoked); any other records its id as
+failed (:func:`fail_member`). A run-time duplicate in a chord header fails too (:mod:`.conflict`).
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ from .hold import HoldState, MessageLock
 
 __all__ = [
     "CANVAS_OPTIONS",
-    "ChordDuplicateError",
     "canvas_member",
     "chord_member_of",
     "fail_member",
@@ -46,21 +39,19 @@ _HEADERS_KEPT = 4
 
 
 def canvas_member(options: Mapping[str, Any]) -> bool:
-    """Whether ``apply_async`` options are a canvas member's (an empty ``chain`` counts: a
-    chain's last step is sent with one)."""
+    """Whether ``apply_async`` options are a canvas member's (an empty ``chain`` counts)."""
     return any(options.get(name) is not None for name in CANVAS_OPTIONS)
 
 
 def chord_member_of(options_or_request: Any) -> bool:
-    """Whether ``apply_async`` options or a worker request belong to a chord header member,
-    which must report (succeed or fail), never vanish."""
+    """Whether ``apply_async`` options or a worker request are a chord header member's."""
     getter = getattr(options_or_request, "get", None)
     return getter is not None and getter("chord") is not None
 
 
 def sent_by_worker(app: Any, options: Mapping[str, Any]) -> bool:
-    """Whether the tracer sends this member as the next step of the task running in this
-    worker (an exception there would fail that task, whose body succeeded)."""
+    """Whether the tracer sends this member as the next step of the task running here (an
+    exception there would fail that task, whose body succeeded)."""
     parent_id = options.get("parent_id")
     if not parent_id:
         return False
@@ -71,8 +62,7 @@ def sent_by_worker(app: Any, options: Mapping[str, Any]) -> bool:
 def fail_member(
     task: Any, task_id: str, options: Mapping[str, Any], error: AlreadyQueuedError
 ) -> None:
-    """Record the unsent member ``task_id`` as failed with ``error`` (the backend's
-    ``mark_as_failure``): Celery ends its canvas as for a member that failed."""
+    """Record the unsent member ``task_id`` as failed with ``error``: its canvas ends."""
     request = Context(
         id=task_id,
         task=task.name,
@@ -99,16 +89,14 @@ def fail_member(
         )
 
 
-_local = threading.local()
+class _Sent(threading.local):
+    """This thread's chord headers -> the (task id, lock) of the members it sent to them."""
+
+    def __init__(self) -> None:
+        self.headers: OrderedDict[str, list[tuple[str, MessageLock]]] = OrderedDict()
 
 
-def _sent_headers() -> OrderedDict[str, list[tuple[str, MessageLock]]]:
-    headers: OrderedDict[str, list[tuple[str, MessageLock]]] | None = getattr(
-        _local, "headers", None
-    )
-    if headers is None:
-        headers = _local.headers = OrderedDict()
-    return headers
+_sent = _Sent()
 
 
 def note_chord_member(
@@ -117,11 +105,11 @@ def note_chord_member(
     headers: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> None:
-    """``after_task_publish``: note each locked chord header member this thread sends, so a
-    duplicate met later in that header can revoke them."""
+    """``after_task_publish``: note the locked chord header members this thread sends, for
+    :func:`refuse_chord_member` to revoke."""
     if headers is None:
         return
-    # A group member first (every publish comes here, few in a group), then a locked one.
+    # Cheapest test first: every publish comes here, few in a group.
     group_id, task_id = headers.get("group"), headers.get("id")
     if not (isinstance(group_id, str) and isinstance(task_id, str)):
         return
@@ -134,7 +122,7 @@ def note_chord_member(
         return
     if not isinstance(embed, Mapping) or embed.get("chord") is None:
         return
-    sent = _sent_headers()
+    sent = _sent.headers
     if group_id in sent:
         sent.move_to_end(group_id)
     else:
@@ -148,9 +136,9 @@ def refuse_chord_member(
     task: Any, options: Mapping[str, Any], holder: str, ttl: float, key: str
 ) -> NoReturn:
     """A publish-time duplicate in a chord header: revoke the members this thread sent to it
-    (their locks freed while still queued), then raise :class:`ChordDuplicateError`."""
+    (their locks freed), then raise :class:`ChordDuplicateError`."""
     group_id = options.get("group_id")
-    sent = _sent_headers().pop(group_id, []) if isinstance(group_id, str) else []
+    sent = _sent.headers.pop(group_id, []) if isinstance(group_id, str) else []
     revoked: list[str] = []
     if sent:
         app = task.app
@@ -162,7 +150,7 @@ def refuse_chord_member(
             log.error("could not revoke the members already sent to chord %s: %r", group_id, exc)
         for task_id, lock in sent:
             try:
-                # Each member's own lock space: the members may be tasks of other classes.
+                # Each member's own lock space (they may be tasks of other classes).
                 job = LockConfig.of(app).space(lock.prefix).named(lock.name, lock.permits)
                 job.force_release(holder=task_id, states=(HoldState.QUEUED,))
             except Exception as exc:  # the lock frees itself when its queue lease ends

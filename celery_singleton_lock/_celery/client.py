@@ -1,6 +1,5 @@
-"""The Redis client of an app's locks, made from its settings (:class:`.config.LockConfig`
-makes it once, at its first lock): a URL (``redis://``, ``rediss://``, ``unix://``, a
-``sentinel://`` list), the broker's when that is Redis, or a client of the user's."""
+"""The Redis client of an app's locks, from its settings: a URL (``redis://``, ``rediss://``,
+``unix://``, a ``sentinel://`` list), the broker's when that is Redis, or the user's client."""
 
 from __future__ import annotations
 
@@ -19,21 +18,18 @@ __all__ = ["SOCKET_TIMEOUT", "make_client"]
 
 
 def _resolve_url(config: LockConfig, conf: Any) -> tuple[str, str]:
-    """The URL of the locks' Redis, and the setting it came from (for errors):
-    ``singleton_lock_redis_url``, or a Redis broker's URL."""
+    """The URL of the locks' Redis, and the setting it came from (for errors)."""
     if config.redis_url:
         return config.redis_url, "singleton_lock_redis_url"
     broker = conf.broker_url or ""
     if isinstance(broker, (list, tuple)):
-        # kombu takes a list as it takes a ';'-separated string: each URL an alternate, every
-        # sentinel:// one a sentinel to ask
+        # kombu reads a list as a ';'-separated string (alternates, or sentinels to ask)
         if broker and isinstance(broker[0], str) and broker[0].startswith("sentinel"):
             broker = ";".join(broker)
         else:
             broker = broker[0] if broker else ""
     if isinstance(broker, str) and broker.split(":", 1)[0].lower() in REDIS_SCHEMES:
-        # all of a sentinel:// list: the locks must fail over across the sentinels as the
-        # broker does, not depend on the first one alone
+        # all of a sentinel:// list: the locks fail over as the broker does
         return broker, "broker_url"
     raise MisconfiguredError(
         "celery-singleton-lock needs Redis: set app.conf.singleton_lock_redis_url "
@@ -42,14 +38,12 @@ def _resolve_url(config: LockConfig, conf: Any) -> tuple[str, str]:
     )
 
 
-#: the ``broker_use_ssl`` keys that mean the same to redis-py's client (Celery's Redis
-#: transport passes them on as they are)
+#: the ``broker_use_ssl`` keys that mean the same to redis-py (Celery passes them on as is)
 _SSL_KEYS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 
 
 def _broker_ssl(config: LockConfig, conf: Any, url: str) -> dict[str, Any]:
-    """The broker's TLS options, for a lock client that shares the broker's ``rediss://``
-    URL: without them it could not verify a server the broker can (a private CA)."""
+    """The broker's TLS options for a client sharing its ``rediss://`` URL (a private CA)."""
     if config.redis_url or not url.lower().startswith("rediss:"):
         return {}
     use_ssl = conf.broker_use_ssl
@@ -58,37 +52,30 @@ def _broker_ssl(config: LockConfig, conf: Any, url: str) -> dict[str, Any]:
     return {k: use_ssl[k] for k in _SSL_KEYS if k in use_ssl}
 
 
-#: seconds: the socket and connect timeouts of the clients made here (unless set in
-#: ``singleton_lock_redis_options``, or ``singleton_lock_backend_timeout`` is shorter), and the
-#: default of ``singleton_lock_backend_timeout``
+#: seconds: the socket and connect timeouts of the clients made here (unless the options set
+#: them, or the backend timeout is shorter), and the default ``singleton_lock_backend_timeout``
 SOCKET_TIMEOUT = 5
 
 
-def _socket_timeout(config: LockConfig) -> float:
-    """The socket and connect timeouts of the clients made here: :data:`SOCKET_TIMEOUT`, or
-    the backend timeout when that is shorter. One wait for a reply is bounded by the socket
-    timeout only (redis-py offers no public bound on it below that), so a backend timeout
-    shorter than the socket timeout would otherwise not bound a call to a Redis that hangs."""
-    return min(SOCKET_TIMEOUT, config.backend_timeout)
-
-
-def _retry() -> DeadlineRetry:
-    """The resend policy of the clients made here: 3 resends within about a second
-    (redis-py's default is up to 10 s of them; resending is safe, every script is idempotent
-    per request), none started past the deadline of the lock operation in progress
-    (``singleton_lock_backend_timeout``)."""
+def _bounded(options: dict[str, Any], config: LockConfig) -> float:
+    """Default the timeouts in ``options`` to :data:`SOCKET_TIMEOUT` or the backend timeout
+    when shorter (only the socket timeout bounds one wait for a reply), and the resends to 3
+    within about a second (scripts are idempotent), none past the operation's deadline."""
     from redis.backoff import ExponentialBackoff
 
-    return DeadlineRetry(ExponentialBackoff(cap=0.5, base=0.05), 3)
+    timeout = min(SOCKET_TIMEOUT, config.backend_timeout)
+    options.setdefault("socket_timeout", timeout)
+    options.setdefault("socket_connect_timeout", timeout)
+    options.setdefault("retry", DeadlineRetry(ExponentialBackoff(cap=0.5, base=0.05), 3))
+    return timeout
 
 
 def _sentinel_client(
     url: str, where: str, options: dict[str, Any], config: LockConfig, conf: Any
 ) -> Any:
-    """A client of the master that the ``sentinel://`` list ``url`` (from the setting
-    ``where``) names: read as the broker reads it (:func:`.settings.parse_sentinel_url`),
-    with ``master_name``, ``sentinel_kwargs`` and ``min_other_sentinels`` from ``options``
-    (``singleton_lock_redis_options``) or else the broker's transport options."""
+    """A client of the master of the ``sentinel://`` list ``url`` (from setting ``where``),
+    with ``master_name``, ``sentinel_kwargs``, ``min_other_sentinels`` from ``options`` or
+    else the broker's transport options."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
     from redis.sentinel import Sentinel
@@ -113,22 +100,15 @@ def _sentinel_client(
     min_other = opts.pop("min_other_sentinels", None)
     if min_other is None:
         min_other = transport.get("min_other_sentinels", 0)
-    timeout = _socket_timeout(config)
-    opts.setdefault("socket_timeout", timeout)
-    opts.setdefault("socket_connect_timeout", timeout)
-    opts.setdefault("retry", _retry())
+    timeout = _bounded(opts, config)
     if parsed.username and "username" not in opts:
         opts["username"] = parsed.username
     if parsed.password and "password" not in opts:
         opts["password"] = parsed.password
-    # The sentinels' connections. redis-py would give them the master's socket_* options (only
-    # when no sentinel_kwargs are given) and a new client's resends (up to 10, with backoff):
-    # a first sentinel that hangs would then hold every lock call that asks for the master
-    # (one per renewal batch, and per acquire) far past the backend timeout, and the next
-    # sentinels would never be asked in time. A sentinel that hangs or refuses costs one
-    # try, bounded so that all of them and the command itself fit in the master's timeout,
-    # then the next one is asked (redis-py's discover_master goes on down the list, and
-    # puts the one that answered first for the next time).
+    # redis-py would give the sentinels the master's timeouts and up to 10 resends: a hung
+    # first sentinel would hold every lock call far past the backend timeout. Here each
+    # sentinel gets one try, bounded so all of them and the command fit in the master's
+    # timeout (discover_master then asks the next one).
     share = len(parsed.sentinels) + 1
     if sentinel_kwargs is None:
         sentinel_opts = {k: v for k, v in opts.items() if k.startswith("socket_")}
@@ -150,8 +130,8 @@ def _sentinel_client(
 
 
 def make_client(config: LockConfig, conf: Any) -> Any:
-    """A new redis-py client from the settings (an injected client wins), ``conf`` being the
-    app's configuration (the broker's settings)."""
+    """A new redis-py client from the settings (an injected client wins); ``conf``: the app's
+    configuration."""
     injected = config.client_setting
     if injected is not None:
         client = injected() if callable(injected) and not hasattr(injected, "evalsha") else injected
@@ -166,11 +146,7 @@ def make_client(config: LockConfig, conf: Any) -> Any:
     if url.split(":", 1)[0].lower() == "sentinel":
         return _sentinel_client(url, where, options, config, conf)
     cluster = options.pop("cluster", False)
-    # Bounded waits: a lock call must fail with LockBackendError, never hang on a dead server,
-    # and within the backend timeout.
-    options.setdefault("socket_timeout", _socket_timeout(config))
-    options.setdefault("socket_connect_timeout", _socket_timeout(config))
-    options.setdefault("retry", _retry())
+    _bounded(options, config)  # a lock call fails within the backend timeout, never hangs
     try:
         if cluster:
             from redis.cluster import RedisCluster
@@ -183,7 +159,7 @@ def make_client(config: LockConfig, conf: Any) -> Any:
             options.pop("socket_timeout")
         return redis.Redis.from_url(url, **options)
     except (ValueError, TypeError) as exc:
-        # name the setting: redis-py's own message does not say where the URL came from
+        # name the setting: redis-py's message does not say where the URL came from
         if where == "broker_url":
             where = "broker_url (used for the locks: set singleton_lock_redis_url)"
         raise type(exc)(

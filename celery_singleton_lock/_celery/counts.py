@@ -1,19 +1,8 @@
-"""Recent counts of duplicates, refusals and lost locks, per minute, in Redis: what the web page
-shows of the last hour (read by :func:`celery_singleton_lock._ops.counts.recent_counts`).
-
-Each app config has one :class:`RecentCounter` (:attr:`LockConfig.counter`), made at its first
-count. A task pays one dict increment, only on a duplicate, refusal or lost-lock path; the
-counter's daemon thread (started at its first count) writes what was counted every
-:data:`FLUSH_INTERVAL` seconds, one pipeline of ``HINCRBY`` + ``EXPIREAT``: every key on its
-own, so it works on Redis Cluster. Keys are ``<prefix>:counts:<epoch minute>`` hashes (field
-``duplicates:<action>``, ``refusals:<reason>`` or ``lost``) that expire :data:`RETENTION_S`
-after their minute: never a lock's ``<prefix>:{name}`` nor a limiter's ``<prefix>:rate:{name}``.
-A write that Redis fails keeps its counts for the next try (those of minutes older than the
-retention are dropped: their keys would be gone already). A forked child (a prefork pool
-process) starts with an empty buffer and no thread (its parent writes its own); a worker
-process writes what is left at its shutdown (``wiring``), and
-:func:`celery_singleton_lock.close` writes an app's at once and ends its thread (an app made
-and dropped while the process runs: a test's, one per tenant).
+"""Recent counts of duplicates, refusals and lost locks, per minute, in Redis (the web page's
+last hour). A task pays one dict increment; each app config's :class:`RecentCounter` thread
+writes them every second as ``HINCRBY`` + ``EXPIREAT`` on ``<prefix>:counts:<epoch minute>``
+hashes (one key each: fine on Redis Cluster). A failed write keeps its counts for the next try;
+a forked child starts empty; workers write the rest at shutdown, :func:`close` at once.
 """
 
 from __future__ import annotations
@@ -36,22 +25,21 @@ FLUSH_INTERVAL = 1.0
 MAX_BACKOFF = 60.0
 #: how long a minute's hash lives after that minute ends
 RETENTION_S = 2 * 3600
-#: longest wait of :meth:`RecentCounter.close` for a write the thread has under way (a write
-#: is bounded by the client's socket timeout, a few seconds, and redis-py's retries)
+#: longest wait of :meth:`RecentCounter.close` for a write under way (bounded by the socket
+#: timeout and redis-py's retries)
 CLOSE_WAIT = 30.0
 #: the field of a lock lost while its run held it
 LOST = "lost"
 
 
 def counts_key(prefix: str, minute: int) -> str:
-    """The hash of the counts of epoch minute ``minute`` (Unix seconds // 60) under ``prefix``."""
+    """The hash of the counts of epoch minute ``minute`` under ``prefix``."""
     return f"{prefix}:counts:{minute}"
 
 
 def count(task: Any, field: str) -> None:
     """Count one ``field`` (``duplicates:skipped``, ``refusals:rate``, :data:`LOST`) for
-    ``task``, under its keys' prefix, unless its app's ``singleton_lock_counts`` is off. Never
-    raises: a count is not worth failing a task for."""
+    ``task`` unless ``singleton_lock_counts`` is off. Never raises."""
     try:
         bound = task.locking.bound(task.app)
         if bound.config.counts:
@@ -61,8 +49,7 @@ def count(task: Any, field: str) -> None:
 
 
 class RecentCounter:
-    """The counts of one app config (its lock client) not written yet, and the thread that
-    writes them."""
+    """The counts of one app config not written yet, and the thread that writes them."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -82,8 +69,7 @@ class RecentCounter:
     def add(self, prefix: str, field: str, n: int = 1) -> None:
         """Count ``n`` of ``field`` under ``prefix`` in the current minute."""
         if self._pid != os.getpid():
-            # A forked child: its parent's buffer and thread are not its own (its mutex may
-            # have been held at the fork; only this thread runs in the child now).
+            # A forked child: the parent's buffer, thread and (maybe held) mutex are not its own.
             self._reset()
         key = (prefix, int(time.time() // 60), field)
         with self._mutex:
@@ -100,16 +86,9 @@ class RecentCounter:
             elif idle:
                 self._wake.notify()
 
-    def pending(self) -> dict[tuple[str, int, str], int]:
-        """What this process has counted and not written yet: (prefix, minute, field) -> n."""
-        with self._mutex:
-            return dict(self._pending)
-
     def close(self) -> bool:
-        """Stop the writer thread and write what is pending, once; whether Redis took it (a
-        Redis that fails it keeps it: a later count starts the thread again). Once this
-        returns, the thread writes nothing more: a write it had under way has ended (waited
-        for up to :data:`CLOSE_WAIT` s), and it has ended too."""
+        """Stop the writer thread (waiting up to :data:`CLOSE_WAIT` s for a write under way)
+        and write what is pending; whether Redis took it (if not, it stays pending)."""
         if self._pid != os.getpid():
             self._reset()  # a forked child: the parent's thread and counts are not its own
         with self._mutex:
@@ -120,8 +99,7 @@ class RecentCounter:
         return self.flush()
 
     def flush(self) -> bool:
-        """Write what was counted; whether Redis took it (else it stays pending, logged on
-        ``celery_singleton_lock.counts``)."""
+        """Write what was counted; whether Redis took it (else it stays pending, logged)."""
         with self._mutex:
             taken, self._pending = self._pending, Counter()
         if not taken:
@@ -140,20 +118,16 @@ class RecentCounter:
                 type(exc).__name__,
                 exc,
             )
-            self._keep(taken)
+            # put back but those whose key would have expired by now (a bounded buffer)
+            oldest = int(time.time() // 60) - RETENTION_S // 60
+            with self._mutex:
+                for (prefix, minute, field), n in taken.items():
+                    if minute >= oldest:
+                        self._pending[prefix, minute, field] += n
             self._failing = True
             return False
         self._failing = False
         return True
-
-    def _keep(self, taken: Counter[tuple[str, int, str]]) -> None:
-        """Put back the counts of a failed write, but those whose minute's key would have
-        expired by now (what keeps the buffer bounded while Redis is down)."""
-        oldest = int(time.time() // 60) - RETENTION_S // 60
-        with self._mutex:
-            for (prefix, minute, field), n in taken.items():
-                if minute >= oldest:
-                    self._pending[prefix, minute, field] += n
 
     def _run(self) -> None:
         me = threading.current_thread()
@@ -164,12 +138,11 @@ class RecentCounter:
                     self._wake.wait()
                 # the interval between two writes, cut short by close()
                 self._wake.wait_for(lambda: self._thread is not me, backoff)
-                if self._thread is not me:  # closed (it writes what is pending itself) or
-                    return  # replaced: a fork's child runs no copy of it
+                if self._thread is not me:  # closed (close() writes the rest) or replaced
+                    return
             backoff = FLUSH_INTERVAL if self.flush() else min(backoff * 2, MAX_BACKOFF)
 
     def _at_exit(self) -> None:
-        """At the interpreter's exit (a publisher's): write what is left, unless Redis failed
-        the last write (the exit would wait on it)."""
+        """At exit: write what is left, unless the last write failed (exit would wait)."""
         if self._pid == os.getpid() and self._pending and not self._failing:
             self.flush()

@@ -1,14 +1,7 @@
-"""Every Celery signal receiver of the package, connected in one place, by the uses that need
-them: a :class:`LockedTask` bound to an app and :func:`install` call :func:`connect`. Nothing
-else connects any: importing the package does not, nor does the ``celery`` command's ``locks``
-entry point (which Celery imports for every ``celery ...`` run, so a worker or beat of an app
-that never uses the package is not changed by it being installed). Each receiver has a
-``dispatch_uid``: connecting again changes nothing.
-
-At the start of a worker or beat whose app uses the package, the settings are read again and
-checked (a wrong value or a misspelt name stops it with the reason, before any job depends on
-it), the ``singleton_lock_tasks`` setting's tasks are locked when nothing called
-:func:`install`, and the metrics are served when ``singleton_lock_metrics_port`` is set.
+"""Every Celery signal receiver of the package, connected by :func:`connect` (from a bound
+:class:`LockedTask` or :func:`install`; never at import, so an installed package changes no app
+that does not use it). At a worker's or beat's start the settings are read again and checked,
+the ``singleton_lock_tasks`` are locked, and the metrics served when configured.
 """
 
 from __future__ import annotations
@@ -31,8 +24,7 @@ __all__ = ["START_HOOKS", "connect", "django_check", "on_start"]
 log = logging.getLogger("celery_singleton_lock.startup")
 
 #: ``hook(app, what)`` called at a worker's or beat's start once its settings are checked
-#: (``install`` adds the one that locks ``singleton_lock_tasks``: it imports this module, so
-#: this one cannot import it)
+#: (``install`` adds one here: it imports this module, so this one cannot import it)
 START_HOOKS: list[Callable[[Any, str], None]] = []
 
 _connected = threading.Event()
@@ -40,9 +32,8 @@ _connecting = threading.Lock()
 
 
 def on_start(sender: Any = None, **_: Any) -> None:
-    """``worker_init`` / ``beat_init``: the settings this process runs with are those of its
-    start, read again now and checked; then the ``singleton_lock_tasks`` setting's tasks are
-    locked (when the app module did not call :func:`install`)."""
+    """``worker_init`` / ``beat_init``: read the settings again and check them, then run the
+    :data:`START_HOOKS`."""
     app = getattr(sender, "app", None)
     if app is None:
         return
@@ -52,10 +43,8 @@ def on_start(sender: Any = None, **_: Any) -> None:
     try:
         config.check()
     except (TypeError, ValueError) as exc:
-        # Said once: in the log (before a worker's logging is set up, Python's last-resort
-        # handler writes it to stderr); the exit carries no message, which Python would print
-        # a second time. Celery logs and swallows a receiver's Exception; SystemExit ends the
-        # process, as Celery's own configuration errors do.
+        # Said once, in the log (the exit carries no message, or Python prints it again).
+        # Celery swallows a receiver's Exception; SystemExit ends the process.
         log.critical("the %s cannot start: %s", what, exc)
         raise SystemExit(1) from exc
     for hook in list(START_HOOKS):
@@ -71,8 +60,7 @@ def _on_worker_process_init(**_: Any) -> None:
 
 
 def _serve_metrics(app: Any, offset: int) -> None:
-    """Serve the metrics from this worker process when ``singleton_lock_metrics_port`` is set:
-    the main process on the port, pool process *i* (billiard's index + 1) on port + *i*."""
+    """Serve the metrics when ``singleton_lock_metrics_port`` is set, on port + ``offset``."""
     config = LockConfig.of(app)
     if config.metrics_port is None:
         return
@@ -95,12 +83,12 @@ def _serve_metrics(app: Any, offset: int) -> None:
 
 
 def _write_counts(sender: Any = None, **_: Any) -> None:
-    """``worker_process_shutdown`` / ``worker_shutdown``: the app's recent counts written now
-    (its counter's thread would be killed with the process)."""
+    """``worker_process_shutdown`` / ``worker_shutdown``: write the app's recent counts (the
+    counter's thread dies with the process)."""
     app = getattr(sender, "app", None) or app_or_default()
     counter = LockConfig.of(app).counter_if_made
     if counter is not None:
-        counter.flush()  # nothing pending: no round trip
+        counter.flush()
 
 
 def connect() -> None:
@@ -123,7 +111,6 @@ def connect() -> None:
                 receiver, weak=False, dispatch_uid=f"celery_singleton_lock.{signal.name}"
             )
         if "django" in sys.modules:
-            # A Django project: its system checks report the settings too.
             from django.core import checks
 
             checks.register(django_check, "celery_singleton_lock")
