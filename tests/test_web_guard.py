@@ -22,7 +22,7 @@ from web_helpers import Client, served
 from celery_singleton_lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
 from celery_singleton_lock.web import LocksWeb, TokenAccess, make_app
-from celery_singleton_lock.web.guard import RefusalLog
+from celery_singleton_lock.web.access import RefusalLog
 
 TOKEN = "a-token-of-twenty-chars"
 KEY = "lock:{guard.job:1}"

@@ -20,6 +20,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from .access import Access, CallableAccess, TokenAccess
 from .app import LocksWeb, make_app
-from .messages import Request, Response
+from .views import Request, Response
 
 __all__ = ["Access", "CallableAccess", "LocksWeb", "Request", "Response", "TokenAccess", "make_app"]

@@ -1,9 +1,10 @@
-"""The page as a WSGI app (:class:`LocksWeb`, made by :func:`make_app`): a request
-(:mod:`.messages`) bounded (:mod:`.bounds`), checked and routed to :mod:`.views`."""
+"""The page as a WSGI app (:class:`LocksWeb`, made by :func:`make_app`): a request within
+its deadline, checked (:mod:`.access`) and routed to :mod:`.views`."""
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
@@ -13,10 +14,11 @@ from redis.exceptions import RedisError
 
 from .._errors import LockError
 from .._lock import check_prefix, operation_deadline
-from . import bounds, guard, views
+from . import access as guard
+from . import views
 from .access import Access, TokenAccess
-from .data import Source
-from .messages import BadRequest, Request, Response, request_from_environ
+from .data import MAX_AT_ONCE, REQUEST_SECONDS, Source, own_client
+from .views import BadRequest, Request, Response, error_page, request_from_environ
 
 if TYPE_CHECKING:
     from .serve import Hosts
@@ -54,22 +56,21 @@ class LocksWeb:
     ) -> None:
         self.source, self.access, self.link_pattern = source, access, link_pattern
         self.refresh, self.page_size = refresh, page_size
-        # The list's shared read is kept half a reload (a second at least): each open tab
-        # reloads once a refresh, so however many are open, Redis is read about twice a
-        # refresh, as for two tabs; and no tab sees a list older than its own reload.
+        # The shared read is kept half a reload (a second at least): however many tabs are
+        # open, Redis is read about twice a refresh, and no tab sees a list older than its own.
         source.shared.fresh = max(1.0, refresh / 2)
         #: the names the standalone server answers to (set by :func:`.serve.make_server`);
         #: ``None`` behind Flask or Django, whose own host checks apply
         self.hosts: Hosts | None = None
         self.refusals = guard.RefusalLog(log)
-        self._at_once = threading.BoundedSemaphore(bounds.MAX_AT_ONCE)
+        self._at_once = threading.BoundedSemaphore(MAX_AT_ONCE)
         self.outcomes = guard.Outcomes()
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
     ) -> Iterable[bytes]:
         response = self.handle(request_from_environ(environ))
-        start_response(response.status_line, response.headers)
+        start_response(f"{response.status} {HTTPStatus(response.status).phrase}", response.headers)
         return [response.body]
 
     def handle_mounted(
@@ -83,11 +84,13 @@ class LocksWeb:
     def handle(self, request: Request) -> Response:
         """Route ``request``; every answer sets the CSRF cookie when it was missing."""
         fresh = not request.cookies.get(guard.CSRF_COOKIE)
-        token = guard.new_csrf_token() if fresh else request.cookies[guard.CSRF_COOKIE]
-        if not self._at_once.acquire(blocking=False):  # (why: see bounds)
-            response = views.error_page(
+        token = secrets.token_urlsafe(32) if fresh else request.cookies[guard.CSRF_COOKIE]
+        # A bounded number at once: the others are answered 503 at once instead of piling
+        # up threads behind a slow Redis.
+        if not self._at_once.acquire(blocking=False):
+            response = error_page(
                 HTTPStatus.SERVICE_UNAVAILABLE,
-                f"the page is serving {bounds.MAX_AT_ONCE} requests already: try again shortly",
+                f"the page is serving {MAX_AT_ONCE} requests already: try again shortly",
             )
             response.headers.append(("Retry-After", "2"))
         else:
@@ -104,52 +107,54 @@ class LocksWeb:
     def _answer(self, request: Request, token: str) -> Response:
         """The routed answer, within the request's deadline; an error is a page too."""
         try:
-            with operation_deadline(bounds.REQUEST_SECONDS):
+            with operation_deadline(REQUEST_SECONDS):
                 return self._route(request, token)
         except BadRequest as exc:
-            return views.error_page(HTTPStatus.BAD_REQUEST, str(exc))
+            return error_page(HTTPStatus.BAD_REQUEST, str(exc))
         except views.NotHeld as exc:
-            return views.error_page(HTTPStatus.NOT_FOUND, str(exc))
+            return error_page(HTTPStatus.NOT_FOUND, str(exc))
         except (LockError, RedisError) as exc:  # Redis down, slow or hung: say so, no traceback
             log.warning("the locks page could not read Redis: %s", guard.printable(exc, 500))
-            return views.error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
+            return error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
         except Exception:  # anything else: the page's own 500, with its headers
             log.exception("the locks page failed on a %s", guard.printable(request.method))
-            return views.error_page(
+            return error_page(
                 HTTPStatus.INTERNAL_SERVER_ERROR,
                 "the page failed unexpectedly: its log (celery_singleton_lock.web) says why",
             )
 
     def _route(self, request: Request, token: str) -> Response:
-        # Before anything else, for every method: a name the server does not answer to is a
-        # rebinding site's (or a misdirected request), however it is sent.
+        # First, for every method: a name the server does not answer to is a rebinding site's
+        # (or a misdirected request), however it is sent.
         if self.hosts is not None and not self.hosts.allows_host(request.host):
             self.refusals.refused(
                 f"refused a {guard.printable(request.method)} by "
                 f"{self.access.actor(request.environ)} for a Host the page does not answer to "
                 f"{guard.where(request)}"
             )
-            return views.error_page(
+            return error_page(
                 HTTPStatus.MISDIRECTED_REQUEST,
                 "this server does not answer to that name: open it at http://127.0.0.1:PORT/, "
                 "or start it with --allowed-host NAME for the name a proxy sends",
             )
         if request.form_problem is not None:
-            return views.error_page(*request.form_problem)
+            return error_page(*request.form_problem)
         if not self.access.can_view(request.environ):
-            return views.error_page(HTTPStatus.FORBIDDEN, "you may not see the locks")
+            return error_page(HTTPStatus.FORBIDDEN, "you may not see the locks")
         if request.path not in ROUTES:
-            return views.error_page(HTTPStatus.NOT_FOUND, f"no page {request.path!r} here")
+            return error_page(HTTPStatus.NOT_FOUND, f"no page {request.path!r} here")
         get, post = ROUTES[request.path]
         posted = request.method == "POST" and post is not None
         if not posted and request.method not in ("GET", "HEAD"):
             allowed = "GET or POST only" if post else "GET only"
-            return views.error_page(HTTPStatus.METHOD_NOT_ALLOWED, allowed)
+            return error_page(HTTPStatus.METHOD_NOT_ALLOWED, allowed)
+        if post is None:
+            return get(self, request, token)
         # A change's confirmation and its POST: refused before anything is read or freed.
-        refused = guard.change_refused(self, request, posted) if post is not None else None
+        refused = guard.change_refused(self, request, posted)
         if refused is not None:
-            return views.error_page(*refused)
-        return post(self, request) if post is not None and posted else get(self, request, token)
+            return error_page(*refused)
+        return post(self, request) if posted else get(self, request, token)
 
 
 #: each path's GET view and POST view
@@ -159,12 +164,6 @@ ROUTES: dict[str, tuple[Callable[..., Response], Callable[..., Response] | None]
     "release": (views.release_confirm, views.release_post),
     "purge": (views.purge_confirm, views.purge_post),
 }
-
-
-def _whole(name: str, value: object, least: int) -> int:
-    if type(value) is not int or value < least:
-        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
-    return value
 
 
 def make_app(
@@ -188,9 +187,10 @@ def make_app(
     costs Redis at most."""
     if (celery_app is None) == (url is None):
         raise ValueError("give exactly one of celery_app or url (redis://host:port/db)")
-    refresh = _whole("refresh", refresh, 0)
-    page_size = _whole("page_size", page_size, 1)
-    max_locks = _whole("max_locks", max_locks, 1)
+    whole = (("refresh", refresh, 0), ("page_size", page_size, 1), ("max_locks", max_locks, 1))
+    for name, value, least in whole:
+        if type(value) is not int or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
     if link_pattern is not None:
         # A link of the task id alone, or of another scheme, would let a publisher's task id
         # (``javascript:...``) become the link.
@@ -216,11 +216,11 @@ def make_app(
     elif not isinstance(access, Access):
         raise TypeError(f"access must be an Access (see TokenAccess), got {access!r}")
     if url is not None:
-        source = Source(bounds.own_client(url), prefixes or ["lock"], max_locks=max_locks)
+        source = Source(own_client(url), prefixes or ["lock"], max_locks=max_locks)
     else:
         from .._celery.config import LockConfig
         from .._ops.target import app_prefixes
 
-        client = bounds.own_client(LockConfig.of(celery_app).client)
+        client = own_client(LockConfig.of(celery_app).client)
         source = Source(client, prefixes or app_prefixes(celery_app), celery_app, max_locks)
     return LocksWeb(source, access, link_pattern=link_pattern, refresh=refresh, page_size=page_size)

@@ -1,25 +1,59 @@
-"""What the page reads and changes in Redis: the locks, limiters and beat leaders under the
-prefixes it covers (as ``celery locks list`` reads them), filtered, sorted and paged in Python
-after one read (bounded as :mod:`.bounds` says); a lock's details; a release, a reset and a
-purge."""
+"""What the page reads and changes in Redis (the locks, limiters and beat leaders under its
+prefixes, as ``celery locks list`` reads them; a release, a reset, a purge), and its bounds: a
+hung or slow Redis, a big keyspace or a crowd of open tabs must cost little. Each request has
+one deadline (:data:`REQUEST_SECONDS`), the page its own client with short waits, a SCAN cut
+at ``max_locks``, and one read of the list shared by every viewer (:class:`Shared`)."""
 
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
-from collections.abc import Sequence
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .._celery.hold import HoldState
 from .._celery.task import LockedTask
-from .._lock import LockKeys, LockSpace, RateKeys, RateLimiter, RateState, inspect_rate
+from .._errors import LockBackendError
+from .._lock import (
+    LockKeys,
+    LockSpace,
+    RateKeys,
+    RateLimiter,
+    RateState,
+    backend_errors,
+    escape_name,
+    glob_escape,
+    inspect_rate,
+    is_cluster,
+    text,
+    time_left,
+)
 from .._ops import locks as ops
 from .._ops.counts import RecentCounts, recent_counts
 from .._ops.locks import LockView
-from .bounds import LimiterScan, Shared, check_time, lock_keys, text_pattern
 
 __all__ = ["DIGEST", "LIMITER", "STATES", "Listing", "Source", "digest"]
+
+T = TypeVar("T")
+
+#: seconds a request may spend on Redis, all its commands together
+REQUEST_SECONDS = 2.0
+#: seconds one wait on the page's own client may last: a request ends within about
+#: REQUEST_SECONDS + SOCKET_SECONDS
+SOCKET_SECONDS = 0.8
+#: requests served at once; more are answered 503 at once, not piled up behind a slow Redis
+MAX_AT_ONCE = 8
+#: keys one SCAN call looks at
+SCAN_COUNT = 1000
+#: SCAN calls one read of the limiters makes at most
+LIMITER_CALLS = 20
+#: locks inspected per round trip (a pipeline), the deadline checked between them
+BATCH = 500
+#: hex digits of a key's digest
+DIGEST = 24
 
 #: the ``state`` filter that shows the rate limiters only
 LIMITER = "limiter"
@@ -29,25 +63,168 @@ STATES = ("held", "running", "queued", "requeued", "cooldown", "debounced", LIMI
 BEAT = "beat:"
 #: a queued hold of a task with ``lock_debounce`` is a call waiting out its debounce
 DEBOUNCED = "debounced"
-
-#: the hold states (lua/force_release.lua) a purge filtered by a page state frees only in;
-#: a run's hold ("running") records its run, which that check refuses: it is freed from the
-#: holder the page read, as a plain lock ("held") is
+#: the hold states (lua/force_release.lua) a purge filtered by a page state frees only in; a
+#: run's hold records its run, which that check refuses: it is freed from the holder read
 _HOLD_STATES = {
     HoldState.QUEUED: (HoldState.QUEUED,),
     DEBOUNCED: (HoldState.QUEUED,),
     HoldState.REQUEUED: (HoldState.REQUEUED,),
     HoldState.COOLDOWN: (HoldState.COOLDOWN,),
 }
-#: hex digits of a key's digest
-DIGEST = 24
-#: locks inspected per round trip (a pipeline), the deadline checked between them
-BATCH = 500
+
+
+def check_time(doing: str) -> None:
+    """Raise :class:`LockBackendError` (a 503) once the request's deadline has passed."""
+    left = time_left()
+    if left is not None and left <= 0:
+        raise LockBackendError(
+            f"Redis did not answer within {REQUEST_SECONDS:g} s while the page {doing}: it is "
+            "slow or hung. The page tries again at its next load."
+        )
+
+
+def own_client(client: Any) -> Any:
+    """A client of the app's Redis (or of a URL) with its own connections, whose waits are
+    short and never resent (the app's client may wait and resend for a task's sake). A
+    client the page cannot copy (Sentinel, Cluster) is used as it is: the deadline bounds it."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    if isinstance(client, str):
+        client = redis.Redis.from_url(client)
+    pool = getattr(client, "connection_pool", None)
+    if type(client) is not redis.Redis or type(pool) is not redis.ConnectionPool:
+        return client
+    options = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
+    options.update(socket_timeout=SOCKET_SECONDS, socket_connect_timeout=SOCKET_SECONDS)
+    own = redis.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=4 * MAX_AT_ONCE, **options
+    )
+    return redis.Redis(connection_pool=own)
+
+
+def text_pattern(q: str) -> str:
+    """A SCAN pattern matching a lock name that contains ``q`` in any case."""
+    out = []
+    for c in escape_name(q):
+        low, up = c.lower(), c.upper()
+        out.append(f"[{low}{up}]" if low != up and len(low) == len(up) == 1 else glob_escape(c))
+    return "*" + "".join(out) + "*"
+
+
+def lock_keys(
+    client: Any, prefix: str, most: int, name_pattern: str = "*"
+) -> tuple[list[LockKeys], bool]:
+    """The keys of the locks (each permit) under ``prefix`` whose name matches
+    ``name_pattern`` (a SCAN glob), at most ``most`` of them; and whether that is all."""
+    match = f"{glob_escape(prefix)}:{{{name_pattern}}}*"
+    found: dict[str, LockKeys] = {}
+    with backend_errors("scan", "", f"for the locks under prefix {prefix!r}"):
+        for n, raw in enumerate(client.scan_iter(match=match, count=SCAN_COUNT)):
+            if n % SCAN_COUNT == 0:
+                check_time("looked for the locks")
+            try:
+                keys = LockKeys.from_lock_key(text(raw))
+            except ValueError:  # a lock's meta hash or records: not a lock
+                continue
+            if keys.prefix != prefix:
+                continue
+            found[keys.lock] = keys
+            if len(found) > most:
+                return list(found.values())[:most], False
+    return list(found.values()), True
+
+
+class LimiterScan:
+    """The rate limiters under ``prefix``, found by a SCAN that goes on where the last read
+    left it (a bounded number of calls per read): those of the last whole pass, and those
+    the pass under way found so far."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._cursor = 0
+        self._known: set[str] = set()
+        self._pass: set[str] = set()
+        self._lock = threading.Lock()
+
+    def names(self, client: Any) -> set[str]:
+        match = f"{glob_escape(self.prefix)}:rate:{{*"
+        with self._lock, backend_errors("scan", "", f"for the rate limiters of {self.prefix!r}"):
+            if is_cluster(client):  # a cluster's SCAN goes node by node: one whole pass
+                self._known = self._parse(client.scan_iter(match=match, count=SCAN_COUNT))
+                return set(self._known)
+            for _ in range(LIMITER_CALLS):
+                check_time("looked for the rate limiters")
+                cursor, raws = client.scan(self._cursor, match=match, count=SCAN_COUNT)
+                self._pass.update(self._parse(raws))
+                self._cursor = int(cursor)
+                if self._cursor == 0:  # a whole pass: what it found is what there is
+                    self._known, self._pass = self._pass, set()
+                    break
+            return self._known | self._pass
+
+    def _parse(self, raws: Any) -> set[str]:
+        parsed = (RateKeys.from_key(self.prefix, text(raw)) for raw in raws)
+        return {keys.name for keys in parsed if keys is not None}
+
+
+class Shared(Generic[T]):
+    """``read()``'s answer shared by every request: read by one request at a time (the others
+    wait for it, within their deadline), kept until the end of the clock's current period
+    (``fresh`` seconds, doubled until at least twice what the read took), not the viewers':
+    however many look, Redis is read once a period at most. An error is not kept."""
+
+    def __init__(self, read: Callable[[], T], fresh: float = 1.0) -> None:
+        self._read, self.fresh = read, fresh
+        self._lock = threading.Lock()
+        self._value: T | None = None
+        self._until = 0.0
+        #: seconds the last read took
+        self.took = 0.0
+
+    def forget(self) -> None:
+        """The next request reads again (after a change: its viewer sees what it did)."""
+        self._until = 0.0
+
+    def get(self) -> T:
+        value = self._value
+        if value is not None and time.monotonic() < self._until:
+            return value
+        left = time_left()
+        if not self._lock.acquire(timeout=-1 if left is None else max(left, 0.0)):
+            raise LockBackendError(
+                "another request's read of Redis did not end in time: Redis is slow or hung"
+            )
+        try:
+            if self._value is not None and time.monotonic() < self._until:
+                return self._value  # read by the request this one waited for
+            started = time.monotonic()
+            value = self._read()
+            self.took = time.monotonic() - started
+            self._value = value
+            period = self.fresh
+            while period < 2 * self.took:
+                period *= 2
+            self._until = (math.floor(time.monotonic() / period) + 1) * period
+            return value
+        finally:
+            self._lock.release()
 
 
 def digest(key: str) -> str:
     """A short name of ``key`` for its links (SHA-256, the first hex digits)."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST]
+
+
+def matches(view: LockView, q: str, state: str) -> bool:
+    """Whether a lock row passes the filter (``q``: a substring of its task or key)."""
+    if state and view.state != state:
+        return False
+    if q:
+        q = q.lower()
+        return q in view.key.lower() or q in (view.task or "").lower()
+    return True
 
 
 @dataclass(frozen=True)
@@ -68,31 +245,18 @@ class Listing:
     )
 
     def pick(self, q: str, state: str, newest_first: bool) -> list[LockView]:
-        """The locks the filter ``q`` and ``state`` lets through, sorted by age."""
+        """The locks the filter lets through, oldest first (or newest), those of no known
+        age last, by key."""
         key = (q, state, newest_first)
         found = self.picked.get(key)
         if found is None:
-            found = sort_views([v for v in self.locks if matches(v, q, state)], newest_first)
+            views = [v for v in self.locks if matches(v, q, state)]
+            found = [v for v in views if v.age_s is not None]
+            found.sort(key=lambda v: (v.age_s or 0.0, v.key), reverse=not newest_first)
+            found += [v for v in views if v.age_s is None]
             if len(self.picked) < 32:  # (a crafted stream of filters keeps no more)
                 self.picked[key] = found
         return found
-
-
-def matches(view: LockView, q: str, state: str) -> bool:
-    """Whether a lock row passes the filter (``q``: a substring of its task or key)."""
-    if state and view.state != state:
-        return False
-    if q:
-        q = q.lower()
-        return q in view.key.lower() or q in (view.task or "").lower()
-    return True
-
-
-def sort_views(views: list[LockView], newest_first: bool) -> list[LockView]:
-    """Oldest first (``newest_first``: the reverse); locks of no known age last, by key."""
-    known = [v for v in views if v.age_s is not None]
-    known.sort(key=lambda v: (v.age_s or 0.0, v.key), reverse=not newest_first)
-    return known + [v for v in views if v.age_s is None]
 
 
 class Source:
@@ -125,7 +289,7 @@ class Source:
 
     def _read_locks(self, name_pattern: str = "*") -> Listing:
         """The held locks whose names match ``name_pattern`` (a SCAN glob), at most
-        ``max_locks`` of them, and the beat leaders among them."""
+        ``max_locks``, and the beat leaders among them."""
         found: list[LockKeys] = []
         complete = True
         for prefix in self.prefixes:
@@ -147,8 +311,8 @@ class Source:
         return Listing(locks, leaders, [], complete)
 
     def _read_list(self) -> Listing:
-        """The list's read: the locks, the rate limiters in use (a start in the window, a
-        turn reserved or a pause) and the recent counts."""
+        """The locks, the rate limiters in use (a start in the window, a turn reserved or a
+        pause) and the last hour's counts, summed over the prefixes."""
         listing = self._read_locks()
         limiters = []
         for prefix, scan in self._limiter_scans.items():
@@ -157,7 +321,14 @@ class Source:
                 state = inspect_rate(self.client, RateKeys.for_name(prefix, name))
                 if state.used or state.waiting or state.paused:
                     limiters.append((prefix, state))
-        return replace(listing, limiters=limiters, counts=self.counts())
+        every = [recent_counts(self.client, prefix, 60) for prefix in self.prefixes]
+        counts = RecentCounts(
+            60,
+            {k: sum(c.duplicates.get(k, 0) for c in every) for k in every[0].duplicates},
+            {k: sum(c.refusals.get(k, 0) for c in every) for k in every[0].refusals},
+            sum(c.lost for c in every),
+        )
+        return replace(listing, limiters=limiters, counts=counts)
 
     def read(self, q: str = "", fresh: bool = False) -> Listing:
         """The locks a view of the text filter ``q`` is picked from: the shared read (or,
@@ -169,8 +340,7 @@ class Source:
         return listing
 
     def key_of_digest(self, short: str) -> str | None:
-        """The key of a held lock or limiter in use whose :func:`digest` is ``short``, among
-        those the page lists (``None``: none is)."""
+        """The key of a held lock or limiter in use whose :func:`digest` is ``short``."""
         for listing in (self.shared.get(), self._read_locks()):
             keys = [v.key for v in (*listing.locks, *listing.leaders)]
             keys += [RateKeys.for_name(p, r.name).log for p, r in listing.limiters]
@@ -178,17 +348,6 @@ class Source:
             if found is not None:
                 return found
         return None
-
-    def counts(self, minutes: int = 60) -> RecentCounts:
-        """The last ``minutes``' counts, summed over the prefixes."""
-        every = [recent_counts(self.client, prefix, minutes) for prefix in self.prefixes]
-        duplicates: Counter[str] = Counter()
-        refusals: Counter[str] = Counter()
-        for counts in every:
-            duplicates.update(counts.duplicates)
-            refusals.update(counts.refusals)
-        lost = sum(c.lost for c in every)
-        return RecentCounts(minutes, dict(duplicates), dict(refusals), lost)
 
     def prefix_of(self, key: str) -> str | None:
         return next((p for p in self.prefixes if key.startswith(f"{p}:{{")), None)
@@ -198,7 +357,7 @@ class Source:
 
     def lock(self, key: str) -> tuple[LockView, list[LockView]] | None:
         """One held lock by its key, with the job's other held permits (a ``lock_limit``
-        above 1: its slots then say how many are held); ``None`` when it is not held."""
+        above 1); ``None`` when it is not held."""
         prefix = self.prefix_of(key)
         if prefix is None:
             return None
@@ -241,10 +400,9 @@ class Source:
         return "released" if done else "not-held"
 
     def purge(self, views: Sequence[LockView], state: str = "") -> int:
-        """Free each of ``views`` from the holder it was read with (a lock taken again since
-        by another holder stays); with the filter's ``state``, only while the hold is still
-        in it, checked in Redis in the same step (as ``celery locks purge --queued``): a run
-        that started since the read keeps its lock. How many were freed."""
+        """Free each of ``views`` from the holder it was read with; with the filter's
+        ``state``, only while the hold is still in it, checked in Redis in the same step (a
+        run that started since the read keeps its lock). How many were freed."""
         states = _HOLD_STATES.get(state, ())
         self.shared.forget()
         freed = 0

@@ -1,26 +1,29 @@
-"""The pages: the list, one lock, the release and purge confirmations and their POSTs, and the
-error page. Query input is checked before Redis is read; a change, checked before it comes
-here (:func:`.guard.change_refused`), is logged naming who did it from where."""
+"""A request of the page (read from a WSGI environ, or handed over by Flask or Django), its
+answer, and the pages: the list, one lock, the release and purge confirmations and their
+POSTs, and the error page. Query input is checked before Redis is read; a change, checked
+before it comes here (:func:`.guard.change_refused`), is logged naming who did it from where."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from dataclasses import dataclass, field
 from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from .._lock import Rate, RateKeys, RateState
 from .._ops.locks import LockView
+from .access import OUTCOME_COOKIE, cookie, printable, where
 from .data import BEAT, DIGEST, LIMITER, STATES, digest, matches
-from .guard import OUTCOME_COOKIE, cookie, printable, where
-from .messages import BadRequest, Request, Response, filters, paging
 
 if TYPE_CHECKING:
     from .app import LocksWeb
 
-__all__ = ["NotHeld", "error_page", "listing", "lock_page"]
+__all__ = ["MAX_FORM_BYTES", "BadRequest", "NotHeld", "Request", "Response", "error_page"]
 
 log = logging.getLogger("celery_singleton_lock.web")
 
@@ -31,12 +34,121 @@ _templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+#: a POSTed form larger than this is refused (a confirm form is a few hundred bytes)
+MAX_FORM_BYTES = 64 * 1024
 #: a key longer than this is linked by its digest (a URL must stay short enough to send)
 LONG_KEY = 256
 
 
+class BadRequest(ValueError):
+    """A query the page cannot answer (400), its message naming the parameter."""
+
+
 class NotHeld(LookupError):
     """A key the page finds no lock of (404)."""
+
+
+@dataclass
+class Request:
+    """One request, as the page needs it."""
+
+    method: str
+    #: the path below the mount: "", "lock", "release" or "purge"
+    path: str
+    #: the absolute path of the mount, ending with "/" (the CSRF cookie's path)
+    mount: str
+    query: dict[str, str] = field(default_factory=dict)
+    form: dict[str, str] = field(default_factory=dict)
+    cookies: dict[str, str] = field(default_factory=dict)
+    host: str = ""
+    origin: str = ""
+    referer: str = ""
+    remote: str = ""
+    secure: bool = False
+    environ: dict[str, Any] = field(default_factory=dict)
+    #: the status and reason when the POSTed form could not be read (``None``: it was)
+    form_problem: tuple[int, str] | None = None
+
+
+@dataclass
+class Response:
+    """One answer: a status, a body and headers."""
+
+    status: int
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _read_form(environ: dict[str, Any]) -> tuple[dict[str, str], tuple[int, str] | None]:
+    if environ.get("REQUEST_METHOD") != "POST":
+        return {}, None
+    given = str(environ.get("CONTENT_LENGTH") or "0").strip()
+    if not (given.isascii() and given.isdecimal()) or len(given) > 12:
+        return {}, (HTTPStatus.BAD_REQUEST, "the Content-Length is not a number of bytes")
+    length = int(given)
+    if length > MAX_FORM_BYTES:
+        return {}, (
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"the form has {length} bytes, more than the {MAX_FORM_BYTES} a confirm form may "
+            "have: a long key is released through its link (which names it by a digest)",
+        )
+    body = environ["wsgi.input"].read(length).decode("utf-8", "replace") if length else ""
+    return dict(parse_qsl(body, keep_blank_values=True)), None
+
+
+def request_from_environ(
+    environ: dict[str, Any],
+    path: str | None = None,
+    mount: str | None = None,
+    form: dict[str, str] | None = None,
+) -> Request:
+    """The request of a WSGI ``environ``; ``path``, ``mount`` and ``form`` when the host
+    framework already routed it and read its body."""
+    cookies: dict[str, str] = {}
+    # another app's malformed cookie: ours is then missing (a new one is set), not fatal
+    with contextlib.suppress(CookieError):
+        cookies = {k: m.value for k, m in SimpleCookie(environ.get("HTTP_COOKIE", "")).items()}
+    problem = None
+    if form is None:
+        form, problem = _read_form(environ)
+    return Request(
+        method=environ.get("REQUEST_METHOD", "GET").upper(),
+        path=environ.get("PATH_INFO", "").lstrip("/") if path is None else path,
+        mount=environ.get("SCRIPT_NAME", "").rstrip("/") + "/" if mount is None else mount,
+        query=dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)),
+        form=form,
+        cookies=cookies,
+        host=environ.get("HTTP_HOST") or environ.get("SERVER_NAME", ""),
+        origin=environ.get("HTTP_ORIGIN", ""),
+        referer=environ.get("HTTP_REFERER", ""),
+        remote=environ.get("REMOTE_ADDR", ""),
+        secure=environ.get("wsgi.url_scheme") == "https",
+        environ=environ,
+        form_problem=problem,
+    )
+
+
+def filters(query: dict[str, str]) -> tuple[str, str]:
+    """The list's filter: a text and a state."""
+    q, state = query.get("q", "").strip(), query.get("state", "")
+    if state and state not in STATES:
+        raise BadRequest(f"state must be one of {', '.join(STATES)} (or empty), got {state!r}")
+    return q, state
+
+
+def paging(query: dict[str, str]) -> tuple[int, bool]:
+    """The page number asked for, and whether newest first."""
+    page_text, sort = query.get("page", "1") or "1", query.get("sort", "age") or "age"
+    # (int() of thousands of digits is refused by Python itself: a 500 before this check)
+    if not (page_text.isascii() and page_text.isdecimal()) or len(page_text) > 9:
+        raise BadRequest(f"page must be a whole number >= 1, got {page_text[:20]!r}")
+    if int(page_text) < 1:
+        raise BadRequest(f"page must be a whole number >= 1, got {page_text!r}")
+    if sort not in ("age", "-age"):
+        raise BadRequest(
+            f"sort must be 'age' (oldest first) or '-age' (newest first), got {sort!r}"
+        )
+    return int(page_text), sort == "-age"
 
 
 def duration(seconds: float | None) -> str:
@@ -63,15 +175,10 @@ def key_query(key: str) -> dict[str, str]:
     return {"key": key} if len(key) <= LONG_KEY else {"d": digest(key)}
 
 
-def href(page: str, key: str) -> str:
-    return page + "?" + urlencode(key_query(key))
-
-
-_templates.globals["href"] = href
+_templates.globals["href"] = lambda page, key: page + "?" + urlencode(key_query(key))
 
 
 def _lock_row(view: LockView) -> dict[str, Any]:
-    """A row of ``#locks``, ``#permits`` or ``#beat``."""
     return {
         "key": view.key,
         "app": view.name[len(BEAT) :],
@@ -88,7 +195,6 @@ def _lock_row(view: LockView) -> dict[str, Any]:
 
 
 def _limiter_row(prefix: str, state: RateState) -> dict[str, Any]:
-    """A row of ``#limiters``, as ``celery locks list`` shows it."""
     return {
         "key": RateKeys.for_name(prefix, state.name).log,
         "used": f"{state.used}/{state.limit}" if state.limit else str(state.used),
@@ -138,10 +244,6 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
     keep = {k: v for k, v in (("q", q), ("state", state)) if v}
     if newest_first:
         keep["sort"] = "-age"
-
-    def at(n: int) -> str:
-        return "./?" + urlencode({**keep, "page": n})
-
     limiters = [_limiter_row(prefix, r) for prefix, r in shared.limiters]
     limiters = [r for r in limiters if q.lower() in r["key"].lower()]
     # A read that took long reloads less often: open tabs must not keep Redis busy.
@@ -160,8 +262,8 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
         max_locks=web.source.max_locks,
         page=page,
         pages=pages,
-        prev_href=at(page - 1) if page > 1 else None,
-        next_href=at(page + 1) if page < pages else None,
+        prev_href="./?" + urlencode({**keep, "page": page - 1}) if page > 1 else None,
+        next_href="./?" + urlencode({**keep, "page": page + 1}) if page < pages else None,
         q=q,
         state=state,
         sort="-age" if newest_first else "age",
