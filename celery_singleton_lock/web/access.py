@@ -1,15 +1,8 @@
 """Who may see the locks page and free locks from it (an :class:`Access` answers for one
-request's WSGI ``environ``), and what the page checks before a change.
-
-CSRF: a double-submit cookie (HttpOnly, SameSite=Strict) that a confirm form repeats, compared
-in constant time, and an ``Origin`` (else ``Referer``) that, when sent, is one of the page's
-origins: standalone, its allowed names (:class:`~.serve.Hosts`), never the request's ``Host``,
-which a rebinding site chooses; mounted, the scheme and host the framework accepted. A
-change's outcome reaches the list in a cookie signed with a key of this process
-(:class:`Outcomes`), not in the URL: a crafted link, or another site on the same host name
-(cookies do not keep ports apart), could put words of its own in the banner. Log lines escape
-what a client sends (:func:`printable`) and refusals are rate-limited (:class:`RefusalLog`).
-"""
+request's WSGI ``environ``), and what the page checks before a change: a CSRF cookie the form
+repeats and an ``Origin`` (else ``Referer``) among the page's own (standalone: its allowed
+names, never the ``Host`` a rebinding site chooses), the token's throttle, an outcome cookie
+signed by this process (a link, or another site on the same host name, cannot forge it)."""
 
 from __future__ import annotations
 
@@ -74,9 +67,9 @@ class Access(Protocol):
 
 
 class Throttle:
-    """Wrong tokens' price: after ``free`` wrong tries, each further one closes the gate for
-    a delay that doubles (``first`` seconds, up to ``most``), during which no token is
-    compared. A right token opens it again; so do ``forget`` quiet seconds."""
+    """After ``free`` wrong tokens each one more closes the gate (no token compared) for a
+    delay that doubles from ``first`` seconds to ``most``; a right token or ``forget`` quiet
+    seconds open it."""
 
     def __init__(
         self, free: int = 3, first: float = 1.0, most: float = 60.0, forget: float = 600.0
@@ -107,9 +100,8 @@ class Throttle:
 
 
 class TokenAccess:
-    """The standalone server's access: everyone who reaches it may look (it listens on
-    loopback by default); a change needs ``token`` (16 characters or more) typed into the
-    confirm form. Without a token the page is read-only: no release link, every POST refused."""
+    """The standalone server's access: whoever reaches it may look; a change needs ``token``
+    (16 characters or more) typed into the confirm form. Without one the page is read-only."""
 
     __slots__ = ("_token", "throttle")
 
@@ -186,15 +178,14 @@ class CallableAccess:
 
 
 def printable(value: object, limit: int = 200) -> str:
-    """``value`` for a log line: unprintable characters escaped (a folded header cannot forge
-    a line), cut at ``limit``."""
+    """``value`` for a log line, cut at ``limit``, unprintable characters escaped (a folded
+    header cannot forge a line)."""
     text = str(value)
     shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
     return shown + ("..." if len(text) > limit else "")
 
 
 def where(request: Request) -> str:
-    """Where a request came from, for a log line."""
     return (
         f"from {printable(request.remote or '?')} (Host {printable(request.host or '-')}, "
         f"Origin {printable(request.origin or '-')})"
@@ -202,8 +193,8 @@ def where(request: Request) -> str:
 
 
 class RefusalLog:
-    """Refusals logged as WARNINGs, at most one line each ``every`` seconds (a flood of wrong
-    tries does not flood the log); the next line says how many were not logged meanwhile."""
+    """Refusals logged at most once each ``every`` seconds (a flood of tries does not flood
+    the log), the next line saying how many were not logged meanwhile."""
 
     def __init__(self, log: logging.Logger, every: float = 5.0) -> None:
         self.log, self.every = log, every
@@ -237,8 +228,7 @@ def _is_own(origin: str, request: Request, hosts: Hosts | None) -> bool:
 
 
 def _csrf_problem(request: Request, hosts: Hosts | None) -> str | None:
-    """Why a POST fails the CSRF check, or ``None``; ``hosts``: the standalone server's names
-    (``None``: mounted)."""
+    """Why a POST fails the CSRF check; ``hosts``: the standalone server's (``None``: mounted)."""
     cookie_value, posted = request.cookies.get(CSRF_COOKIE), request.form.get("csrf", "")
     if not cookie_value or not posted:
         return "the form carries no CSRF token (reload the page and try again)"

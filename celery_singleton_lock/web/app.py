@@ -4,6 +4,7 @@ its deadline, checked (:mod:`.access`) and routed to :mod:`.views`."""
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -18,7 +19,7 @@ from . import access as guard
 from . import views
 from .access import Access, TokenAccess
 from .data import MAX_AT_ONCE, REQUEST_SECONDS, Source, own_client
-from .views import BadRequest, Request, Response, error_page, request_from_environ
+from .views import BadRequest, Request, Response, error_page
 
 if TYPE_CHECKING:
     from .serve import Hosts
@@ -56,11 +57,10 @@ class LocksWeb:
     ) -> None:
         self.source, self.access, self.link_pattern = source, access, link_pattern
         self.refresh, self.page_size = refresh, page_size
-        # The shared read is kept half a reload (a second at least): however many tabs are
-        # open, Redis is read about twice a refresh, and no tab sees a list older than its own.
+        # half a reload (a second at least): Redis is read about twice a refresh however many
+        # tabs are open, and no tab sees a list older than its own reload
         source.shared.fresh = max(1.0, refresh / 2)
-        #: the names the standalone server answers to (set by :func:`.serve.make_server`);
-        #: ``None`` behind Flask or Django, whose own host checks apply
+        #: the standalone server's names (:func:`.serve.make_server`); mounted, ``None``
         self.hosts: Hosts | None = None
         self.refusals = guard.RefusalLog(log)
         self._at_once = threading.BoundedSemaphore(MAX_AT_ONCE)
@@ -69,24 +69,23 @@ class LocksWeb:
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
     ) -> Iterable[bytes]:
-        response = self.handle(request_from_environ(environ))
+        response = self.handle(Request(environ))
         start_response(f"{response.status} {HTTPStatus(response.status).phrase}", response.headers)
         return [response.body]
 
     def handle_mounted(
         self, environ: dict[str, Any], full: str, sub: str, form: dict[str, str]
     ) -> Response:
-        """A request that Flask or Django routed to ``sub`` ("", "lock", ...) of the page at
-        the request path ``full``, its ``form`` read."""
+        """A request Flask or Django routed to ``sub`` ("", "lock", ...) of the page at the
+        path ``full``, its ``form`` read."""
         mount = full[: len(full) - len(sub)] if sub and full.endswith(sub) else full
-        return self.handle(request_from_environ(environ, sub, mount, form))
+        return self.handle(Request(environ, sub, mount, form))
 
     def handle(self, request: Request) -> Response:
         """Route ``request``; every answer sets the CSRF cookie when it was missing."""
         fresh = not request.cookies.get(guard.CSRF_COOKIE)
         token = secrets.token_urlsafe(32) if fresh else request.cookies[guard.CSRF_COOKIE]
-        # A bounded number at once: the others are answered 503 at once instead of piling
-        # up threads behind a slow Redis.
+        # the others answered at once, not piled up behind a slow Redis
         if not self._at_once.acquire(blocking=False):
             response = error_page(
                 HTTPStatus.SERVICE_UNAVAILABLE,
@@ -105,7 +104,6 @@ class LocksWeb:
         return response
 
     def _answer(self, request: Request, token: str) -> Response:
-        """The routed answer, within the request's deadline; an error is a page too."""
         try:
             with operation_deadline(REQUEST_SECONDS):
                 return self._route(request, token)
@@ -124,8 +122,7 @@ class LocksWeb:
             )
 
     def _route(self, request: Request, token: str) -> Response:
-        # First, for every method: a name the server does not answer to is a rebinding site's
-        # (or a misdirected request), however it is sent.
+        # first, whatever the method: a name it does not answer to is a rebinding site's
         if self.hosts is not None and not self.hosts.allows_host(request.host):
             self.refusals.refused(
                 f"refused a {guard.printable(request.method)} by "
@@ -150,14 +147,12 @@ class LocksWeb:
             return error_page(HTTPStatus.METHOD_NOT_ALLOWED, allowed)
         if post is None:
             return get(self, request, token)
-        # A change's confirmation and its POST: refused before anything is read or freed.
         refused = guard.change_refused(self, request, posted)
         if refused is not None:
             return error_page(*refused)
         return post(self, request) if posted else get(self, request, token)
 
 
-#: each path's GET view and POST view
 ROUTES: dict[str, tuple[Callable[..., Response], Callable[..., Response] | None]] = {
     "": (views.listing, None),
     "lock": (views.lock_page, None),
@@ -177,14 +172,12 @@ def make_app(
     page_size: int = 100,
     max_locks: int = 2000,
 ) -> LocksWeb:
-    """The locks page of ``celery_app`` (its Redis client and every prefix its locked tasks
-    use, as ``celery locks list``) or of the Redis at ``url`` (prefix ``lock`` unless
-    ``prefixes`` says otherwise). ``access``: who may look and change (default: everyone
-    looks, nobody changes). ``link_pattern``: where a holder's task id links to, with
-    ``{task_id}``. ``refresh``: seconds between reloads of the list (0: none; longer when a
-    read took long). ``page_size``: locks per page. ``max_locks``: the most locks one read
-    looks at (beyond, the page says so, and a filter by text finds the others): what a view
-    costs Redis at most."""
+    """The locks page of ``celery_app`` (its Redis and every prefix its locked tasks use) or
+    of the Redis at ``url`` (prefix ``lock`` unless ``prefixes`` says otherwise). ``access``:
+    who may look and change (default: everyone looks, nobody changes). ``link_pattern``: a
+    holder's link, with ``{task_id}``. ``refresh``: seconds between reloads of the list (0:
+    none). ``page_size``: locks per page. ``max_locks``: the most locks one read looks at
+    (beyond, a filter by text finds the others)."""
     if (celery_app is None) == (url is None):
         raise ValueError("give exactly one of celery_app or url (redis://host:port/db)")
     whole = (("refresh", refresh, 0), ("page_size", page_size, 1), ("max_locks", max_locks, 1))
@@ -192,16 +185,13 @@ def make_app(
         if type(value) is not int or value < least:
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
     if link_pattern is not None:
-        # A link of the task id alone, or of another scheme, would let a publisher's task id
-        # (``javascript:...``) become the link.
+        # the task id alone, or another scheme, would let a task id (``javascript:``) be the link
         text = link_pattern.lower() if isinstance(link_pattern, str) else ""
         try:
             ok = "{task_id}" in text and bool(str(link_pattern).format(task_id="x"))
         except (KeyError, IndexError, ValueError):
             ok = False
-        absolute = text.startswith(("http://", "https://"))
-        absolute = absolute and not text.split("//", 1)[1].startswith("{")
-        if not ok or not (absolute or (text.startswith("/") and not text.startswith("//"))):
+        if not ok or not re.match(r"https?://(?!\{)|/(?!/)", text):
             raise ValueError(
                 "link_pattern must be an http:// or https:// URL, or a path starting with /, "
                 "with {task_id} and no other field, such as "

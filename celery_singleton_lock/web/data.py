@@ -1,8 +1,6 @@
-"""What the page reads and changes in Redis (the locks, limiters and beat leaders under its
-prefixes, as ``celery locks list`` reads them; a release, a reset, a purge), and its bounds: a
-hung or slow Redis, a big keyspace or a crowd of open tabs must cost little. Each request has
-one deadline (:data:`REQUEST_SECONDS`), the page its own client with short waits, a SCAN cut
-at ``max_locks``, and one read of the list shared by every viewer (:class:`Shared`)."""
+"""What the page reads and changes in Redis, as ``celery locks list`` reads it, and its bounds
+(a hung Redis, a big keyspace or many open tabs cost little): one deadline per request, a
+client of its own with short waits, a SCAN cut at ``max_locks``, one read for every viewer."""
 
 from __future__ import annotations
 
@@ -24,7 +22,6 @@ from .._lock import (
     RateLimiter,
     RateState,
     backend_errors,
-    escape_name,
     glob_escape,
     inspect_rate,
     is_cluster,
@@ -41,10 +38,9 @@ T = TypeVar("T")
 
 #: seconds a request may spend on Redis, all its commands together
 REQUEST_SECONDS = 2.0
-#: seconds one wait on the page's own client may last: a request ends within about
-#: REQUEST_SECONDS + SOCKET_SECONDS
+#: seconds one wait on the page's own client may last (a request ends within the sum)
 SOCKET_SECONDS = 0.8
-#: requests served at once; more are answered 503 at once, not piled up behind a slow Redis
+#: requests served at once; more are answered 503
 MAX_AT_ONCE = 8
 #: keys one SCAN call looks at
 SCAN_COUNT = 1000
@@ -63,14 +59,6 @@ STATES = ("held", "running", "queued", "requeued", "cooldown", "debounced", LIMI
 BEAT = "beat:"
 #: a queued hold of a task with ``lock_debounce`` is a call waiting out its debounce
 DEBOUNCED = "debounced"
-#: the hold states (lua/force_release.lua) a purge filtered by a page state frees only in; a
-#: run's hold records its run, which that check refuses: it is freed from the holder read
-_HOLD_STATES = {
-    HoldState.QUEUED: (HoldState.QUEUED,),
-    DEBOUNCED: (HoldState.QUEUED,),
-    HoldState.REQUEUED: (HoldState.REQUEUED,),
-    HoldState.COOLDOWN: (HoldState.COOLDOWN,),
-}
 
 
 def check_time(doing: str) -> None:
@@ -84,9 +72,9 @@ def check_time(doing: str) -> None:
 
 
 def own_client(client: Any) -> Any:
-    """A client of the app's Redis (or of a URL) with its own connections, whose waits are
-    short and never resent (the app's client may wait and resend for a task's sake). A
-    client the page cannot copy (Sentinel, Cluster) is used as it is: the deadline bounds it."""
+    """A client of the app's Redis (or a URL's) with its own connections, whose waits are
+    short and never resent (the app's may be, for a task's sake). A Sentinel or Cluster
+    client is used as it is: the deadline bounds it."""
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -105,9 +93,9 @@ def own_client(client: Any) -> Any:
 
 
 def text_pattern(q: str) -> str:
-    """A SCAN pattern matching a lock name that contains ``q`` in any case."""
+    """A SCAN glob of the lock names that contain ``q`` in any case."""
     out = []
-    for c in escape_name(q):
+    for c in q:
         low, up = c.lower(), c.upper()
         out.append(f"[{low}{up}]" if low != up and len(low) == len(up) == 1 else glob_escape(c))
     return "*" + "".join(out) + "*"
@@ -116,20 +104,13 @@ def text_pattern(q: str) -> str:
 def lock_keys(
     client: Any, prefix: str, most: int, name_pattern: str = "*"
 ) -> tuple[list[LockKeys], bool]:
-    """The keys of the locks (each permit) under ``prefix`` whose name matches
-    ``name_pattern`` (a SCAN glob), at most ``most`` of them; and whether that is all."""
-    match = f"{glob_escape(prefix)}:{{{name_pattern}}}*"
+    """The keys of at most ``most`` locks under ``prefix`` whose name matches ``name_pattern``
+    (a SCAN glob), and whether that is all."""
     found: dict[str, LockKeys] = {}
-    with backend_errors("scan", "", f"for the locks under prefix {prefix!r}"):
-        for n, raw in enumerate(client.scan_iter(match=match, count=SCAN_COUNT)):
-            if n % SCAN_COUNT == 0:
-                check_time("looked for the locks")
-            try:
-                keys = LockKeys.from_lock_key(text(raw))
-            except ValueError:  # a lock's meta hash or records: not a lock
-                continue
-            if keys.prefix != prefix:
-                continue
+    for n, keys in enumerate(LockSpace(client, prefix).find(name_pattern, count=SCAN_COUNT)):
+        if n % SCAN_COUNT == 0:
+            check_time("looked for the locks")
+        if keys.prefix == prefix:
             found[keys.lock] = keys
             if len(found) > most:
                 return list(found.values())[:most], False
@@ -137,9 +118,8 @@ def lock_keys(
 
 
 class LimiterScan:
-    """The rate limiters under ``prefix``, found by a SCAN that goes on where the last read
-    left it (a bounded number of calls per read): those of the last whole pass, and those
-    the pass under way found so far."""
+    """The rate limiters under ``prefix``: a SCAN that goes on where the last read left it,
+    a few calls per read; those of the last whole pass and those the one under way found."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -170,18 +150,17 @@ class LimiterScan:
 
 
 class Shared(Generic[T]):
-    """``read()``'s answer shared by every request: read by one request at a time (the others
-    wait for it, within their deadline), kept until the end of the clock's current period
-    (``fresh`` seconds, doubled until at least twice what the read took), not the viewers':
-    however many look, Redis is read once a period at most. An error is not kept."""
+    """``read()``'s answer shared by every request: read by one at a time (the others wait,
+    within their deadline), kept until the end of the clock's current period (``fresh``
+    seconds, doubled to twice the read's time at least): Redis is read once a period at most,
+    however many look. An error is not kept."""
 
     def __init__(self, read: Callable[[], T], fresh: float = 1.0) -> None:
         self._read, self.fresh = read, fresh
         self._lock = threading.Lock()
         self._value: T | None = None
         self._until = 0.0
-        #: seconds the last read took
-        self.took = 0.0
+        self.took = 0.0  # seconds the last read took
 
     def forget(self) -> None:
         """The next request reads again (after a change: its viewer sees what it did)."""
@@ -218,7 +197,7 @@ def digest(key: str) -> str:
 
 
 def matches(view: LockView, q: str, state: str) -> bool:
-    """Whether a lock row passes the filter (``q``: a substring of its task or key)."""
+    """Whether a lock passes the filter (``q``: a substring of its task or key)."""
     if state and view.state != state:
         return False
     if q:
@@ -233,20 +212,17 @@ class Listing:
 
     locks: list[LockView]
     leaders: list[LockView]
-    #: (prefix, limiter) pairs
     limiters: list[tuple[str, RateState]]
     #: whether ``locks`` is every lock held (not cut at ``max_locks``)
     complete: bool = True
     counts: RecentCounts | None = None
-    #: the rows of each (text, state, newest first) asked of this read, filtered and sorted
-    #: once: a shared read serves many views of few filters
+    #: each filter's rows, picked once: a shared read serves many views of few filters
     picked: dict[tuple[str, str, bool], list[LockView]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
     def pick(self, q: str, state: str, newest_first: bool) -> list[LockView]:
-        """The locks the filter lets through, oldest first (or newest), those of no known
-        age last, by key."""
+        """The locks the filter lets through, oldest (or newest) first, of no known age last."""
         key = (q, state, newest_first)
         found = self.picked.get(key)
         if found is None:
@@ -271,7 +247,6 @@ class Source:
         self.max_locks = max_locks
         self._debounced: dict[str, bool] = {}
         self._limiter_scans = {prefix: LimiterScan(prefix) for prefix in self.prefixes}
-        #: the list's read, shared by every viewer
         self.shared: Shared[Listing] = Shared(self._read_list)
 
     def _labelled(self, view: LockView) -> LockView:
@@ -288,8 +263,7 @@ class Source:
         return replace(view, state=DEBOUNCED) if self._debounced[task] else view
 
     def _read_locks(self, name_pattern: str = "*") -> Listing:
-        """The held locks whose names match ``name_pattern`` (a SCAN glob), at most
-        ``max_locks``, and the beat leaders among them."""
+        """At most ``max_locks`` locks whose names match ``name_pattern``, beat leaders apart."""
         found: list[LockKeys] = []
         complete = True
         for prefix in self.prefixes:
@@ -311,8 +285,7 @@ class Source:
         return Listing(locks, leaders, [], complete)
 
     def _read_list(self) -> Listing:
-        """The locks, the rate limiters in use (a start in the window, a turn reserved or a
-        pause) and the last hour's counts, summed over the prefixes."""
+        """The locks, the limiters in use and the last hour's counts, summed over prefixes."""
         listing = self._read_locks()
         limiters = []
         for prefix, scan in self._limiter_scans.items():
@@ -331,9 +304,8 @@ class Source:
         return replace(listing, limiters=limiters, counts=counts)
 
     def read(self, q: str = "", fresh: bool = False) -> Listing:
-        """The locks a view of the text filter ``q`` is picked from: the shared read (or,
-        ``fresh``, a read of its own, as a change needs), or when that read was cut at
-        ``max_locks``, a read of the locks whose names contain ``q``."""
+        """The shared read (``fresh``: one of its own, as a change needs), or when it was cut
+        at ``max_locks``, a read of the locks whose names contain ``q``."""
         listing = self._read_locks() if fresh else self.shared.get()
         if q and not listing.complete:
             return self._read_locks(text_pattern(q))
@@ -356,8 +328,7 @@ class Source:
         return next(filter(None, (RateKeys.from_key(p, key) for p in self.prefixes)), None)
 
     def lock(self, key: str) -> tuple[LockView, list[LockView]] | None:
-        """One held lock by its key, with the job's other held permits (a ``lock_limit``
-        above 1); ``None`` when it is not held."""
+        """One held lock by its key and the job's other held permits (``None``: not held)."""
         prefix = self.prefix_of(key)
         if prefix is None:
             return None
@@ -401,9 +372,10 @@ class Source:
 
     def purge(self, views: Sequence[LockView], state: str = "") -> int:
         """Free each of ``views`` from the holder it was read with; with the filter's
-        ``state``, only while the hold is still in it, checked in Redis in the same step (a
-        run that started since the read keeps its lock). How many were freed."""
-        states = _HOLD_STATES.get(state, ())
+        ``state``, only while still in it, checked in Redis in the same step (a run started
+        since keeps its lock; a running hold is freed from its holder). How many were freed."""
+        held = HoldState.QUEUED if state == DEBOUNCED else state
+        states = (HoldState(held),) if held in ("queued", "requeued", "cooldown") else ()
         self.shared.forget()
         freed = 0
         for view in views:

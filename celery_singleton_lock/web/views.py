@@ -1,7 +1,6 @@
-"""A request of the page (read from a WSGI environ, or handed over by Flask or Django), its
-answer, and the pages: the list, one lock, the release and purge confirmations and their
-POSTs, and the error page. Query input is checked before Redis is read; a change, checked
-before it comes here (:func:`.guard.change_refused`), is logged naming who did it from where."""
+"""A request (from a WSGI environ, or handed over by Flask or Django), its answer, and the
+pages. Query input is checked before Redis is read; a change, checked before it comes here
+(:func:`.access.change_refused`), is logged naming who did it from where."""
 
 from __future__ import annotations
 
@@ -34,9 +33,9 @@ _templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-#: a POSTed form larger than this is refused (a confirm form is a few hundred bytes)
+#: a confirm form has a few hundred bytes: a larger one is refused
 MAX_FORM_BYTES = 64 * 1024
-#: a key longer than this is linked by its digest (a URL must stay short enough to send)
+#: a longer key is linked by its digest (a URL must stay short enough to send)
 LONG_KEY = 256
 
 
@@ -46,28 +45,6 @@ class BadRequest(ValueError):
 
 class NotHeld(LookupError):
     """A key the page finds no lock of (404)."""
-
-
-@dataclass
-class Request:
-    """One request, as the page needs it."""
-
-    method: str
-    #: the path below the mount: "", "lock", "release" or "purge"
-    path: str
-    #: the absolute path of the mount, ending with "/" (the CSRF cookie's path)
-    mount: str
-    query: dict[str, str] = field(default_factory=dict)
-    form: dict[str, str] = field(default_factory=dict)
-    cookies: dict[str, str] = field(default_factory=dict)
-    host: str = ""
-    origin: str = ""
-    referer: str = ""
-    remote: str = ""
-    secure: bool = False
-    environ: dict[str, Any] = field(default_factory=dict)
-    #: the status and reason when the POSTed form could not be read (``None``: it was)
-    form_problem: tuple[int, str] | None = None
 
 
 @dataclass
@@ -96,36 +73,36 @@ def _read_form(environ: dict[str, Any]) -> tuple[dict[str, str], tuple[int, str]
     return dict(parse_qsl(body, keep_blank_values=True)), None
 
 
-def request_from_environ(
-    environ: dict[str, Any],
-    path: str | None = None,
-    mount: str | None = None,
-    form: dict[str, str] | None = None,
-) -> Request:
-    """The request of a WSGI ``environ``; ``path``, ``mount`` and ``form`` when the host
-    framework already routed it and read its body."""
-    cookies: dict[str, str] = {}
-    # another app's malformed cookie: ours is then missing (a new one is set), not fatal
-    with contextlib.suppress(CookieError):
-        cookies = {k: m.value for k, m in SimpleCookie(environ.get("HTTP_COOKIE", "")).items()}
-    problem = None
-    if form is None:
-        form, problem = _read_form(environ)
-    return Request(
-        method=environ.get("REQUEST_METHOD", "GET").upper(),
-        path=environ.get("PATH_INFO", "").lstrip("/") if path is None else path,
-        mount=environ.get("SCRIPT_NAME", "").rstrip("/") + "/" if mount is None else mount,
-        query=dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)),
-        form=form,
-        cookies=cookies,
-        host=environ.get("HTTP_HOST") or environ.get("SERVER_NAME", ""),
-        origin=environ.get("HTTP_ORIGIN", ""),
-        referer=environ.get("HTTP_REFERER", ""),
-        remote=environ.get("REMOTE_ADDR", ""),
-        secure=environ.get("wsgi.url_scheme") == "https",
-        environ=environ,
-        form_problem=problem,
-    )
+class Request:
+    """One request, read from a WSGI ``environ``; ``path`` (below the mount), ``mount`` (ends
+    with "/": the cookies' path) and ``form`` given when Flask or Django routed and read it."""
+
+    def __init__(
+        self,
+        environ: dict[str, Any],
+        path: str | None = None,
+        mount: str | None = None,
+        form: dict[str, str] | None = None,
+    ) -> None:
+        get = environ.get
+        self.environ = environ
+        self.method = str(get("REQUEST_METHOD", "GET")).upper()
+        self.path = get("PATH_INFO", "").lstrip("/") if path is None else path
+        self.mount = get("SCRIPT_NAME", "").rstrip("/") + "/" if mount is None else mount
+        self.query = dict(parse_qsl(get("QUERY_STRING", ""), keep_blank_values=True))
+        self.host: str = get("HTTP_HOST") or get("SERVER_NAME", "")
+        self.origin: str = get("HTTP_ORIGIN", "")
+        self.referer: str = get("HTTP_REFERER", "")
+        self.remote: str = get("REMOTE_ADDR", "")
+        self.secure = get("wsgi.url_scheme") == "https"
+        self.cookies: dict[str, str] = {}
+        # another app's malformed cookie: ours is then missing (a new one is set), not fatal
+        with contextlib.suppress(CookieError):
+            self.cookies = {k: m.value for k, m in SimpleCookie(get("HTTP_COOKIE", "")).items()}
+        self.form_problem: tuple[int, str] | None = None
+        if form is None:
+            form, self.form_problem = _read_form(environ)
+        self.form = form
 
 
 def filters(query: dict[str, str]) -> tuple[str, str]:
@@ -152,8 +129,7 @@ def paging(query: dict[str, str]) -> tuple[int, bool]:
 
 
 def duration(seconds: float | None) -> str:
-    """``seconds`` as "42.0 s", "3 m 05 s", "2 h 03 m"; "-" when unknown, "none" for no
-    lease (-1)."""
+    """``seconds`` as "42.0 s", "3 m 05 s" or "2 h 03 m"; "-" unknown, "none" no lease (-1)."""
     if seconds is None:
         return "-"
     if seconds < 0:
@@ -220,18 +196,24 @@ def _key(web: LocksWeb, params: dict[str, str], usage: str) -> str:
     raise BadRequest(f"key is missing: {usage}")
 
 
-def _render(status: int, template: str, **context: Any) -> Response:
+def _render(template: str, status: int = 200, **context: Any) -> Response:
     body = _templates.get_template(template).render(**context).encode("utf-8")
     return Response(status, body, [("Content-Type", "text/html; charset=utf-8")])
 
 
 def error_page(status: int, message: str) -> Response:
     """A page saying what went wrong in ``#error``."""
-    return _render(status, "error.html", title=HTTPStatus(status).phrase, message=message)
+    return _render("error.html", status, title=HTTPStatus(status).phrase, message=message)
+
+
+def _confirm(web: LocksWeb, token: str, hidden: dict[str, str], **context: Any) -> Response:
+    """A confirm form, its POST to carry ``hidden``, the CSRF token and, if needed, a token."""
+    hidden["csrf"] = token
+    return _render("confirm.html", hidden=hidden, needs_token=web.access.needs_token, **context)
 
 
 def listing(web: LocksWeb, request: Request, token: str) -> Response:
-    """``GET ./``: the locks (filtered, sorted, one page), limiters, beat leaders, counts."""
+    """``GET ./``: a page of the locks, filtered and sorted; limiters, beat leaders, counts."""
     q, state = filters(request.query)
     page, newest_first = paging(request.query)
     shared = web.source.shared.get()
@@ -246,11 +228,10 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
         keep["sort"] = "-age"
     limiters = [_limiter_row(prefix, r) for prefix, r in shared.limiters]
     limiters = [r for r in limiters if q.lower() in r["key"].lower()]
-    # A read that took long reloads less often: open tabs must not keep Redis busy.
+    # a slow read reloads less often: open tabs must not keep Redis busy
     refresh = max(web.refresh, min(60, round(web.source.shared.took * 20))) if web.refresh else 0
     done = request.cookies.get(OUTCOME_COOKIE)
     answer = _render(
-        200,
         "list.html",
         refresh=refresh,
         locks=[_lock_row(v) for v in shown],
@@ -294,7 +275,6 @@ def lock_page(web: LocksWeb, request: Request, token: str) -> Response:
         "result": _text(web.source.result_state(view)),
     }
     return _render(
-        200,
         "lock.html",
         fields=fields,
         link=link,
@@ -311,16 +291,8 @@ def release_confirm(web: LocksWeb, request: Request, token: str) -> Response:
     if limiter is None and found is None:
         return error_page(HTTPStatus.NOT_FOUND, f"{key} is not held")
     view = found[0] if found else None
-    hidden = {**key_query(key), "holder": (view.holder or "") if view else "", "csrf": token}
-    return _render(
-        200,
-        "confirm.html",
-        action="release",
-        key=key,
-        view=view,
-        hidden=hidden,
-        needs_token=web.access.needs_token,
-    )
+    hidden = {**key_query(key), "holder": (view.holder or "") if view else ""}
+    return _confirm(web, token, hidden, action="release", key=key, view=view)
 
 
 def _done(web: LocksWeb, request: Request, code: str, detail: str) -> Response:
@@ -346,17 +318,16 @@ def purge_confirm(web: LocksWeb, request: Request, token: str) -> Response:
     q, state = filters(request.query)
     found = web.source.read(q, fresh=True)
     count = 0 if state == LIMITER else sum(matches(v, q, state) for v in found.locks)
-    return _render(
-        200,
-        "confirm.html",
+    return _confirm(
+        web,
+        token,
+        {"q": q, "state": state},
         action="purge",
         count=count,
         complete=found.complete,
         max_locks=web.source.max_locks,
         q=q,
         state=state,
-        hidden={"q": q, "state": state, "csrf": token},
-        needs_token=web.access.needs_token,
     )
 
 
