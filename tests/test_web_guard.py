@@ -117,10 +117,10 @@ def test_wrong_tokens_slow_down_and_are_logged_at_most_every_few_seconds(
         blocked = client.post("release", right)
         assert blocked.status == 429 and "try again" in blocked.body
         assert holder(locks) == "task-1"
-        assert wait_until(lambda: web.access.throttle.wait_left() == 0, 10, "the gate", 0.05)  # type: ignore[attr-defined]
+        assert wait_until(lambda: web.access.wait_left() == 0, 10, "the gate", 0.05)  # type: ignore[attr-defined]
         assert client.post("release", wrong).status == 403  # one more try, then longer
-        assert web.access.throttle.wait_left() > 1.0  # type: ignore[attr-defined]
-        wait_until(lambda: web.access.throttle.wait_left() == 0, 10, "the gate", 0.05)  # type: ignore[attr-defined]
+        assert web.access.wait_left() > 1.0  # type: ignore[attr-defined]
+        wait_until(lambda: web.access.wait_left() == 0, 10, "the gate", 0.05)  # type: ignore[attr-defined]
         assert client.post("release", right).status == 303
     assert holder(locks) is None
     lines = [r.getMessage() for r in caplog.records if r.name == "celery_singleton_lock.web"]

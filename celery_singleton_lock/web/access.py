@@ -66,44 +66,13 @@ class Access(Protocol):
         """Who acts, for the log line of a change."""
 
 
-class Throttle:
-    """After ``free`` wrong tokens each one more closes the gate (no token compared) for a
-    delay that doubles from ``first`` seconds to ``most``; a right token or ``forget`` quiet
-    seconds open it."""
-
-    def __init__(
-        self, free: int = 3, first: float = 1.0, most: float = 60.0, forget: float = 600.0
-    ) -> None:
-        self.free, self.first, self.most, self.forget = free, first, most, forget
-        self._lock = threading.Lock()
-        self._failures, self._last, self._closed_until = 0, 0.0, 0.0
-
-    def wait_left(self) -> float:
-        """Seconds before a token may be tried again (0.0: now)."""
-        with self._lock:
-            return max(0.0, self._closed_until - time.monotonic())
-
-    def failed(self) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._last > self.forget:
-                self._failures = 0
-            self._failures += 1
-            self._last = now
-            over = self._failures - self.free
-            if over >= 0:
-                self._closed_until = now + min(self.most, self.first * 2.0**over)
-
-    def passed(self) -> None:
-        with self._lock:
-            self._failures, self._closed_until = 0, 0.0
-
-
 class TokenAccess:
     """The standalone server's access: whoever reaches it may look; a change needs ``token``
-    (16 characters or more) typed into the confirm form. Without one the page is read-only."""
+    (16 characters or more) typed into the confirm form. Without one the page is read-only.
+    After 3 wrong tokens each one more closes the gate (no token compared) for a delay that
+    doubles from 1 s to 60 s; a right token or 10 quiet minutes open it."""
 
-    __slots__ = ("_token", "throttle")
+    __slots__ = ("_closed_until", "_failures", "_last", "_lock", "_token")
 
     def __init__(self, token: str | None) -> None:
         if token is not None and not isinstance(token, str):
@@ -116,7 +85,8 @@ class TokenAccess:
                 f"{MIN_TOKEN} characters, got {len(self._token)}: make one with "
                 "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`"
             )
-        self.throttle = Throttle()
+        self._lock = threading.Lock()
+        self._failures, self._last, self._closed_until = 0, 0.0, 0.0
 
     @property
     def needs_token(self) -> bool:
@@ -128,16 +98,28 @@ class TokenAccess:
     def can_change(self, environ: Environ) -> bool:
         return self._token is not None
 
+    def wait_left(self) -> float:
+        """Seconds before a token may be tried again (0.0: now)."""
+        with self._lock:
+            return max(0.0, self._closed_until - time.monotonic())
+
     def check_token(self, environ: Environ, form: Mapping[str, str]) -> bool:
         if self._token is None:
             return False
-        given = form.get("token", "")
-        if hmac.compare_digest(given.encode("utf-8"), self._token.encode("utf-8")):
-            self.throttle.passed()
+        given = form.get("token", "").encode("utf-8")
+        right = hmac.compare_digest(given, self._token.encode("utf-8"))
+        with self._lock:
+            now = time.monotonic()
+            if right or now - self._last > 600.0:
+                self._failures, self._closed_until = 0, 0.0
+            if not right:
+                self._failures += 1
+                self._last = now
+                if self._failures >= 3:
+                    self._closed_until = now + min(60.0, 2.0 ** (self._failures - 3))
+        if right:
             environ[TOKEN_MATCHED] = True
-            return True
-        self.throttle.failed()
-        return False
+        return right
 
     def actor(self, environ: Environ) -> str:
         return "holder of the web token" if environ.get(TOKEN_MATCHED) else "anonymous"
@@ -222,7 +204,7 @@ def cookie(name: str, value: str, path: str, secure: bool, max_age: int | None =
 
 def _is_own(origin: str, request: Request, hosts: Hosts | None) -> bool:
     if hosts is not None:
-        return hosts.allows_origin(origin)
+        return origin.lower().rstrip("/") in hosts.origins
     scheme = "https" if request.secure else "http"
     return bool(request.host) and origin.lower() == f"{scheme}://{request.host}".lower()
 
@@ -256,7 +238,7 @@ def change_refused(web: LocksWeb, request: Request, posted: bool) -> tuple[int, 
     why = None if access.can_change(environ) else "you may not release or purge locks"
     if why is None and posted:
         why = _csrf_problem(request, web.hosts)
-        wait = access.throttle.wait_left() if isinstance(access, TokenAccess) else 0.0
+        wait = access.wait_left() if isinstance(access, TokenAccess) else 0.0
         if why is None and wait > 0:
             status = HTTPStatus.TOO_MANY_REQUESTS
             why = f"too many wrong tokens: try again in {wait:.0f} s"

@@ -94,7 +94,21 @@ class LocksWeb:
             response.headers.append(("Retry-After", "2"))
         else:
             try:
-                response = self._answer(request, token)
+                with operation_deadline(REQUEST_SECONDS):
+                    response = self._route(request, token)
+            except BadRequest as exc:
+                response = error_page(HTTPStatus.BAD_REQUEST, str(exc))
+            except views.NotHeld as exc:
+                response = error_page(HTTPStatus.NOT_FOUND, str(exc))
+            except (LockError, RedisError) as exc:  # Redis down, slow or hung: no traceback
+                log.warning("the locks page could not read Redis: %s", guard.printable(exc, 500))
+                response = error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
+            except Exception:  # anything else: the page's own 500, with its headers
+                log.exception("the locks page failed on a %s", guard.printable(request.method))
+                response = error_page(
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    "the page failed unexpectedly: its log (celery_singleton_lock.web) says why",
+                )
             finally:
                 self._at_once.release()
         response.headers.extend(HEADERS)
@@ -103,27 +117,9 @@ class LocksWeb:
             response.headers.append(("Set-Cookie", csrf_cookie))
         return response
 
-    def _answer(self, request: Request, token: str) -> Response:
-        try:
-            with operation_deadline(REQUEST_SECONDS):
-                return self._route(request, token)
-        except BadRequest as exc:
-            return error_page(HTTPStatus.BAD_REQUEST, str(exc))
-        except views.NotHeld as exc:
-            return error_page(HTTPStatus.NOT_FOUND, str(exc))
-        except (LockError, RedisError) as exc:  # Redis down, slow or hung: say so, no traceback
-            log.warning("the locks page could not read Redis: %s", guard.printable(exc, 500))
-            return error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
-        except Exception:  # anything else: the page's own 500, with its headers
-            log.exception("the locks page failed on a %s", guard.printable(request.method))
-            return error_page(
-                HTTPStatus.INTERNAL_SERVER_ERROR,
-                "the page failed unexpectedly: its log (celery_singleton_lock.web) says why",
-            )
-
     def _route(self, request: Request, token: str) -> Response:
         # first, whatever the method: a name it does not answer to is a rebinding site's
-        if self.hosts is not None and not self.hosts.allows_host(request.host):
+        if self.hosts is not None and request.host.lower() not in self.hosts.hosts:
             self.refusals.refused(
                 f"refused a {guard.printable(request.method)} by "
                 f"{self.access.actor(request.environ)} for a Host the page does not answer to "

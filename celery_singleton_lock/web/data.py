@@ -101,22 +101,6 @@ def text_pattern(q: str) -> str:
     return "*" + "".join(out) + "*"
 
 
-def lock_keys(
-    client: Any, prefix: str, most: int, name_pattern: str = "*"
-) -> tuple[list[LockKeys], bool]:
-    """The keys of at most ``most`` locks under ``prefix`` whose name matches ``name_pattern``
-    (a SCAN glob), and whether that is all."""
-    found: dict[str, LockKeys] = {}
-    for n, keys in enumerate(LockSpace(client, prefix).find(name_pattern, count=SCAN_COUNT)):
-        if n % SCAN_COUNT == 0:
-            check_time("looked for the locks")
-        if keys.prefix == prefix:
-            found[keys.lock] = keys
-            if len(found) > most:
-                return list(found.values())[:most], False
-    return list(found.values()), True
-
-
 class LimiterScan:
     """The rate limiters under ``prefix``: a SCAN that goes on where the last read left it,
     a few calls per read; those of the last whole pass and those the one under way found."""
@@ -263,18 +247,26 @@ class Source:
         return replace(view, state=DEBOUNCED) if self._debounced[task] else view
 
     def _read_locks(self, name_pattern: str = "*") -> Listing:
-        """At most ``max_locks`` locks whose names match ``name_pattern``, beat leaders apart."""
-        found: list[LockKeys] = []
+        """At most ``max_locks`` locks whose names match ``name_pattern`` (a SCAN glob), beat
+        leaders apart; ``complete`` unless more were found."""
+        keys: dict[str, LockKeys] = {}
         complete = True
         for prefix in self.prefixes:
-            keys, whole = lock_keys(self.client, prefix, self.max_locks - len(found), name_pattern)
-            found += keys
-            complete = complete and whole
+            scan = LockSpace(self.client, prefix).find(name_pattern, count=SCAN_COUNT)
+            for n, found in enumerate(scan):
+                if n % SCAN_COUNT == 0:
+                    check_time("looked for the locks")
+                if found.prefix == prefix:
+                    keys[found.lock] = found
+                if len(keys) > self.max_locks:
+                    keys.popitem()
+                    complete = False
+                    break
         now = ops.server_clock(self.client)
-        states = []
-        for start in range(0, len(found), BATCH):
+        every, states = list(keys.values()), []
+        for start in range(0, len(every), BATCH):
             check_time("read the locks")
-            chunk = found[start : start + BATCH]
+            chunk = every[start : start + BATCH]
             states += LockSpace(self.client, chunk[0].prefix).inspect_many(chunk)
         locks: list[LockView] = []
         leaders: list[LockView] = []

@@ -91,7 +91,7 @@ def make_urlpatterns(
         options.update(make_app_options)
         return make_app(_celery_app(), access=access, **options)
 
-    # Django's CSRF middleware is not applied: the page's own check (guard) is.
+    # the page's own CSRF check applies, not Django's middleware
     @csrf_exempt  # type: ignore[untyped-decorator]  # django: unannotated
     def page(request: Any, sub: str = "") -> HttpResponse:
         # ALLOWED_HOSTS, whatever the middleware: a rebinding site's name is a 400 at once
@@ -114,12 +114,8 @@ def make_urlpatterns(
                 response.headers[header] = value
         return response
 
-    return [
-        path("", page, name="celery_singleton_lock_locks"),
-        path("lock", page, {"sub": "lock"}),
-        path("release", page, {"sub": "release"}),
-        path("purge", page, {"sub": "purge"}),
-    ]
+    subs = [path(sub, page, {"sub": sub}) for sub in ("lock", "release", "purge")]
+    return [path("", page, name="celery_singleton_lock_locks"), *subs]
 
 
 urlpatterns = make_urlpatterns()

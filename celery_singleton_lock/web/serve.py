@@ -11,7 +11,7 @@ import logging
 import os
 import socketserver
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from wsgiref import simple_server
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -49,12 +49,11 @@ def check_allowed_host(value: object) -> str:
     return text
 
 
-class Hosts:
+class Hosts(NamedTuple):
     """The ``Host`` values and browser origins a server answers (lower-case)."""
 
-    def __init__(self, hosts: Iterable[str], origins: Iterable[str]) -> None:
-        self.hosts = frozenset(h.lower() for h in hosts)
-        self.origins = frozenset(o.lower().rstrip("/") for o in origins)
+    hosts: frozenset[str]
+    origins: frozenset[str]
 
     @classmethod
     def of_server(cls, host: str, port: int, allowed: Iterable[str] = ()) -> Hosts:
@@ -74,13 +73,7 @@ class Hosts:
             else:
                 hosts.append(checked)
                 origins.extend((f"http://{checked}", f"https://{checked}"))
-        return cls(hosts, origins)
-
-    def allows_host(self, host: str) -> bool:
-        return host.lower() in self.hosts
-
-    def allows_origin(self, origin: str) -> bool:
-        return origin.lower().rstrip("/") in self.origins
+        return cls(frozenset(h.lower() for h in hosts), frozenset(o.lower() for o in origins))
 
 
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):

@@ -155,19 +155,12 @@ _templates.globals["href"] = lambda page, key: page + "?" + urlencode(key_query(
 
 
 def _lock_row(view: LockView) -> dict[str, Any]:
-    return {
-        "key": view.key,
-        "app": view.name[len(BEAT) :],
-        "state": view.state or "held",
-        "task": _text(view.task),
-        "holder": _text(view.holder),
-        "host": _text(view.host),
-        "pid": _text(view.pid),
-        "age": duration(view.age_s),
-        "age_s": "" if view.age_s is None else f"{view.age_s:.3f}",
-        "lease": duration(view.lease_s),
-        "slots": _text(view.slots),
-    }
+    names = ("task", "holder", "host", "pid", "slots", "fence")
+    row = {name: _text(getattr(view, name)) for name in names}
+    row.update(key=view.key, app=view.name[len(BEAT) :], state=view.state or "held")
+    row.update(age=duration(view.age_s), lease=duration(view.lease_s))
+    row["age_s"] = "" if view.age_s is None else f"{view.age_s:.3f}"
+    return row
 
 
 def _limiter_row(prefix: str, state: RateState) -> dict[str, Any]:
@@ -268,12 +261,8 @@ def lock_page(web: LocksWeb, request: Request, token: str) -> Response:
     link = None
     if web.link_pattern and view.holder and view.task:
         link = web.link_pattern.format(task_id=quote(view.holder, safe=""))
-    fields = {
-        **_lock_row(view),
-        "fence": _text(view.fence),
-        "holds": str(view.hold_count),
-        "result": _text(web.source.result_state(view)),
-    }
+    fields = _lock_row(view)
+    fields.update(holds=str(view.hold_count), result=_text(web.source.result_state(view)))
     return _render(
         "lock.html",
         fields=fields,
