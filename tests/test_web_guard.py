@@ -22,7 +22,6 @@ from web_helpers import Client, served
 from celery_singleton_lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
 from celery_singleton_lock.web import LocksWeb, TokenAccess, make_app
-from celery_singleton_lock.web.access import RefusalLog
 
 TOKEN = "a-token-of-twenty-chars"
 KEY = "lock:{guard.job:1}"
@@ -107,7 +106,7 @@ def test_wrong_tokens_slow_down_and_are_logged_at_most_every_few_seconds(
     redis_server: RedisServer, locks: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     web = page(redis_server)
-    web.refusals = RefusalLog(logging.getLogger("celery_singleton_lock.web"), every=1.0)
+    web.refusal_every = 1.0
     with served(web) as base, caplog.at_level(logging.INFO, "celery_singleton_lock.web"):
         client = Client(base)
         wrong = release_form(client, token="w" * 20)

@@ -10,7 +10,6 @@ import base64
 import hashlib
 import hmac
 import json
-import logging
 import secrets
 import threading
 import time
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     from .serve import Hosts
     from .views import Request
 
-__all__ = ["MIN_TOKEN", "Access", "CallableAccess", "Outcomes", "RefusalLog", "TokenAccess"]
+__all__ = ["MIN_TOKEN", "Access", "CallableAccess", "Outcomes", "TokenAccess"]
 
 Environ = dict[str, Any]
 #: the fewest characters a web token may have
@@ -174,27 +173,6 @@ def where(request: Request) -> str:
     )
 
 
-class RefusalLog:
-    """Refusals logged at most once each ``every`` seconds (a flood of tries does not flood
-    the log), the next line saying how many were not logged meanwhile."""
-
-    def __init__(self, log: logging.Logger, every: float = 5.0) -> None:
-        self.log, self.every = log, every
-        self._lock = threading.Lock()
-        self._last = -float("inf")
-        self._quiet = 0
-
-    def refused(self, message: str) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._last < self.every:
-                self._quiet += 1
-                return
-            quiet, self._quiet, self._last = self._quiet, 0, now
-        more = f" (and {quiet} more refused since the last such line)" if quiet else ""
-        self.log.warning("%s%s", message, more)
-
-
 def cookie(name: str, value: str, path: str, secure: bool, max_age: int | None = None) -> str:
     """A ``Set-Cookie`` value of the page (its path only, HttpOnly, SameSite=Strict)."""
     age = "" if max_age is None else f"; Max-Age={max_age}"
@@ -247,7 +225,7 @@ def change_refused(web: LocksWeb, request: Request, posted: bool) -> tuple[int, 
     if why is None:
         return None
     if posted:
-        web.refusals.refused(
+        web.refused(
             f"refused a {printable(request.path)} by {access.actor(environ)} "
             f"{where(request)}: {why}"
         )

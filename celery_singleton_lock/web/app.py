@@ -7,6 +7,7 @@ import logging
 import re
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from .._errors import LockError
 from .._lock import check_prefix, operation_deadline
 from . import access as guard
 from . import views
-from .access import Access, TokenAccess
+from .access import Access, Environ, TokenAccess
 from .data import MAX_AT_ONCE, REQUEST_SECONDS, Source, own_client
 from .views import BadRequest, Request, Response, error_page
 
@@ -62,19 +63,32 @@ class LocksWeb:
         source.shared.fresh = max(1.0, refresh / 2)
         #: the standalone server's names (:func:`.serve.make_server`); mounted, ``None``
         self.hosts: Hosts | None = None
-        self.refusals = guard.RefusalLog(log)
+        #: seconds between two log lines of refusals at most: a flood does not flood the log
+        self.refusal_every = 5.0
+        self._refusals = threading.Lock()
+        self._last_refusal, self._quiet = -float("inf"), 0
         self._at_once = threading.BoundedSemaphore(MAX_AT_ONCE)
         self.outcomes = guard.Outcomes()
 
-    def __call__(
-        self, environ: dict[str, Any], start_response: Callable[..., Any]
-    ) -> Iterable[bytes]:
+    def __call__(self, environ: Environ, start_response: Callable[..., Any]) -> Iterable[bytes]:
         response = self.handle(Request(environ))
         start_response(f"{response.status} {HTTPStatus(response.status).phrase}", response.headers)
         return [response.body]
 
+    def refused(self, message: str) -> None:
+        """Log a refusal, unless one was logged less than ``refusal_every`` seconds ago: then
+        the next line says how many were not logged meanwhile."""
+        with self._refusals:
+            now = time.monotonic()
+            if now - self._last_refusal < self.refusal_every:
+                self._quiet += 1
+                return
+            quiet, self._quiet, self._last_refusal = self._quiet, 0, now
+        more = f" (and {quiet} more refused since the last such line)" if quiet else ""
+        log.warning("%s%s", message, more)
+
     def handle_mounted(
-        self, environ: dict[str, Any], full: str, sub: str, form: dict[str, str]
+        self, environ: Environ, full: str, sub: str, form: dict[str, str]
     ) -> Response:
         """A request Flask or Django routed to ``sub`` ("", "lock", ...) of the page at the
         path ``full``, its ``form`` read."""
@@ -120,7 +134,7 @@ class LocksWeb:
     def _route(self, request: Request, token: str) -> Response:
         # first, whatever the method: a name it does not answer to is a rebinding site's
         if self.hosts is not None and request.host.lower() not in self.hosts.hosts:
-            self.refusals.refused(
+            self.refused(
                 f"refused a {guard.printable(request.method)} by "
                 f"{self.access.actor(request.environ)} for a Host the page does not answer to "
                 f"{guard.where(request)}"

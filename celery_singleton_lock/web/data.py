@@ -42,18 +42,15 @@ REQUEST_SECONDS = 2.0
 SOCKET_SECONDS = 0.8
 #: requests served at once; more are answered 503
 MAX_AT_ONCE = 8
-#: keys one SCAN call looks at
 SCAN_COUNT = 1000
 #: SCAN calls one read of the limiters makes at most
 LIMITER_CALLS = 20
-#: locks inspected per round trip (a pipeline), the deadline checked between them
+#: locks inspected per round trip, the deadline checked between them
 BATCH = 500
-#: hex digits of a key's digest
 DIGEST = 24
 
-#: the ``state`` filter that shows the rate limiters only
+#: the ``state`` filter of the rate limiters
 LIMITER = "limiter"
-#: what the ``state`` filter accepts
 STATES = ("held", "running", "queued", "requeued", "cooldown", "debounced", LIMITER)
 #: a beat leader lock's name starts with it (celery_singleton_lock.beat)
 BEAT = "beat:"
