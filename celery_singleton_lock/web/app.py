@@ -157,6 +157,7 @@ class LocksWeb:
             return error_page(HTTPStatus.METHOD_NOT_ALLOWED, allowed)
         if post is None:
             return get(self, request, token)
+        # a change's confirmation and its POST: refused before anything is read or freed
         refused = guard.change_refused(self, request, posted)
         if refused is not None:
             return error_page(*refused)

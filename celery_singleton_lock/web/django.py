@@ -6,6 +6,7 @@ setting ``CELERY_SINGLETON_LOCK_WEB_OPTIONS`` (a dict) gives :func:`~.make_app`'
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from collections.abc import Callable
@@ -61,10 +62,8 @@ def login_url() -> str:
     try:
         resolve("/" + wanted.split("?", 1)[0].removeprefix(get_script_prefix()).lstrip("/"))
     except Resolver404:
-        try:
+        with contextlib.suppress(NoReverseMatch):
             return str(reverse("admin:login"))
-        except NoReverseMatch:
-            pass
     return wanted
 
 

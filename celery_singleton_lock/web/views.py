@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qsl, quote, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
@@ -47,13 +46,12 @@ class NotHeld(LookupError):
     """A key the page finds no lock of (404)."""
 
 
-@dataclass
-class Response:
+class Response(NamedTuple):
     """One answer: a status, a body and headers."""
 
     status: int
-    body: bytes = b""
-    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes
+    headers: list[tuple[str, str]]
 
 
 def _read_form(environ: dict[str, Any]) -> tuple[dict[str, str], tuple[int, str] | None]:
