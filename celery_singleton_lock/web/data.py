@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from .._celery.hold import HoldState
 from .._celery.task import LockedTask
@@ -33,8 +33,6 @@ from .._ops.counts import RecentCounts, recent_counts
 from .._ops.locks import LockView
 
 __all__ = ["DIGEST", "LIMITER", "STATES", "Listing", "Source", "digest"]
-
-T = TypeVar("T")
 
 #: seconds a request may spend on Redis, all its commands together
 REQUEST_SECONDS = 2.0
@@ -130,16 +128,16 @@ class LimiterScan:
         return {keys.name for keys in parsed if keys is not None}
 
 
-class Shared(Generic[T]):
+class Shared:
     """``read()``'s answer shared by every request: read by one at a time (the others wait,
     within their deadline), kept until the end of the clock's current period (``fresh``
     seconds, doubled to twice the read's time at least): Redis is read once a period at most,
     however many look. An error is not kept."""
 
-    def __init__(self, read: Callable[[], T], fresh: float = 1.0) -> None:
+    def __init__(self, read: Callable[[], Listing], fresh: float = 1.0) -> None:
         self._read, self.fresh = read, fresh
         self._lock = threading.Lock()
-        self._value: T | None = None
+        self._value: Listing | None = None
         self._until = 0.0
         self.took = 0.0  # seconds the last read took
 
@@ -147,7 +145,7 @@ class Shared(Generic[T]):
         """The next request reads again (after a change: its viewer sees what it did)."""
         self._until = 0.0
 
-    def get(self) -> T:
+    def get(self) -> Listing:
         value = self._value
         if value is not None and time.monotonic() < self._until:
             return value
@@ -228,7 +226,7 @@ class Source:
         self.max_locks = max_locks
         self._debounced: dict[str, bool] = {}
         self._limiter_scans = {prefix: LimiterScan(prefix) for prefix in self.prefixes}
-        self.shared: Shared[Listing] = Shared(self._read_list)
+        self.shared = Shared(self._read_list)
 
     def _labelled(self, view: LockView) -> LockView:
         """``view``, "debounced" when queued for a task of the app with ``lock_debounce``."""

@@ -282,8 +282,10 @@ def release_confirm(web: LocksWeb, request: Request, token: str) -> Response:
     return _confirm(web, token, hidden, action="release", key=key, view=view)
 
 
-def _done(web: LocksWeb, request: Request, code: str, detail: str) -> Response:
-    """303 to the list, the outcome in a short-lived signed cookie."""
+def _done(web: LocksWeb, request: Request, code: str, detail: str, did: str, what: str) -> Response:
+    """Log the change (``did`` by who, from where, ``what``); 303 to the list, the outcome
+    in a short-lived signed cookie."""
+    log.warning("%s by %s %s%s", did, web.access.actor(request.environ), where(request), what)
     done = web.outcomes.cookie(code, detail, request.mount, request.secure)
     return Response(HTTPStatus.SEE_OTHER, b"", [("Location", "./"), ("Set-Cookie", done)])
 
@@ -292,12 +294,8 @@ def release_post(web: LocksWeb, request: Request) -> Response:
     """``POST ./release``: free the lock (or reset the limiter), log who did it, 303."""
     key, holder = _key(web, request.form, "the form's key field"), request.form.get("holder", "")
     result = web.source.release(key, holder or None)
-    log.warning(
-        "%s by %s %s: %s%s",
-        result, web.access.actor(request.environ), where(request), printable(key),
-        f" (held by {printable(holder)})" if holder else "",
-    )  # fmt: skip
-    return _done(web, request, result, key)
+    held = f" (held by {printable(holder)})" if holder else ""
+    return _done(web, request, result, key, result, f": {printable(key)}{held}")
 
 
 def purge_confirm(web: LocksWeb, request: Request, token: str) -> Response:
@@ -323,9 +321,5 @@ def purge_post(web: LocksWeb, request: Request) -> Response:
     q, state = filters(request.form)
     views = [] if state == LIMITER else web.source.read(q, fresh=True).locks
     freed = web.source.purge([v for v in views if matches(v, q, state)], state)
-    log.warning(
-        "purged %d lock(s) by %s %s (filter q=%s state=%s)",
-        freed, web.access.actor(request.environ), where(request), printable(repr(q)),
-        printable(repr(state)),
-    )  # fmt: skip
-    return _done(web, request, "purged", str(freed))
+    what = f" (filter q={printable(repr(q))} state={printable(repr(state))})"
+    return _done(web, request, "purged", str(freed), f"purged {freed} lock(s)", what)
