@@ -200,10 +200,10 @@ def _csrf_problem(request: Request, hosts: Hosts | None) -> str | None:
     if not request.origin and request.referer:
         try:
             parts = urlsplit(request.referer)
+            referer = f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
         except ValueError:
-            parts = None
-        referer = f"{parts.scheme}://{parts.netloc}".lower() if parts else ""
-        if not (parts and parts.scheme and parts.netloc and _is_own(referer, request, hosts)):
+            referer = ""
+        if not _is_own(referer, request, hosts):
             return "the request comes from another site (its Referer names another host)"
     return None
 

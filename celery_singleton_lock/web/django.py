@@ -103,8 +103,7 @@ def make_urlpatterns(
                 return redirect_to_login(request.get_full_path(), login_url())
         post = request.method == "POST"
         form = {k: request.POST.get(k, "") for k in request.POST} if post else {}
-        environ = {**request.META, REQUEST: request}
-        answer = web().handle_mounted(environ, request.path, sub, form)
+        answer = web().handle_mounted({**request.META, REQUEST: request}, request.path, sub, form)
         response = HttpResponse(answer.body, status=answer.status)
         for header, value in answer.headers:
             if header == "Set-Cookie":  # several (CSRF, outcome): Django keeps one per name
