@@ -22,7 +22,6 @@ from web_helpers import Client, served
 from celery_singleton_lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
 from celery_singleton_lock.web import LocksWeb, TokenAccess, make_app
-from celery_singleton_lock.web.guard import RefusalLog
 
 TOKEN = "a-token-of-twenty-chars"
 KEY = "lock:{guard.job:1}"
@@ -107,7 +106,7 @@ def test_wrong_tokens_slow_down_and_are_logged_at_most_every_few_seconds(
     redis_server: RedisServer, locks: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     web = page(redis_server)
-    web.refusals = RefusalLog(logging.getLogger("celery_singleton_lock.web"), every=1.0)
+    web.refusal_every = 1.0
     with served(web) as base, caplog.at_level(logging.INFO, "celery_singleton_lock.web"):
         client = Client(base)
         wrong = release_form(client, token="w" * 20)
@@ -117,10 +116,10 @@ def test_wrong_tokens_slow_down_and_are_logged_at_most_every_few_seconds(
         blocked = client.post("release", right)
         assert blocked.status == 429 and "try again" in blocked.body
         assert holder(locks) == "task-1"
-        assert wait_until(lambda: web.access.throttle.wait_left() == 0, 10, "the gate", 0.05)  # type: ignore[attr-defined]
+        assert wait_until(lambda: web.access.wait_left() == 0, 10, "the gate", 0.05)  # type: ignore[attr-defined]
         assert client.post("release", wrong).status == 403  # one more try, then longer
-        assert web.access.throttle.wait_left() > 1.0  # type: ignore[attr-defined]
-        wait_until(lambda: web.access.throttle.wait_left() == 0, 10, "the gate", 0.05)  # type: ignore[attr-defined]
+        assert web.access.wait_left() > 1.0  # type: ignore[attr-defined]
+        wait_until(lambda: web.access.wait_left() == 0, 10, "the gate", 0.05)  # type: ignore[attr-defined]
         assert client.post("release", right).status == 303
     assert holder(locks) is None
     lines = [r.getMessage() for r in caplog.records if r.name == "celery_singleton_lock.web"]

@@ -18,7 +18,7 @@ from web_helpers import Client, served, table_rows, text_of
 from celery_singleton_lock import LockSpace
 from celery_singleton_lock.testing import RedisServer
 from celery_singleton_lock.web import CallableAccess, LocksWeb, TokenAccess, make_app
-from celery_singleton_lock.web.messages import MAX_FORM_BYTES
+from celery_singleton_lock.web.views import MAX_FORM_BYTES
 
 TOKEN = "a-token-of-twenty-chars"
 

@@ -1,13 +1,7 @@
-"""A web page of the locks (the ``web`` extra: ``pip install '.[web]'`` in a checkout): what
-``celery locks list`` shows, in a browser, refreshed; a lock's page; release and purge behind a
-confirmation.
-
-Standalone: ``celery -A proj locks web`` (loopback, read-only unless the environment variable
-``CELERY_SINGLETON_LOCK_WEB_TOKEN`` holds a token to type in). In a Flask app:
-:func:`celery_singleton_lock.web.flask.blueprint`; in Django:
-``path("locks/", include("celery_singleton_lock.web.django"))``. Any WSGI server:
-:func:`make_app`.
-"""
+"""A web page of the locks (the ``web`` extra): what ``celery locks list`` shows, refreshed;
+a lock's page; release and purge behind a confirmation. Standalone: ``celery -A proj locks
+web``; in Flask: :func:`celery_singleton_lock.web.flask.blueprint`; in Django:
+``include("celery_singleton_lock.web.django")``; any WSGI server: :func:`make_app`."""
 
 from __future__ import annotations
 
@@ -20,6 +14,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from .access import Access, CallableAccess, TokenAccess
 from .app import LocksWeb, make_app
-from .messages import Request, Response
+from .views import Request, Response
 
 __all__ = ["Access", "CallableAccess", "LocksWeb", "Request", "Response", "TokenAccess", "make_app"]

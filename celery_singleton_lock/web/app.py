@@ -1,10 +1,13 @@
-"""The page as a WSGI app (:class:`LocksWeb`, made by :func:`make_app`): a request
-(:mod:`.messages`) bounded (:mod:`.bounds`), checked and routed to :mod:`.views`."""
+"""The page as a WSGI app (:class:`LocksWeb`, made by :func:`make_app`): a request within
+its deadline, checked (:mod:`.access`) and routed to :mod:`.views`."""
 
 from __future__ import annotations
 
 import logging
+import re
+import secrets
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -13,10 +16,11 @@ from redis.exceptions import RedisError
 
 from .._errors import LockError
 from .._lock import check_prefix, operation_deadline
-from . import bounds, guard, views
-from .access import Access, TokenAccess
-from .data import Source
-from .messages import BadRequest, Request, Response, request_from_environ
+from . import access as guard
+from . import views
+from .access import Access, Environ, TokenAccess
+from .data import MAX_AT_ONCE, REQUEST_SECONDS, Source, own_client
+from .views import BadRequest, Request, Response, error_page
 
 if TYPE_CHECKING:
     from .serve import Hosts
@@ -54,45 +58,71 @@ class LocksWeb:
     ) -> None:
         self.source, self.access, self.link_pattern = source, access, link_pattern
         self.refresh, self.page_size = refresh, page_size
-        # The list's shared read is kept half a reload (a second at least): each open tab
-        # reloads once a refresh, so however many are open, Redis is read about twice a
-        # refresh, as for two tabs; and no tab sees a list older than its own reload.
+        # half a reload (a second at least): Redis is read about twice a refresh however many
+        # tabs are open, and no tab sees a list older than its own reload
         source.shared.fresh = max(1.0, refresh / 2)
-        #: the names the standalone server answers to (set by :func:`.serve.make_server`);
-        #: ``None`` behind Flask or Django, whose own host checks apply
+        #: the standalone server's names (:func:`.serve.make_server`); mounted, ``None``
         self.hosts: Hosts | None = None
-        self.refusals = guard.RefusalLog(log)
-        self._at_once = threading.BoundedSemaphore(bounds.MAX_AT_ONCE)
+        #: seconds between two log lines of refusals at most: a flood does not flood the log
+        self.refusal_every = 5.0
+        self._refusals = threading.Lock()
+        self._last_refusal, self._quiet = -float("inf"), 0
+        self._at_once = threading.BoundedSemaphore(MAX_AT_ONCE)
         self.outcomes = guard.Outcomes()
 
-    def __call__(
-        self, environ: dict[str, Any], start_response: Callable[..., Any]
-    ) -> Iterable[bytes]:
-        response = self.handle(request_from_environ(environ))
-        start_response(response.status_line, response.headers)
+    def __call__(self, environ: Environ, start_response: Callable[..., Any]) -> Iterable[bytes]:
+        response = self.handle(Request(environ))
+        start_response(f"{response.status} {HTTPStatus(response.status).phrase}", response.headers)
         return [response.body]
 
+    def refused(self, message: str) -> None:
+        """Log a refusal, unless one was logged less than ``refusal_every`` seconds ago: then
+        the next line says how many were not logged meanwhile."""
+        with self._refusals:
+            now = time.monotonic()
+            if now - self._last_refusal < self.refusal_every:
+                self._quiet += 1
+                return
+            quiet, self._quiet, self._last_refusal = self._quiet, 0, now
+        more = f" (and {quiet} more refused since the last such line)" if quiet else ""
+        log.warning("%s%s", message, more)
+
     def handle_mounted(
-        self, environ: dict[str, Any], full: str, sub: str, form: dict[str, str]
+        self, environ: Environ, full: str, sub: str, form: dict[str, str]
     ) -> Response:
-        """A request that Flask or Django routed to ``sub`` ("", "lock", ...) of the page at
-        the request path ``full``, its ``form`` read."""
+        """A request Flask or Django routed to ``sub`` ("", "lock", ...) of the page at the
+        path ``full``, its ``form`` read."""
         mount = full[: len(full) - len(sub)] if sub and full.endswith(sub) else full
-        return self.handle(request_from_environ(environ, sub, mount, form))
+        return self.handle(Request(environ, sub, mount, form))
 
     def handle(self, request: Request) -> Response:
         """Route ``request``; every answer sets the CSRF cookie when it was missing."""
         fresh = not request.cookies.get(guard.CSRF_COOKIE)
-        token = guard.new_csrf_token() if fresh else request.cookies[guard.CSRF_COOKIE]
-        if not self._at_once.acquire(blocking=False):  # (why: see bounds)
-            response = views.error_page(
+        token = secrets.token_urlsafe(32) if fresh else request.cookies[guard.CSRF_COOKIE]
+        # the others answered at once, not piled up behind a slow Redis
+        if not self._at_once.acquire(blocking=False):
+            response = error_page(
                 HTTPStatus.SERVICE_UNAVAILABLE,
-                f"the page is serving {bounds.MAX_AT_ONCE} requests already: try again shortly",
+                f"the page is serving {MAX_AT_ONCE} requests already: try again shortly",
             )
             response.headers.append(("Retry-After", "2"))
         else:
             try:
-                response = self._answer(request, token)
+                with operation_deadline(REQUEST_SECONDS):
+                    response = self._route(request, token)
+            except BadRequest as exc:
+                response = error_page(HTTPStatus.BAD_REQUEST, str(exc))
+            except views.NotHeld as exc:
+                response = error_page(HTTPStatus.NOT_FOUND, str(exc))
+            except (LockError, RedisError) as exc:  # Redis down, slow or hung: no traceback
+                log.warning("the locks page could not read Redis: %s", guard.printable(exc, 500))
+                response = error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
+            except Exception:  # anything else: the page's own 500, with its headers
+                log.exception("the locks page failed on a %s", guard.printable(request.method))
+                response = error_page(
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    "the page failed unexpectedly: its log (celery_singleton_lock.web) says why",
+                )
             finally:
                 self._at_once.release()
         response.headers.extend(HEADERS)
@@ -101,70 +131,45 @@ class LocksWeb:
             response.headers.append(("Set-Cookie", csrf_cookie))
         return response
 
-    def _answer(self, request: Request, token: str) -> Response:
-        """The routed answer, within the request's deadline; an error is a page too."""
-        try:
-            with operation_deadline(bounds.REQUEST_SECONDS):
-                return self._route(request, token)
-        except BadRequest as exc:
-            return views.error_page(HTTPStatus.BAD_REQUEST, str(exc))
-        except views.NotHeld as exc:
-            return views.error_page(HTTPStatus.NOT_FOUND, str(exc))
-        except (LockError, RedisError) as exc:  # Redis down, slow or hung: say so, no traceback
-            log.warning("the locks page could not read Redis: %s", guard.printable(exc, 500))
-            return views.error_page(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
-        except Exception:  # anything else: the page's own 500, with its headers
-            log.exception("the locks page failed on a %s", guard.printable(request.method))
-            return views.error_page(
-                HTTPStatus.INTERNAL_SERVER_ERROR,
-                "the page failed unexpectedly: its log (celery_singleton_lock.web) says why",
-            )
-
     def _route(self, request: Request, token: str) -> Response:
-        # Before anything else, for every method: a name the server does not answer to is a
-        # rebinding site's (or a misdirected request), however it is sent.
-        if self.hosts is not None and not self.hosts.allows_host(request.host):
-            self.refusals.refused(
+        # first, whatever the method: a name it does not answer to is a rebinding site's
+        if self.hosts is not None and request.host.lower() not in self.hosts.hosts:
+            self.refused(
                 f"refused a {guard.printable(request.method)} by "
                 f"{self.access.actor(request.environ)} for a Host the page does not answer to "
                 f"{guard.where(request)}"
             )
-            return views.error_page(
+            return error_page(
                 HTTPStatus.MISDIRECTED_REQUEST,
                 "this server does not answer to that name: open it at http://127.0.0.1:PORT/, "
                 "or start it with --allowed-host NAME for the name a proxy sends",
             )
         if request.form_problem is not None:
-            return views.error_page(*request.form_problem)
+            return error_page(*request.form_problem)
         if not self.access.can_view(request.environ):
-            return views.error_page(HTTPStatus.FORBIDDEN, "you may not see the locks")
+            return error_page(HTTPStatus.FORBIDDEN, "you may not see the locks")
         if request.path not in ROUTES:
-            return views.error_page(HTTPStatus.NOT_FOUND, f"no page {request.path!r} here")
+            return error_page(HTTPStatus.NOT_FOUND, f"no page {request.path!r} here")
         get, post = ROUTES[request.path]
         posted = request.method == "POST" and post is not None
         if not posted and request.method not in ("GET", "HEAD"):
             allowed = "GET or POST only" if post else "GET only"
-            return views.error_page(HTTPStatus.METHOD_NOT_ALLOWED, allowed)
-        # A change's confirmation and its POST: refused before anything is read or freed.
-        refused = guard.change_refused(self, request, posted) if post is not None else None
+            return error_page(HTTPStatus.METHOD_NOT_ALLOWED, allowed)
+        if post is None:
+            return get(self, request, token)
+        # a change's confirmation and its POST: refused before anything is read or freed
+        refused = guard.change_refused(self, request, posted)
         if refused is not None:
-            return views.error_page(*refused)
-        return post(self, request) if post is not None and posted else get(self, request, token)
+            return error_page(*refused)
+        return post(self, request) if posted else get(self, request, token)
 
 
-#: each path's GET view and POST view
 ROUTES: dict[str, tuple[Callable[..., Response], Callable[..., Response] | None]] = {
     "": (views.listing, None),
     "lock": (views.lock_page, None),
     "release": (views.release_confirm, views.release_post),
     "purge": (views.purge_confirm, views.purge_post),
 }
-
-
-def _whole(name: str, value: object, least: int) -> int:
-    if type(value) is not int or value < least:
-        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
-    return value
 
 
 def make_app(
@@ -178,30 +183,26 @@ def make_app(
     page_size: int = 100,
     max_locks: int = 2000,
 ) -> LocksWeb:
-    """The locks page of ``celery_app`` (its Redis client and every prefix its locked tasks
-    use, as ``celery locks list``) or of the Redis at ``url`` (prefix ``lock`` unless
-    ``prefixes`` says otherwise). ``access``: who may look and change (default: everyone
-    looks, nobody changes). ``link_pattern``: where a holder's task id links to, with
-    ``{task_id}``. ``refresh``: seconds between reloads of the list (0: none; longer when a
-    read took long). ``page_size``: locks per page. ``max_locks``: the most locks one read
-    looks at (beyond, the page says so, and a filter by text finds the others): what a view
-    costs Redis at most."""
+    """The locks page of ``celery_app`` (its Redis and every prefix its locked tasks use) or
+    of the Redis at ``url`` (prefix ``lock`` unless ``prefixes`` says otherwise). ``access``:
+    who may look and change (default: everyone looks, nobody changes). ``link_pattern``: a
+    holder's link, with ``{task_id}``. ``refresh``: seconds between reloads of the list (0:
+    none). ``page_size``: locks per page. ``max_locks``: the most locks one read looks at
+    (beyond, a filter by text finds the others)."""
     if (celery_app is None) == (url is None):
         raise ValueError("give exactly one of celery_app or url (redis://host:port/db)")
-    refresh = _whole("refresh", refresh, 0)
-    page_size = _whole("page_size", page_size, 1)
-    max_locks = _whole("max_locks", max_locks, 1)
+    whole = (("refresh", refresh, 0), ("page_size", page_size, 1), ("max_locks", max_locks, 1))
+    for name, value, least in whole:
+        if type(value) is not int or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
     if link_pattern is not None:
-        # A link of the task id alone, or of another scheme, would let a publisher's task id
-        # (``javascript:...``) become the link.
+        # the task id alone, or another scheme, would let a task id (``javascript:``) be the link
         text = link_pattern.lower() if isinstance(link_pattern, str) else ""
         try:
             ok = "{task_id}" in text and bool(str(link_pattern).format(task_id="x"))
         except (KeyError, IndexError, ValueError):
             ok = False
-        absolute = text.startswith(("http://", "https://"))
-        absolute = absolute and not text.split("//", 1)[1].startswith("{")
-        if not ok or not (absolute or (text.startswith("/") and not text.startswith("//"))):
+        if not ok or not re.match(r"https?://(?!\{)|/(?!/)", text):
             raise ValueError(
                 "link_pattern must be an http:// or https:// URL, or a path starting with /, "
                 "with {task_id} and no other field, such as "
@@ -216,11 +217,11 @@ def make_app(
     elif not isinstance(access, Access):
         raise TypeError(f"access must be an Access (see TokenAccess), got {access!r}")
     if url is not None:
-        source = Source(bounds.own_client(url), prefixes or ["lock"], max_locks=max_locks)
+        source = Source(own_client(url), prefixes or ["lock"], max_locks=max_locks)
     else:
         from .._celery.config import LockConfig
         from .._ops.target import app_prefixes
 
-        client = bounds.own_client(LockConfig.of(celery_app).client)
+        client = own_client(LockConfig.of(celery_app).client)
         source = Source(client, prefixes or app_prefixes(celery_app), celery_app, max_locks)
     return LocksWeb(source, access, link_pattern=link_pattern, refresh=refresh, page_size=page_size)

@@ -1,14 +1,12 @@
 """The locks page in a Django project: ``path("locks/", include("celery_singleton_lock.web.
-django"))``, or inside the Django admin with :func:`add_to_admin`. Staff only by default (a
-visitor not logged in is sent to :func:`login_url`, a user not staff is refused);
+django"))``, or in the admin with :func:`add_to_admin`; staff only unless
 :func:`make_urlpatterns` sets other rules. The Celery app is the setting
-``CELERY_SINGLETON_LOCK_WEB_APP`` (``"proj.celery:app"``), else ``celery.current_app``;
-``CELERY_SINGLETON_LOCK_WEB_OPTIONS`` (a dict) gives
-:func:`~celery_singleton_lock.web.make_app`'s options.
-"""
+``CELERY_SINGLETON_LOCK_WEB_APP`` (``"proj.celery:app"``), else ``celery.current_app``; the
+setting ``CELERY_SINGLETON_LOCK_WEB_OPTIONS`` (a dict) gives :func:`~.make_app`'s options."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from collections.abc import Callable
@@ -52,9 +50,8 @@ def _celery_app() -> Any:
 
 def login_url() -> str:
     """Where a visitor not logged in is sent: ``settings.LOGIN_URL`` when it is another site's
-    or this project serves it, else the Django admin's login when the admin is mounted (a
-    project made by ``startproject`` has the admin but nothing at the default
-    ``/accounts/login/``), else ``LOGIN_URL`` all the same."""
+    or this project serves it, else the admin's login if mounted (``startproject`` makes the
+    admin but nothing at ``/accounts/login/``)."""
     from django.conf import settings
     from django.shortcuts import resolve_url
     from django.urls import NoReverseMatch, Resolver404, get_script_prefix, resolve, reverse
@@ -65,10 +62,8 @@ def login_url() -> str:
     try:
         resolve("/" + wanted.split("?", 1)[0].removeprefix(get_script_prefix()).lstrip("/"))
     except Resolver404:
-        try:
+        with contextlib.suppress(NoReverseMatch):
             return str(reverse("admin:login"))
-        except NoReverseMatch:
-            pass
     return wanted
 
 
@@ -88,18 +83,17 @@ def make_urlpatterns(
 
     @functools.cache
     def web() -> LocksWeb:
-        # Made at the first request: the settings and the Celery app are ready by then.
+        # at the first request: the settings and the Celery app are ready by then
         from django.conf import settings
 
         options = dict(getattr(settings, "CELERY_SINGLETON_LOCK_WEB_OPTIONS", {}))
         options.update(make_app_options)
         return make_app(_celery_app(), access=access, **options)
 
-    # Django's CSRF middleware is not applied: the page's own check (guard) is.
+    # the page's own CSRF check applies, not Django's middleware
     @csrf_exempt  # type: ignore[untyped-decorator]  # django: unannotated
     def page(request: Any, sub: str = "") -> HttpResponse:
-        # Django's ALLOWED_HOSTS check, here whatever the middleware: a rebinding site's name
-        # is refused (DisallowedHost: 400) before the page reads or changes anything.
+        # ALLOWED_HOSTS, whatever the middleware: a rebinding site's name is a 400 at once
         request.get_host()
         if not can_view(request):
             user = getattr(request, "user", None)
@@ -109,8 +103,7 @@ def make_urlpatterns(
                 return redirect_to_login(request.get_full_path(), login_url())
         post = request.method == "POST"
         form = {k: request.POST.get(k, "") for k in request.POST} if post else {}
-        environ = {**request.META, REQUEST: request}
-        answer = web().handle_mounted(environ, request.path, sub, form)
+        answer = web().handle_mounted({**request.META, REQUEST: request}, request.path, sub, form)
         response = HttpResponse(answer.body, status=answer.status)
         for header, value in answer.headers:
             if header == "Set-Cookie":  # several (CSRF, outcome): Django keeps one per name
@@ -119,12 +112,8 @@ def make_urlpatterns(
                 response.headers[header] = value
         return response
 
-    return [
-        path("", page, name="celery_singleton_lock_locks"),
-        path("lock", page, {"sub": "lock"}),
-        path("release", page, {"sub": "release"}),
-        path("purge", page, {"sub": "purge"}),
-    ]
+    subs = [path(sub, page, {"sub": sub}) for sub in ("lock", "release", "purge")]
+    return [path("", page, name="celery_singleton_lock_locks"), *subs]
 
 
 urlpatterns = make_urlpatterns()
@@ -137,11 +126,10 @@ def add_to_admin(
     can_change: Callable[[Any], bool] | None = None,
     **make_app_options: Any,
 ) -> None:
-    """Serve the page inside the admin ``site`` (Django's ``admin.site`` by default) at
-    ``route`` under it (``admin/locks/``), linked from the admin's index for the users
-    ``can_view`` lets in. Call it before ``site.urls`` is read (in ``urls.py``, above
-    ``urlpatterns``): the page's patterns go first in the site's own, so the admin's catch-all
-    view never hides them, whatever the order of the project's ``urlpatterns``."""
+    """Serve the page in the admin ``site`` (default ``admin.site``) at ``route`` under it,
+    linked from the admin's index for the users ``can_view`` lets in. Call it in ``urls.py``
+    before ``site.urls`` is read: the page's patterns go first, so the admin's catch-all view
+    never hides them."""
     if site is None:
         from django.contrib import admin
 

@@ -42,8 +42,7 @@ def blueprint(
 
     def page(path: str = "") -> flask.Response:
         request = flask.request
-        # Flask's TRUSTED_HOSTS check, when the app sets it: a rebinding site's name is
-        # refused (400) before the page reads or changes anything.
+        # TRUSTED_HOSTS, when set: a rebinding site's name is a 400 before anything is read
         request.host  # noqa: B018 - read for its check
         form = dict(request.form.items()) if request.method == "POST" else {}
         answer = web.handle_mounted(request.environ, request.path, path, form)

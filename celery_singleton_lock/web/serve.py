@@ -1,16 +1,8 @@
-"""``celery -A proj locks web`` and ``python -m celery_singleton_lock --url URL web``: the page
-on the stdlib's WSGI server, one thread per request (enough for operators on loopback).
-
-The token that allows changes is read from the environment only
-(``CELERY_SINGLETON_LOCK_WEB_TOKEN``): a command line is visible to every user in ``ps``.
-
-The server answers only the names it is served at (:class:`Hosts`). A site the operator visits
-can point a name of its own at 127.0.0.1 (DNS rebinding): its pages are then same-origin with
-the locks page by the browser's rules, and their requests carry that name as ``Host``. So a
-request is answered only when its ``Host`` is a loopback name with the server's port, the
-``--host`` it listens on, or a name given with ``--allowed-host`` (a proxy's); the CSRF origin
-check compares ``Origin`` with the same list (scheme included), never with ``Host``.
-"""
+"""``celery -A proj locks web``: the page on the stdlib's WSGI server, a thread per request.
+The token is read from the environment only (a command line shows in ``ps``). The server
+answers only its own names (:class:`Hosts`): a site the operator visits can point a name of
+its own at 127.0.0.1 (DNS rebinding) and send it as ``Host``, its pages then same-origin
+with the locks page by the browser's rules."""
 
 from __future__ import annotations
 
@@ -19,7 +11,7 @@ import logging
 import os
 import socketserver
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from wsgiref import simple_server
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -29,14 +21,12 @@ from .._ops.target import prefix_option, target, url_option
 from .access import TokenAccess
 from .app import LocksWeb, make_app
 
-__all__ = ["TOKEN_ENV", "Hosts", "make_server", "serve", "web"]
+__all__ = ["TOKEN_ENV", "Hosts", "make_server", "web"]
 
 log = logging.getLogger("celery_singleton_lock.web")
 
 #: the environment variable holding the token that allows releases and purges
 TOKEN_ENV = "CELERY_SINGLETON_LOCK_WEB_TOKEN"
-#: loopback names a browser on the server's machine may use
-LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -47,8 +37,7 @@ def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 
 def check_allowed_host(value: object) -> str:
-    """An ``--allowed-host`` value checked: a name (``locks.example.com``), ``name:port`` or
-    an origin (``https://locks.example.com``); a clear error otherwise."""
+    """An ``--allowed-host`` value checked: ``name``, ``name:port`` or ``https://name``."""
     text = value.strip().lower() if isinstance(value, str) else ""
     name = text.split("://", 1)[1] if text.startswith(("http://", "https://")) else text
     if not name or any(c in name for c in "/?#@ \t*") or not name.isascii():
@@ -60,22 +49,20 @@ def check_allowed_host(value: object) -> str:
     return text
 
 
-class Hosts:
+class Hosts(NamedTuple):
     """The ``Host`` values and browser origins a server answers (lower-case)."""
 
-    def __init__(self, hosts: Iterable[str], origins: Iterable[str]) -> None:
-        self.hosts = frozenset(h.lower() for h in hosts)
-        self.origins = frozenset(o.lower().rstrip("/") for o in origins)
+    hosts: frozenset[str]
+    origins: frozenset[str]
 
     @classmethod
     def of_server(cls, host: str, port: int, allowed: Iterable[str] = ()) -> Hosts:
-        """The names of a server listening on ``host:port``: the loopback names and ``host``
-        with the port, and each of ``allowed``: ``name``, ``name:port`` (over http or https)
-        or an origin ``https://name[:port]`` (over its scheme only)."""
+        """The loopback names and ``host`` with ``port``, and each of ``allowed``: ``name``
+        or ``name:port`` (over http or https), or an origin ``https://name[:port]``."""
         ip = _ip(host)
-        names = [*LOOPBACK] if ip and ip.is_unspecified else [*LOOPBACK, host]
-        if ip and ip.version == 6 and not ip.is_unspecified:
-            names[-1] = f"[{host}]"
+        names = ["127.0.0.1", "localhost", "[::1]"]
+        if not (ip and ip.is_unspecified):
+            names.append(f"[{host}]" if ip and ip.version == 6 else host)
         hosts = [f"{name}:{port}" for name in names]
         origins = [f"http://{name}:{port}" for name in names]
         for value in allowed:
@@ -86,24 +73,14 @@ class Hosts:
             else:
                 hosts.append(checked)
                 origins.extend((f"http://{checked}", f"https://{checked}"))
-        return cls(hosts, origins)
-
-    def allows_host(self, host: str) -> bool:
-        return host.lower() in self.hosts
-
-    def allows_origin(self, origin: str) -> bool:
-        return origin.lower().rstrip("/") in self.origins
+        return cls(frozenset(h.lower() for h in hosts), frozenset(o.lower() for o in origins))
 
 
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
-    """wsgiref's server, a thread per request: a slow client does not stall the others."""
-
     daemon_threads = True
 
 
 class _QuietHandler(WSGIRequestHandler):
-    """Each request logged at DEBUG on the page's logger, not printed on stderr."""
-
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
@@ -112,48 +89,12 @@ def make_server(
     app: LocksWeb, host: str = "127.0.0.1", port: int = 8600, allowed_hosts: Sequence[str] = ()
 ) -> WSGIServer:
     """A server of ``app`` bound to ``host:port`` (port 0: a free one) that answers only
-    requests sent to its own names: the loopback names and ``host`` with its port, and
-    ``allowed_hosts`` (a proxy's names, see :meth:`Hosts.of_server`)."""
+    requests sent to its own names (:meth:`Hosts.of_server`)."""
     server = simple_server.make_server(
         host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler
     )
     app.hosts = Hosts.of_server(host, server.server_port, allowed_hosts)
     return server
-
-
-def serve(
-    app: LocksWeb, host: str = "127.0.0.1", port: int = 8600, allowed_hosts: Sequence[str] = ()
-) -> None:
-    """Serve ``app`` on ``host:port`` until interrupted (port 0: a free one, logged); see
-    :func:`make_server` for the names it answers to."""
-    server = make_server(app, host, port, allowed_hosts)
-    shown = f"[{host}]" if ":" in host else host
-    log.info("the locks page is served on http://%s:%d/", shown, server.server_port)
-    ip = _ip(host)
-    if host != "localhost" and not (ip and ip.is_loopback):
-        log.warning(
-            "the locks page listens on %s, not on loopback: anyone who reaches it sees the locks "
-            "(put it behind a proxy with its own login, or keep --host 127.0.0.1)",
-            host,
-        )
-    if not app.access.needs_token:
-        log.info("read-only: set %s to allow releases with that token", TOKEN_ENV)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-
-
-def _log_to_stderr() -> None:
-    """The command's own logging when nothing configured any."""
-    package = logging.getLogger("celery_singleton_lock")
-    if not package.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(name)s: %(message)s"))
-        package.addHandler(handler)
-        package.setLevel(logging.INFO)
 
 
 @click.command(name="web")
@@ -185,17 +126,19 @@ def _log_to_stderr() -> None:
 def web(
     host: str,
     port: int,
-    refresh: int,
-    link_pattern: str | None,
-    page_size: int,
-    max_locks: int,
     allowed_hosts: tuple[str, ...],
     url: str | None,
     prefix: str | None,
+    **options: Any,
 ) -> None:
     """Serve a web page of the locks (read-only unless CELERY_SINGLETON_LOCK_WEB_TOKEN is set:
     then a release or purge asks for that token)."""
-    _log_to_stderr()
+    package = logging.getLogger("celery_singleton_lock")
+    if not package.handlers and not logging.getLogger().handlers:  # nothing configured any
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(name)s: %(message)s"))
+        package.addHandler(handler)
+        package.setLevel(logging.INFO)
     ctx = click.get_current_context()
     try:  # before anything is read: a short token or a wrong name is refused at start
         access = TokenAccess(os.environ.get(TOKEN_ENV))
@@ -204,11 +147,26 @@ def web(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     with target(ctx, url, prefix) as (_client, prefixes):
-        app = getattr(ctx.obj, "app", None)
-        options: dict[str, Any] = {"link_pattern": link_pattern, "refresh": refresh}
-        options.update(page_size=page_size, access=access, prefixes=prefixes, max_locks=max_locks)
+        app = None if url else getattr(ctx.obj, "app", None)
         try:
-            made = make_app(None if url else app, url=url, **options)
+            made = make_app(app, url=url, access=access, prefixes=prefixes, **options)
         except (TypeError, ValueError) as exc:
             raise click.UsageError(str(exc)) from exc
-    serve(made, host, port, allowed_hosts)
+    server = make_server(made, host, port, allowed_hosts)
+    shown = f"[{host}]" if ":" in host else host
+    log.info("the locks page is served on http://%s:%d/", shown, server.server_port)
+    ip = _ip(host)
+    if host != "localhost" and not (ip and ip.is_loopback):
+        log.warning(
+            "the locks page listens on %s, not on loopback: anyone who reaches it sees the locks "
+            "(put it behind a proxy with its own login, or keep --host 127.0.0.1)",
+            host,
+        )
+    if not made.access.needs_token:
+        log.info("read-only: set %s to allow releases with that token", TOKEN_ENV)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

@@ -1,26 +1,27 @@
-"""The pages: the list, one lock, the release and purge confirmations and their POSTs, and the
-error page. Query input is checked before Redis is read; a change, checked before it comes
-here (:func:`.guard.change_refused`), is logged naming who did it from where."""
+"""A request (from a WSGI environ, or handed over by Flask or Django), its answer, and the
+pages. Query input is checked before Redis is read; a change, checked before it comes here
+(:func:`.access.change_refused`), is logged naming who did it from where."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlencode
+from http.cookies import CookieError, SimpleCookie
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import parse_qsl, quote, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from .._lock import Rate, RateKeys, RateState
 from .._ops.locks import LockView
+from .access import OUTCOME_COOKIE, cookie, printable, where
 from .data import BEAT, DIGEST, LIMITER, STATES, digest, matches
-from .guard import OUTCOME_COOKIE, cookie, printable, where
-from .messages import BadRequest, Request, Response, filters, paging
 
 if TYPE_CHECKING:
     from .app import LocksWeb
 
-__all__ = ["NotHeld", "error_page", "listing", "lock_page"]
+__all__ = ["MAX_FORM_BYTES", "BadRequest", "NotHeld", "Request", "Response", "error_page"]
 
 log = logging.getLogger("celery_singleton_lock.web")
 
@@ -31,17 +32,102 @@ _templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-#: a key longer than this is linked by its digest (a URL must stay short enough to send)
+#: a confirm form has a few hundred bytes: a larger one is refused
+MAX_FORM_BYTES = 64 * 1024
+#: a longer key is linked by its digest (a URL must stay short enough to send)
 LONG_KEY = 256
+
+
+class BadRequest(ValueError):
+    """A query the page cannot answer (400), its message naming the parameter."""
 
 
 class NotHeld(LookupError):
     """A key the page finds no lock of (404)."""
 
 
+class Response(NamedTuple):
+    """One answer: a status, a body and headers."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]]
+
+
+def _read_form(environ: dict[str, Any]) -> tuple[dict[str, str], tuple[int, str] | None]:
+    if environ.get("REQUEST_METHOD") != "POST":
+        return {}, None
+    given = str(environ.get("CONTENT_LENGTH") or "0").strip()
+    if not (given.isascii() and given.isdecimal()) or len(given) > 12:
+        return {}, (HTTPStatus.BAD_REQUEST, "the Content-Length is not a number of bytes")
+    length = int(given)
+    if length > MAX_FORM_BYTES:
+        return {}, (
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"the form has {length} bytes, more than the {MAX_FORM_BYTES} a confirm form may "
+            "have: a long key is released through its link (which names it by a digest)",
+        )
+    body = environ["wsgi.input"].read(length).decode("utf-8", "replace") if length else ""
+    return dict(parse_qsl(body, keep_blank_values=True)), None
+
+
+class Request:
+    """One request, read from a WSGI ``environ``; ``path`` (below the mount), ``mount`` (ends
+    with "/": the cookies' path) and ``form`` given when Flask or Django routed and read it."""
+
+    def __init__(
+        self,
+        environ: dict[str, Any],
+        path: str | None = None,
+        mount: str | None = None,
+        form: dict[str, str] | None = None,
+    ) -> None:
+        get = environ.get
+        self.environ = environ
+        self.method = str(get("REQUEST_METHOD", "GET")).upper()
+        self.path = get("PATH_INFO", "").lstrip("/") if path is None else path
+        self.mount = get("SCRIPT_NAME", "").rstrip("/") + "/" if mount is None else mount
+        self.query = dict(parse_qsl(get("QUERY_STRING", ""), keep_blank_values=True))
+        self.host: str = get("HTTP_HOST") or get("SERVER_NAME", "")
+        self.origin: str = get("HTTP_ORIGIN", "")
+        self.referer: str = get("HTTP_REFERER", "")
+        self.remote: str = get("REMOTE_ADDR", "")
+        self.secure = get("wsgi.url_scheme") == "https"
+        self.cookies: dict[str, str] = {}
+        # another app's malformed cookie: ours is then missing (a new one is set), not fatal
+        with contextlib.suppress(CookieError):
+            self.cookies = {k: m.value for k, m in SimpleCookie(get("HTTP_COOKIE", "")).items()}
+        self.form_problem: tuple[int, str] | None = None
+        if form is None:
+            form, self.form_problem = _read_form(environ)
+        self.form = form
+
+
+def filters(query: dict[str, str]) -> tuple[str, str]:
+    """The list's filter: a text and a state."""
+    q, state = query.get("q", "").strip(), query.get("state", "")
+    if state and state not in STATES:
+        raise BadRequest(f"state must be one of {', '.join(STATES)} (or empty), got {state!r}")
+    return q, state
+
+
+def paging(query: dict[str, str]) -> tuple[int, bool]:
+    """The page number asked for, and whether newest first."""
+    page_text, sort = query.get("page", "1") or "1", query.get("sort", "age") or "age"
+    # (int() of thousands of digits is refused by Python itself: a 500 before this check)
+    if not (page_text.isascii() and page_text.isdecimal()) or len(page_text) > 9:
+        raise BadRequest(f"page must be a whole number >= 1, got {page_text[:20]!r}")
+    if int(page_text) < 1:
+        raise BadRequest(f"page must be a whole number >= 1, got {page_text!r}")
+    if sort not in ("age", "-age"):
+        raise BadRequest(
+            f"sort must be 'age' (oldest first) or '-age' (newest first), got {sort!r}"
+        )
+    return int(page_text), sort == "-age"
+
+
 def duration(seconds: float | None) -> str:
-    """``seconds`` as "42.0 s", "3 m 05 s", "2 h 03 m"; "-" when unknown, "none" for no
-    lease (-1)."""
+    """``seconds`` as "42.0 s", "3 m 05 s" or "2 h 03 m"; "-" unknown, "none" no lease (-1)."""
     if seconds is None:
         return "-"
     if seconds < 0:
@@ -63,32 +149,19 @@ def key_query(key: str) -> dict[str, str]:
     return {"key": key} if len(key) <= LONG_KEY else {"d": digest(key)}
 
 
-def href(page: str, key: str) -> str:
-    return page + "?" + urlencode(key_query(key))
-
-
-_templates.globals["href"] = href
+_templates.globals["href"] = lambda page, key: page + "?" + urlencode(key_query(key))
 
 
 def _lock_row(view: LockView) -> dict[str, Any]:
-    """A row of ``#locks``, ``#permits`` or ``#beat``."""
-    return {
-        "key": view.key,
-        "app": view.name[len(BEAT) :],
-        "state": view.state or "held",
-        "task": _text(view.task),
-        "holder": _text(view.holder),
-        "host": _text(view.host),
-        "pid": _text(view.pid),
-        "age": duration(view.age_s),
-        "age_s": "" if view.age_s is None else f"{view.age_s:.3f}",
-        "lease": duration(view.lease_s),
-        "slots": _text(view.slots),
-    }
+    names = ("task", "holder", "host", "pid", "slots", "fence")
+    row = {name: _text(getattr(view, name)) for name in names}
+    row.update(key=view.key, app=view.name[len(BEAT) :], state=view.state or "held")
+    row.update(age=duration(view.age_s), lease=duration(view.lease_s))
+    row["age_s"] = "" if view.age_s is None else f"{view.age_s:.3f}"
+    return row
 
 
 def _limiter_row(prefix: str, state: RateState) -> dict[str, Any]:
-    """A row of ``#limiters``, as ``celery locks list`` shows it."""
     return {
         "key": RateKeys.for_name(prefix, state.name).log,
         "used": f"{state.used}/{state.limit}" if state.limit else str(state.used),
@@ -114,18 +187,24 @@ def _key(web: LocksWeb, params: dict[str, str], usage: str) -> str:
     raise BadRequest(f"key is missing: {usage}")
 
 
-def _render(status: int, template: str, **context: Any) -> Response:
+def _render(template: str, status: int = 200, **context: Any) -> Response:
     body = _templates.get_template(template).render(**context).encode("utf-8")
     return Response(status, body, [("Content-Type", "text/html; charset=utf-8")])
 
 
 def error_page(status: int, message: str) -> Response:
     """A page saying what went wrong in ``#error``."""
-    return _render(status, "error.html", title=HTTPStatus(status).phrase, message=message)
+    return _render("error.html", status, title=HTTPStatus(status).phrase, message=message)
+
+
+def _confirm(web: LocksWeb, token: str, hidden: dict[str, str], **context: Any) -> Response:
+    """A confirm form, its POST to carry ``hidden``, the CSRF token and, if needed, a token."""
+    hidden["csrf"] = token
+    return _render("confirm.html", hidden=hidden, needs_token=web.access.needs_token, **context)
 
 
 def listing(web: LocksWeb, request: Request, token: str) -> Response:
-    """``GET ./``: the locks (filtered, sorted, one page), limiters, beat leaders, counts."""
+    """``GET ./``: a page of the locks, filtered and sorted; limiters, beat leaders, counts."""
     q, state = filters(request.query)
     page, newest_first = paging(request.query)
     shared = web.source.shared.get()
@@ -138,17 +217,12 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
     keep = {k: v for k, v in (("q", q), ("state", state)) if v}
     if newest_first:
         keep["sort"] = "-age"
-
-    def at(n: int) -> str:
-        return "./?" + urlencode({**keep, "page": n})
-
     limiters = [_limiter_row(prefix, r) for prefix, r in shared.limiters]
     limiters = [r for r in limiters if q.lower() in r["key"].lower()]
-    # A read that took long reloads less often: open tabs must not keep Redis busy.
+    # a slow read reloads less often: open tabs must not keep Redis busy
     refresh = max(web.refresh, min(60, round(web.source.shared.took * 20))) if web.refresh else 0
     done = request.cookies.get(OUTCOME_COOKIE)
     answer = _render(
-        200,
         "list.html",
         refresh=refresh,
         locks=[_lock_row(v) for v in shown],
@@ -160,8 +234,8 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
         max_locks=web.source.max_locks,
         page=page,
         pages=pages,
-        prev_href=at(page - 1) if page > 1 else None,
-        next_href=at(page + 1) if page < pages else None,
+        prev_href="./?" + urlencode({**keep, "page": page - 1}) if page > 1 else None,
+        next_href="./?" + urlencode({**keep, "page": page + 1}) if page < pages else None,
         q=q,
         state=state,
         sort="-age" if newest_first else "age",
@@ -185,14 +259,9 @@ def lock_page(web: LocksWeb, request: Request, token: str) -> Response:
     link = None
     if web.link_pattern and view.holder and view.task:
         link = web.link_pattern.format(task_id=quote(view.holder, safe=""))
-    fields = {
-        **_lock_row(view),
-        "fence": _text(view.fence),
-        "holds": str(view.hold_count),
-        "result": _text(web.source.result_state(view)),
-    }
+    fields = _lock_row(view)
+    fields.update(holds=str(view.hold_count), result=_text(web.source.result_state(view)))
     return _render(
-        200,
         "lock.html",
         fields=fields,
         link=link,
@@ -209,20 +278,14 @@ def release_confirm(web: LocksWeb, request: Request, token: str) -> Response:
     if limiter is None and found is None:
         return error_page(HTTPStatus.NOT_FOUND, f"{key} is not held")
     view = found[0] if found else None
-    hidden = {**key_query(key), "holder": (view.holder or "") if view else "", "csrf": token}
-    return _render(
-        200,
-        "confirm.html",
-        action="release",
-        key=key,
-        view=view,
-        hidden=hidden,
-        needs_token=web.access.needs_token,
-    )
+    hidden = {**key_query(key), "holder": (view.holder or "") if view else ""}
+    return _confirm(web, token, hidden, action="release", key=key, view=view)
 
 
-def _done(web: LocksWeb, request: Request, code: str, detail: str) -> Response:
-    """303 to the list, the outcome in a short-lived signed cookie."""
+def _done(web: LocksWeb, request: Request, code: str, detail: str, did: str, what: str) -> Response:
+    """Log the change (``did`` by who, from where, ``what``); 303 to the list, the outcome
+    in a short-lived signed cookie."""
+    log.warning("%s by %s %s%s", did, web.access.actor(request.environ), where(request), what)
     done = web.outcomes.cookie(code, detail, request.mount, request.secure)
     return Response(HTTPStatus.SEE_OTHER, b"", [("Location", "./"), ("Set-Cookie", done)])
 
@@ -231,12 +294,8 @@ def release_post(web: LocksWeb, request: Request) -> Response:
     """``POST ./release``: free the lock (or reset the limiter), log who did it, 303."""
     key, holder = _key(web, request.form, "the form's key field"), request.form.get("holder", "")
     result = web.source.release(key, holder or None)
-    log.warning(
-        "%s by %s %s: %s%s",
-        result, web.access.actor(request.environ), where(request), printable(key),
-        f" (held by {printable(holder)})" if holder else "",
-    )  # fmt: skip
-    return _done(web, request, result, key)
+    held = f" (held by {printable(holder)})" if holder else ""
+    return _done(web, request, result, key, result, f": {printable(key)}{held}")
 
 
 def purge_confirm(web: LocksWeb, request: Request, token: str) -> Response:
@@ -244,17 +303,16 @@ def purge_confirm(web: LocksWeb, request: Request, token: str) -> Response:
     q, state = filters(request.query)
     found = web.source.read(q, fresh=True)
     count = 0 if state == LIMITER else sum(matches(v, q, state) for v in found.locks)
-    return _render(
-        200,
-        "confirm.html",
+    return _confirm(
+        web,
+        token,
+        {"q": q, "state": state},
         action="purge",
         count=count,
         complete=found.complete,
         max_locks=web.source.max_locks,
         q=q,
         state=state,
-        hidden={"q": q, "state": state, "csrf": token},
-        needs_token=web.access.needs_token,
     )
 
 
@@ -263,9 +321,5 @@ def purge_post(web: LocksWeb, request: Request) -> Response:
     q, state = filters(request.form)
     views = [] if state == LIMITER else web.source.read(q, fresh=True).locks
     freed = web.source.purge([v for v in views if matches(v, q, state)], state)
-    log.warning(
-        "purged %d lock(s) by %s %s (filter q=%s state=%s)",
-        freed, web.access.actor(request.environ), where(request), printable(repr(q)),
-        printable(repr(state)),
-    )  # fmt: skip
-    return _done(web, request, "purged", str(freed))
+    what = f" (filter q={printable(repr(q))} state={printable(repr(state))})"
+    return _done(web, request, "purged", str(freed), f"purged {freed} lock(s)", what)
