@@ -1,353 +1,135 @@
-"""The shortcuts on the hot paths (see bench/bench_celery.py) behave exactly like the slow paths
-they replace: the settings read once per app and the operator info; and the lock scripts, sent
-through redis-py's public EVALSHA, see whatever the client does (a wrapped ``execute_command``, a
-restart, a connection the server closed)."""
+"""The Celery layer's shortcuts on the hot paths (see bench/bench_celery.py) behave exactly like
+the slow paths they replace, seen through public names: the settings read once per app, the
+operator info a hold stores, the lease of a message's lock, the lock name of a call."""
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
 import os
+import socket
 from typing import Any, ClassVar
 
 import pytest
-import redis
-import redis.retry
 from celery import Celery
-from hypothesis import given
-from hypothesis import strategies as st
+from celery_fixtures import app_task, track
 
-from celery_singleton_lock import LockSpace, ReentrantLock, reload_settings
-from celery_singleton_lock._celery.config import LockConfig
-from celery_singleton_lock._celery.hold import HOST, holder_info
-from celery_singleton_lock._celery.modes.publish import queue_lease
-from celery_singleton_lock._celery.taskkey import _KEY_JSON, _plain_json, canonical
-from celery_singleton_lock._lock import DeadlineRetry
-from celery_singleton_lock._lock.checks import check_duration, check_lease_ms, check_wait
-from celery_singleton_lock._lock.keys import LockKeys
-from celery_singleton_lock._lock.runtime import LockRuntime
-from celery_singleton_lock._lock.semaphore import check_permits
+from celery_singleton_lock import LockedTask, reload_settings
 from celery_singleton_lock.testing import RedisServer
-
-#: LockConfig's attributes with nothing configured
-DEFAULT_VALUES = {"prefix": "lock", "ttl": 30.0, "queue_ttl": 3600.0, "backend_timeout": 5.0}
 
 
 class _ConfigObject:
     singleton_lock_prefix = "from-object"
-    CELERY_SINGLETON_LOCK_TTL = 9  # not read: this app has no CELERY namespace
     #: set and deleted by test_a_config_is_read_once_and_again_when_asked
     singleton_lock_queue_ttl: ClassVar[int]
 
 
-class _DjangoLike:
-    SINGLETON_LOCK_PREFIX = "upper"  # not read: upper case without the namespace's CELERY_
-    singleton_lock_ttl = None
-    CELERY_SINGLETON_LOCK_TTL = 4
-
-
-def _apps() -> list[tuple[Celery, dict[str, Any], list[str]]]:
-    """Apps configured every way users do, with the settings each must read and the names it
-    must report as not read."""
-    direct = Celery("direct", broker="redis://127.0.0.1:1/0")
-    direct.conf.singleton_lock_ttl = 5
-    namespaced = Celery("namespaced")
-    namespaced.config_from_object(
-        {"CELERY_SINGLETON_LOCK_PREFIX": "zz", "singleton_lock_ttl": None}, namespace="CELERY"
-    )
-    upper = Celery("upper")
-    upper.config_from_object({"SINGLETON_LOCK_QUEUE_TTL": 7})
-    from_object = Celery("from_object")
-    from_object.config_from_object(_ConfigObject)
-    django_like = Celery("django_like")
-    django_like.config_from_object(_DjangoLike, namespace="CELERY")
-    return [
-        (direct, {"ttl": 5.0}, []),
-        (namespaced, {"prefix": "zz"}, []),
-        (upper, {}, ["SINGLETON_LOCK_QUEUE_TTL"]),
-        (from_object, {"prefix": "from-object"}, ["CELERY_SINGLETON_LOCK_TTL"]),
-        (django_like, {"ttl": 4.0}, ["SINGLETON_LOCK_PREFIX"]),
-        (Celery("empty"), {}, []),
-    ]
-
-
-@pytest.mark.parametrize(("app", "read", "not_read"), _apps(), ids=lambda a: getattr(a, "main", ""))
-def test_the_config_reads_what_celery_s_conf_get_reads(
-    app: Celery, read: dict[str, Any], not_read: list[str]
-) -> None:
-    """One spelling per setting, through Celery's own ``conf.get`` (whose namespace gives
-    Django's ``CELERY_SINGLETON_LOCK_*``); a name the app does not read is reported."""
-    config = LockConfig.of(app)
-    for attribute, value in {**DEFAULT_VALUES, **read}.items():
-        assert getattr(config, attribute) == value, attribute
-    assert [str(p).split(" ", 1)[0] for p in config.problems] == not_read
-    for problem in config.problems:
-        assert "is not read by this app" in str(problem)
-
-
 def test_a_config_is_read_once_and_again_when_asked() -> None:
     app = Celery("changes", broker="redis://127.0.0.1:1/0")
-    assert LockConfig.of(app).prefix == "lock"
+    assert LockedTask.key_prefix(app) == "lock"
     app.conf.singleton_lock_prefix = "changed"
-    assert LockConfig.of(app).prefix == "lock"  # read once per app
+    assert LockedTask.key_prefix(app) == "lock"  # read once per app
     reload_settings(app)
-    assert LockConfig.of(app).prefix == "changed"
+    assert LockedTask.key_prefix(app) == "changed"
     _ConfigObject.singleton_lock_queue_ttl = 99  # a config object changed in place
     try:
         from_object = Celery("from_object")
         from_object.config_from_object(_ConfigObject)
-        assert LockConfig.of(from_object).queue_ttl == 99
+        assert LockedTask.queue_lease(from_object) == 99
     finally:
         del _ConfigObject.singleton_lock_queue_ttl
+
+
+def _app(redis_server: RedisServer, **conf: Any) -> Celery:
+    app = track(Celery("hot", broker=redis_server.url, set_as_current=False))
+    app.conf.update(singleton_lock_redis_url=redis_server.url, **conf)
+    return app
 
 
 @pytest.mark.parametrize(
     ("task", "task_id", "limit"),
     [("a.b", "0f-1", 1), ('é"x\n', "id\u2028", 3), ("t" * 300, "💥", 1)],
 )
-def test_info_is_the_json_it_says(task: str, task_id: str, limit: int) -> None:
-    fields: dict[str, object] = {"task": task, "id": task_id, "host": HOST, "pid": os.getpid()}
+def test_info_is_the_json_it_says(
+    redis_client: Any, redis_server: RedisServer, task: str, task_id: str, limit: int
+) -> None:
+    """The info a run's hold stores, read by the run itself (its pid, then a forked child's)."""
+    app = _app(redis_server)
+    seen: list[str] = []
+
+    @app_task(
+        app, base=LockedTask, bind=True, name=task, shared=False, lock_limit=limit, lock_ttl=5
+    )
+    def held(self: LockedTask) -> None:
+        name = self.locking.lock_name(self.name, (), {})
+        seen.extend(s.info for s in self.locking.states(self.app, name) if s.held)
+
+    held.apply(task_id=task_id, throw=True)
+    fields: dict[str, object] = {
+        "task": task,
+        "id": task_id,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
     if limit != 1:
         fields["limit"] = limit
-    expected = json.dumps(fields, separators=(",", ":"))
-    assert holder_info(task, task_id, limit) == expected
-    assert json.loads(holder_info(task, task_id, limit))["id"] == task_id
+    assert seen == [json.dumps(fields, separators=(",", ":"))]
+    assert json.loads(seen[0])["id"] == task_id
 
 
-def test_a_wrapped_execute_command_still_sees_every_script(redis_client: Any) -> None:
-    with ReentrantLock(redis_client, "hot-wrapped", ttl=5, renew=False):
-        pass  # the scripts loaded (NOSCRIPT, SCRIPT LOAD) before counting, whatever ran before
-    calls: list[tuple[Any, ...]] = []
-    inner = redis_client.execute_command
-
-    def counting(*args: Any, **options: Any) -> Any:
-        calls.append(args)
-        return inner(*args, **options)
-
-    redis_client.execute_command = counting
-    try:
-        with ReentrantLock(redis_client, "hot-wrapped", ttl=5, renew=False):
-            pass
-    finally:
-        del redis_client.execute_command
-    assert [c[0] for c in calls] == ["EVALSHA", "EVALSHA"]
-
-
-def test_the_scripts_survive_a_server_restart(make_redis_server: Any) -> None:
-    server: RedisServer = make_redis_server()
-    client = server.client()
-    lock = ReentrantLock(client, "hot-restart", ttl=5, renew=False)
-    with lock:
-        pass
-    server.restart()  # the pooled connection is now dead, and the scripts are gone
-    with lock:  # reconnected (redis-py's retry) and reloaded (NOSCRIPT)
-        assert lock.owned()
-    client.close()
-
-
-def test_a_connection_closed_by_the_server_is_replaced(make_redis_server: Any) -> None:
-    """The server closes the pooled connection while it sits unused (CLIENT KILL stands for an
-    idle timeout or a proxy): the next acquire and release go through on a new connection, with
-    no retry configured on the client (redis-py before 6 retries nothing by default), and the
-    hold is counted once."""
-    server: RedisServer = make_redis_server()
-    client = redis.Redis(port=server.port, retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
-    admin = server.client()
-    lock = ReentrantLock(client, "hot-killed", ttl=5, renew=False)
-    with lock:
-        pass
-    killed = admin.client_kill_filter(_type="normal", skipme=True)
-    assert killed >= 1
-    with lock:
-        assert admin.hgetall(lock.key) == {lock.owner.encode(): b"1"}
-    assert not admin.exists(lock.key)
-    client.close()
-
-
-def test_a_single_connection_client_works(redis_server: RedisServer) -> None:
-    client = redis.Redis(host="127.0.0.1", port=redis_server.port, single_connection_client=True)
-    with ReentrantLock(client, "hot-single", ttl=5, renew=False) as lock:
-        assert lock.owned()
-    client.close()
-
-
-@pytest.mark.parametrize("within_deadline", [False, True])
-def test_a_deadline_retry_client_survives_a_server_restart(
-    make_redis_server: Any, within_deadline: bool
+def test_a_forked_child_s_info_has_its_own_pid(
+    redis_client: Any, redis_server: RedisServer
 ) -> None:
-    """The package's own retry policy sends a command at once and enters its retry loop only
-    when the send fails: after a restart, the command that finds the dead connection is sent
-    again on a new one (the failure handler closed the old), with or without a deadline."""
-    server: RedisServer = make_redis_server()
-    client = redis.Redis(port=server.port, retry=DeadlineRetry(redis.backoff.NoBackoff(), 2))
-    bound = 5.0 if within_deadline else None
-    lock = ReentrantLock(client, "hot-retry-restart", ttl=5, renew=False, backend_timeout=bound)
-    with lock:
-        pass
-    server.restart()
-    with lock:
-        assert lock.owned()
-    client.close()
+    """The info's host is read once per process, its pid at each hold: a forked child's hold
+    names the child."""
+    app = _app(redis_server)
+    seen: list[str] = []
 
+    @app_task(app, base=LockedTask, bind=True, name="hot.fork", shared=False, lock_ttl=5)
+    def held(self: LockedTask) -> None:
+        name = self.locking.lock_name(self.name, (), {})
+        seen.extend(s.info for s in self.locking.states(self.app, name) if s.held)
 
-def test_the_retry_policy_retries_what_redis_py_adds_to_it() -> None:
-    """redis-py widens a client's policy (``retry_on_error``) through ``update_supported_errors``:
-    an error it added is resent too, the failure handler gets the count when asked, and an
-    error ``is_retryable`` refuses is raised at once, without a resend."""
-    policy = DeadlineRetry(redis.backoff.NoBackoff(), 3)
-    policy.update_supported_errors([KeyError])
-    attempts: list[int] = []
-    failures: list[tuple[Any, ...]] = []
-
-    def flaky() -> str:
-        attempts.append(1)
-        if len(attempts) < 3:
-            raise KeyError("lost")
-        return "done"
-
-    # redis-py 6 and later hand the failure count and ask is_retryable; 5 calls do and fail only
-    newer = "with_failure_count" in inspect.signature(redis.retry.Retry.call_with_retry).parameters
-    extra: dict[str, Any] = {"with_failure_count": True} if newer else {}
-    result = policy.call_with_retry(flaky, lambda *failure: failures.append(failure), **extra)
-    assert result == "done"
-    assert len(attempts) == 3
-    assert [f[1] for f in failures] == [1, 2] if newer else len(failures) == 2
-    if not newer:
-        return
-    attempts.clear()
-    with pytest.raises(KeyError):
-        policy.call_with_retry(flaky, lambda *_: None, lambda _error: False)
-    assert len(attempts) == 1
-
-
-def test_a_checked_lock_is_the_lock_its_space_makes(redis_client: Any) -> None:
-    """``LockSpace.checked_lock`` (a job's lock, its checks done once per space) makes the same
-    object ``LockSpace.lock`` does; a lease or a name it cannot take is refused as ``lock``
-    refuses it."""
-    space = LockSpace(redis_client, "hot", backend_timeout=3.0)
-    texts = {"owner": "task-1", "info": "{}", "run_token": "r-1", "state": "running"}
-    checked = space.checked_lock("job:1", ttl=7.5, **texts)
-    made = space.lock("job:1", ttl=7.5, **texts)
-    assert vars(checked) == vars(made)
-    with checked:
-        assert checked.owned()
-    with pytest.raises(ValueError, match="ttl"):
-        space.checked_lock("job:1", ttl=0.0, **texts)
-    with pytest.raises(TypeError, match="name"):
-        space.checked_lock("", ttl=7.5, **texts)
-
-
-def test_a_runtime_is_per_client_and_per_process(redis_server: RedisServer) -> None:
-    """A client's runtime is found again for that client only, and a forked child gets its own."""
-    first, second = redis_server.client(), redis_server.client()
-    runtime = LockRuntime.of(first)
-    assert LockRuntime.of(first) is runtime
-    assert LockRuntime.of(second) is not runtime
-    assert LockRuntime.of(first) is runtime
+    held.apply(task_id="parent", throw=True)  # the parent's, before the fork's child asks
+    assert f'"pid":{os.getpid()}' in seen[0]
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: a new runtime for the same client, and the info's own pid
-        ok = LockRuntime.of(first) is not runtime and f'"pid":{os.getpid()}' in holder_info(
-            "a.b", "1"
-        )
+    if pid == 0:  # the child: its own pid in the info
+        try:
+            seen.clear()
+            held.apply(task_id="child", throw=True)
+            ok = len(seen) == 1 and f'"pid":{os.getpid()}' in seen[0]
+        except BaseException:
+            ok = False
         os.write(write, b"1" if ok else b"0")
         os._exit(0)
     os.close(write)
-    assert holder_info("a.b", "1")  # the parent's, cached before the fork's child asks
     assert os.read(read, 1) == b"1"
     os.close(read)
     os.waitpid(pid, 0)
 
 
-@pytest.mark.parametrize(("name", "slot"), [("a", 1), ("b}%c", 1), ("d", 3)])
-def test_keys_made_for_a_name_are_the_dataclass_they_say(name: str, slot: int) -> None:
-    """``LockKeys.for_name`` fills the frozen dataclass without its ``__init__``: the same
-    object, equal, hashed and shown as one made by it, and still frozen."""
-    keys = LockKeys.for_name("p", name, slot)
-    made = LockKeys(keys.prefix, name, keys.lock, keys.lock + ":meta", keys.channel, slot)
-    assert keys == made
-    assert hash(keys) == hash(made)
-    assert repr(keys) == repr(made)
-    assert dataclasses.asdict(keys) == dataclasses.asdict(made)
-    assert LockKeys.from_lock_key(keys.lock) == keys
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        keys.name = "other"  # type: ignore[misc]
-
-
-#: argument values of every JSON type, and of the types the canonical form writes its own way
-_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-    max_leaves=6,
-)
-
-
-@given(st.dictionaries(st.text(), _VALUES, max_size=5))
-def test_the_plain_arguments_text_is_the_encoder_s(arguments: dict[str, Any]) -> None:
-    """A lock name's arguments written without the JSON encoder (strings, ints, booleans,
-    ``None``) are the encoder's text of their canonical form, and anything else is left to
-    the encoder: a publisher and a worker of either way make the same key."""
-    text = _plain_json(arguments)
-    plain = (str, int, bool, type(None))
-    assert (text is None) == any(type(v) not in plain for v in arguments.values())
-    if text is not None:
-        encoded = {name: canonical(value, name) for name, value in arguments.items()}
-        assert text == _KEY_JSON(sorted(encoded.items()))
-
-
-_NUMBERS = st.one_of(
-    st.integers(min_value=-(10**12), max_value=10**12),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([0, 0.0, 0.001, 0.0009, 1, 10 * 365 * 24 * 3600, 10 * 365 * 24 * 3600 + 1]),
-    st.booleans(),
-    st.none(),
-    st.text(max_size=2),
-)
-
-
-def _outcome(check: Any, value: object) -> object:
-    try:
-        return check(value)
-    except (TypeError, ValueError) as exc:
-        return type(exc), str(exc)
-
-
-@given(_NUMBERS)
-def test_the_quick_checks_answer_as_the_general_one(value: object) -> None:
-    """A lease, a wait and a permit count checked the quick way are accepted, converted or
-    refused (with the same words) as the general check does."""
-    general_lease = _outcome(
-        lambda v: round(
-            check_duration(
-                v,
-                "lease",
-                minimum=0.001,
-                include_minimum=True,
-                too_long=(
-                    ": a lease is how long a lock outlives a holder that died; keep it short "
-                    "and let the heartbeat renew it"
-                ),
-            )
-            * 1000
-        ),
-        value,
-    )
-    assert _outcome(check_lease_ms, value) == general_lease
-    general_wait = _outcome(
-        lambda v: check_duration(
-            v, "timeout", include_minimum=True, maximum=None, allow_none=True, example="10"
-        ),
-        value,
-    )
-    assert _outcome(check_wait, value) == general_wait
-    if not isinstance(value, bool) and isinstance(value, int) and value >= 1:
-        assert check_permits(value) == value
-    else:
-        with pytest.raises((TypeError, ValueError), match="permits must be an int >= 1"):
-            check_permits(value)
-
-
 @pytest.mark.parametrize("ttl", [3600, 3600.0, 0.5, 10 * 365 * 24 * 3600 + 5])
-def test_the_queue_lease_of_a_plain_call_is_its_ttl(ttl: float) -> None:
-    assert queue_lease(ttl) == queue_lease(ttl, countdown=0) == min(ttl, 10 * 365 * 24 * 3600)
+def test_the_queue_lease_of_a_plain_call_is_its_ttl(
+    redis_client: Any, redis_server: RedisServer, ttl: float
+) -> None:
+    """A message's lock taken at publish, with no delay or with ``countdown=0``, lasts the
+    class's ``queue_lease`` (at most the longest lease)."""
+    app = _app(redis_server)
+
+    class Leased(LockedTask):
+        @classmethod
+        def queue_lease(cls, app: Any) -> float:
+            return ttl
+
+    @app_task(app, base=Leased, name="hot.queued", shared=False, lock_at="publish", lock_ttl=5)
+    def queued(n: int) -> None:
+        pass
+
+    expected = min(ttl, 10 * 365 * 24 * 3600)
+    calls: list[dict[str, Any]] = [{}, {"countdown": 0}]
+    for n, options in enumerate(calls):
+        queued.apply_async((n,), **options)
+        name = queued.locking.lock_name(queued.name, (n,), {})
+        leases = [s.lease_left for s in queued.locking.states(app, name) if s.held]
+        assert len(leases) == 1 and leases[0] is not None
+        assert expected - 1 < leases[0] <= expected
