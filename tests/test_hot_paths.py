@@ -39,9 +39,9 @@ def test_a_config_is_read_once_and_again_when_asked() -> None:
         del _ConfigObject.singleton_lock_queue_ttl
 
 
-def _app(redis_server: RedisServer, **conf: Any) -> Celery:
+def _app(redis_server: RedisServer) -> Celery:
     app = track(Celery("hot", broker=redis_server.url, set_as_current=False))
-    app.conf.update(singleton_lock_redis_url=redis_server.url, **conf)
+    app.conf.singleton_lock_redis_url = redis_server.url
     return app
 
 
@@ -52,7 +52,7 @@ def _app(redis_server: RedisServer, **conf: Any) -> Celery:
 def test_info_is_the_json_it_says(
     redis_client: Any, redis_server: RedisServer, task: str, task_id: str, limit: int
 ) -> None:
-    """The info a run's hold stores, read by the run itself (its pid, then a forked child's)."""
+    """The operator info a run's hold stores (compact JSON, read back by the run itself)."""
     app = _app(redis_server)
     seen: list[str] = []
 
