@@ -45,11 +45,6 @@ class Conflict:
         #: seconds to block for the lock before giving up (``None``: try once)
         self.wait_timeout = options.lock_wait_timeout if options.lock_on_locked == "wait" else None
 
-    def retry_countdown(self, request: Any, refusal: AcquireReply) -> float:
-        """``lock_retry_countdown``, else the growing backoff."""
-        fixed = self.options.lock_retry_countdown
-        return fixed or lock_retry_delay(request.retries, refusal.lease_left)
-
     def refused(
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
@@ -129,7 +124,11 @@ class Retry(Conflict):
             super().refused(task, request, key, refusal, reason)
         report_duplicate(task, "retried")
         try:
-            raise task.retry(countdown=self.retry_countdown(request, refusal))
+            # lock_retry_countdown, else the growing backoff
+            countdown = self.options.lock_retry_countdown or lock_retry_delay(
+                request.retries, refusal.lease_left
+            )
+            raise task.retry(countdown=countdown)
         except MaxRetriesExceededError:
             log.info("%s[%s] ran out of retries waiting for lock %s", task.name, request.id, key)
         super().refused(task, request, key, refusal, reason)

@@ -199,9 +199,8 @@ class TaskRate:
                 limiter.cancel(request.id)
             finally:
                 let_go(None)
-                if not request.is_eager:
-                    with suppress(Exception):  # the caller is told, when the backend answers
-                        task.backend.mark_as_failure(request.id, unsent.reason, request=request)
+                with suppress(Exception):  # the caller is told, when the backend answers
+                    task.backend.mark_as_failure(request.id, unsent.reason, request=request)
             raise
 
 

@@ -130,7 +130,14 @@ class RunMode:
             run = TaskRun(task, None)
             run.turn, run.start = self.admit(at, None, limiter), (at.bound, at.message)
             return run
-        lock = self.new_lock(task, bound, name, request.id)
+        # owned by the task id, with a run token of its own
+        info = holder_info(task.name, request.id, self.limit)
+        how: dict[str, Any] = {"ttl": bound.ttl, "owner": request.id, "info": info, "state": AT_RUN}
+        lock: ReentrantLock | Semaphore
+        if self.limit > 1:
+            lock = bound.space.semaphore(name, self.limit, run_token=new_run_token(), **how)
+        else:
+            lock = bound.space.checked_lock(name, run_token=new_run_token(), **how)
         reply = lock.try_acquire()
         if (
             not reply.acquired
@@ -226,16 +233,6 @@ class RunMode:
     def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:
         """Keep the job's hold for the call that comes back for its turn."""
         held.park(lease, holder_info(at.task.name, at.request.id), AT_COMEBACK)
-
-    def new_lock(
-        self, task: Any, bound: Bound, name: str, task_id: str
-    ) -> ReentrantLock | Semaphore:
-        """The lock (or slots) a run takes: owned by the task id, with a run token of its own."""
-        info = holder_info(task.name, task_id, self.limit)
-        how: dict[str, Any] = {"ttl": bound.ttl, "owner": task_id, "info": info, "state": AT_RUN}
-        if self.limit > 1:
-            return bound.space.semaphore(name, self.limit, run_token=new_run_token(), **how)
-        return bound.space.checked_lock(name, run_token=new_run_token(), **how)
 
     def publish(
         self,
