@@ -127,9 +127,7 @@ class RunMode:
         limiter = self.limiter_of(at)
         if not self.holds_lock:  # lock_rate alone: no lock, the limiter only
             assert limiter is not None, "lock_limit=None is refused without lock_rate"
-            run = TaskRun(task, None)
-            run.turn, run.start = self.admit(at, None, limiter), (at.bound, at.message)
-            return run
+            return TaskRun(task, None, turn=self.admit(at, None, limiter), start=(bound, message))
         # owned by the task id, with a run token of its own
         info = holder_info(task.name, request.id, self.limit)
         how: dict[str, Any] = {"ttl": bound.ttl, "owner": request.id, "info": info, "state": AT_RUN}
@@ -149,9 +147,7 @@ class RunMode:
         if not reply.acquired and self.conflict.wait_timeout is not None:
             reply = lock.try_acquire(self.conflict.wait_timeout)
         if reply.acquired:
-            held = lock.held if isinstance(lock, Semaphore) else lock
-            assert held is not None, "an acquired semaphore holds a slot"
-            return self.started(at, held, limiter)
+            return self.started(at, lock, limiter)
         if reply.other_run:
             log.warning(
                 "not running %s[%s]: this message was delivered again while its first run is "
@@ -163,9 +159,13 @@ class RunMode:
             raise Ignore()
         return self.refused(at, self.job_of(at), lock, reply)
 
-    def started(self, at: Attempt, held: ReentrantLock, limiter: RateLimiter | None) -> TaskRun:
-        """The run took its job's lock: its ``lock_rate`` turn, then its start (every way a run
-        gets the lock comes here, so that no start goes without a turn)."""
+    def started(
+        self, at: Attempt, lock: ReentrantLock | Semaphore, limiter: RateLimiter | None
+    ) -> TaskRun:
+        """The run took its job's ``lock``: its ``lock_rate`` turn, then its start (every way a
+        run gets the lock comes here, so that no start goes without a turn)."""
+        held = lock.held if isinstance(lock, Semaphore) else lock
+        assert held is not None, "an acquired semaphore holds a slot"
         turn = None if limiter is None else self.admit(at, held, limiter)
         run = self.entered(at, held)
         run.turn, run.start = turn, (at.bound, at.message)
