@@ -185,7 +185,7 @@ def _before_publish(
     properties = kwargs.get("properties")
     reply_to = properties.get("reply_to") if isinstance(properties, dict) else None
     task = _task_for(headers.get("task") or sender, reply_to)
-    if task is None or not task.locking.at_publish or headers.get("retries"):
+    if task is None or not task.locking.mode.at_publish or headers.get("retries"):
         return
     try:
         args, kw = body[0], body[1]

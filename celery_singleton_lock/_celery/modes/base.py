@@ -234,24 +234,6 @@ class RunMode:
         """Keep the job's hold for the call that comes back for its turn."""
         held.park(lease, holder_info(at.task.name, at.request.id), AT_COMEBACK)
 
-    def publish(
-        self,
-        task: Any,
-        send: Any,
-        args: Any,
-        kwargs: Any,
-        task_id: str | None,
-        options: dict[str, Any],
-        has_callbacks: bool,
-    ) -> Any:
-        """``apply_async``: a run-time lock takes nothing at publish."""
-        return send(task_id, options)
-
-    def take_for_message(
-        self, task: Any, task_id: str, args: Any, kwargs: Any, headers: dict[str, Any]
-    ) -> None:
-        """``install()``'s receiver for a message sent by name."""
-
     def entered(self, at: Attempt, lock: ReentrantLock) -> TaskRun:
         """The run holds its job's lock."""
         return TaskRun(at.task, lock)
