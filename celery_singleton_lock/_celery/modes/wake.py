@@ -161,10 +161,9 @@ def request_wait(request: Any) -> Wait | None:
 def claim_wait(task: Any, request: Any, job: NamedLock, queued_key: str, wait: Wait) -> bool:
     """Go on only if this message claims the copy's wait (``True``: it had claimed it before);
     else end it: as replaced (SKIPPED) when a later call replaced the copy, else unrun."""
-    code, again = claim_waiter(job, request.id, wait.token, wait.mark)
+    code, by = claim_waiter(job, request.id, wait.token, wait.mark)
     if code == CLAIMED:
-        return again == "again"
-    by = again
+        return by == "again"
     if code == WAIT_REPLACED:
         skip_replaced(task, request, queued_key, by)
     log.info(
