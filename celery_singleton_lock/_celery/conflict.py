@@ -59,8 +59,7 @@ class Conflict:
                 key,
                 refusal.holder,
             )
-            report_duplicate(task, "raised")
-            raise _locked_error(refusal, key, reason)
+            Raise.refused(self, task, request, key, refusal, reason)
         if reason == "rate":
             log.info(
                 "skipped %s[%s]: its turn under rate limiter %s did not come within "
@@ -94,17 +93,13 @@ class Conflict:
 class Raise(Conflict):
     """``"raise"``: the run fails with :class:`TaskLockedError` naming the holder."""
 
-    def refused(
-        self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
+    def refused(  # also a chord header member's, whatever the choice (self: any Conflict)
+        self: Conflict, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
         report_duplicate(task, "raised")
-        raise _locked_error(refusal, key, reason)
-
-
-def _locked_error(refusal: AcquireReply, key: str, reason: str) -> Exception:
-    if reason == "rate":
-        return RateLimitExceededError(key, refusal.lease_left)
-    return TaskLockedError(refusal.holder, key)
+        if reason == "rate":
+            raise RateLimitExceededError(key, refusal.lease_left)
+        raise TaskLockedError(refusal.holder, key)
 
 
 class Retry(Conflict):
