@@ -89,14 +89,8 @@ def fail_member(
         )
 
 
-class _Sent(threading.local):
-    """This thread's chord headers -> the (task id, lock) of the members it sent to them."""
-
-    def __init__(self) -> None:
-        self.headers: OrderedDict[str, list[tuple[str, MessageLock]]] = OrderedDict()
-
-
-_sent = _Sent()
+#: ``.headers``: this thread's chord headers -> the (task id, lock) of the members it sent
+_sent = threading.local()
 
 
 def note_chord_member(
@@ -122,7 +116,8 @@ def note_chord_member(
         return
     if not isinstance(embed, Mapping) or embed.get("chord") is None:
         return
-    sent = _sent.headers
+    sent: OrderedDict[str, list[tuple[str, MessageLock]]]
+    sent = vars(_sent).setdefault("headers", OrderedDict())
     if group_id in sent:
         sent.move_to_end(group_id)
     else:
@@ -138,7 +133,7 @@ def refuse_chord_member(
     """A publish-time duplicate in a chord header: revoke the members this thread sent to it
     (their locks freed), then raise :class:`ChordDuplicateError`."""
     group_id = options.get("group_id")
-    sent = _sent.headers.pop(group_id, []) if isinstance(group_id, str) else []
+    sent = vars(_sent).get("headers", {}).pop(group_id, []) if isinstance(group_id, str) else []
     revoked: list[str] = []
     if sent:
         app = task.app

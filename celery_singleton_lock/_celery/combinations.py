@@ -3,7 +3,7 @@ with a message that says what to use instead (docs/combinations.md lists every p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -73,14 +73,8 @@ def check_combination(task: str, options: LockOptions, raw: Mapping[str, Any]) -
                 "made while the job runs waits as the queued copy, without a pool process, and "
                 "runs after it)"
             )
-    _check_unused(refuse, options, raw)
-
-
-def _check_unused(
-    refuse: Callable[[str], NoReturn], options: LockOptions, raw: Mapping[str, Any]
-) -> None:
-    """An option set (by the task or a class it derives from below ``LockedTask``) that the
-    others leave nothing to act on: refused, rather than ignored in silence."""
+    # An option set (by the task or a class below LockedTask) that the others leave nothing to
+    # act on: refused, rather than ignored in silence.
     if "lock_key" in raw and "lock_unique_on" in raw and options.lock_key is not None:
         refuse(
             "lock_key and lock_unique_on both choose the job's key, and lock_key would win: "

@@ -42,6 +42,7 @@ class LockConfig:
         self.ttl: float = values["singleton_lock_ttl"]
         self.queue_ttl: float = values["singleton_lock_queue_ttl"]
         self.on_backend_error: str = values["singleton_lock_on_backend_error"]
+        self.proceed_on_backend_error = self.on_backend_error == "proceed"
         self.backend_timeout: float = values["singleton_lock_backend_timeout"]
         self.beat_scheduler: Any = values["singleton_lock_beat_scheduler"]
         self.tasks: dict[str, Any] = dict(values["singleton_lock_tasks"])
@@ -55,11 +56,12 @@ class LockConfig:
         # a reload keeps the client unless what it is made from changed, and with it the
         # counts not written yet
         self._client: Any = previous.client_if_made_from(self._inputs) if previous else None
-        self._counter: RecentCounter | None = None
+        #: the app's recent counts not written yet, if counted yet
+        self.counter_if_made: RecentCounter | None = None
         counted = previous.counter_if_made if previous is not None else None
         if counted is not None:
             if self._client is not None:
-                self._counter = counted
+                self.counter_if_made = counted
             else:  # a new client: the old one's counts are written now, its thread stopped
                 counted.close()
 
@@ -74,10 +76,6 @@ class LockConfig:
         if self.problems:
             listed = "; ".join(map(str, self.problems))
             raise ValueError(f"celery-singleton-lock settings: {listed}")
-
-    @property
-    def proceed_on_backend_error(self) -> bool:
-        return self.on_backend_error == "proceed"
 
     @property
     def client(self) -> Any:
@@ -96,16 +94,12 @@ class LockConfig:
     @property
     def counter(self) -> RecentCounter:
         """The app's recent counts not written yet, made at the first count."""
-        if self._counter is None:
+        if self.counter_if_made is None:
             client = self.client  # made under the same mutex: taken before it
             with self._mutex:
-                if self._counter is None:
-                    self._counter = RecentCounter(client)
-        return self._counter
-
-    @property
-    def counter_if_made(self) -> RecentCounter | None:
-        return self._counter
+                if self.counter_if_made is None:
+                    self.counter_if_made = RecentCounter(client)
+        return self.counter_if_made
 
     def space(self, prefix: str | None = None) -> LockSpace:
         """The app's locks under ``prefix`` (``None``: ``singleton_lock_prefix``), every

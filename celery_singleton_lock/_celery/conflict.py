@@ -45,11 +45,6 @@ class Conflict:
         #: seconds to block for the lock before giving up (``None``: try once)
         self.wait_timeout = options.lock_wait_timeout if options.lock_on_locked == "wait" else None
 
-    def retry_countdown(self, request: Any, refusal: AcquireReply) -> float:
-        """``lock_retry_countdown``, else the growing backoff."""
-        fixed = self.options.lock_retry_countdown
-        return fixed or lock_retry_delay(request.retries, refusal.lease_left)
-
     def refused(
         self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
@@ -64,8 +59,7 @@ class Conflict:
                 key,
                 refusal.holder,
             )
-            report_duplicate(task, "raised")
-            raise _locked_error(refusal, key, reason)
+            Raise.refused(self, task, request, key, refusal, reason)
         if reason == "rate":
             log.info(
                 "skipped %s[%s]: its turn under rate limiter %s did not come within "
@@ -99,17 +93,13 @@ class Conflict:
 class Raise(Conflict):
     """``"raise"``: the run fails with :class:`TaskLockedError` naming the holder."""
 
-    def refused(
-        self, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
+    def refused(  # also a chord header member's, whatever the choice (self: any Conflict)
+        self: Conflict, task: Any, request: Any, key: str, refusal: AcquireReply, reason: str
     ) -> NoReturn:
         report_duplicate(task, "raised")
-        raise _locked_error(refusal, key, reason)
-
-
-def _locked_error(refusal: AcquireReply, key: str, reason: str) -> Exception:
-    if reason == "rate":
-        return RateLimitExceededError(key, refusal.lease_left)
-    return TaskLockedError(refusal.holder, key)
+        if reason == "rate":
+            raise RateLimitExceededError(key, refusal.lease_left)
+        raise TaskLockedError(refusal.holder, key)
 
 
 class Retry(Conflict):
@@ -129,7 +119,11 @@ class Retry(Conflict):
             super().refused(task, request, key, refusal, reason)
         report_duplicate(task, "retried")
         try:
-            raise task.retry(countdown=self.retry_countdown(request, refusal))
+            # lock_retry_countdown, else the growing backoff
+            countdown = self.options.lock_retry_countdown or lock_retry_delay(
+                request.retries, refusal.lease_left
+            )
+            raise task.retry(countdown=countdown)
         except MaxRetriesExceededError:
             log.info("%s[%s] ran out of retries waiting for lock %s", task.name, request.id, key)
         super().refused(task, request, key, refusal, reason)

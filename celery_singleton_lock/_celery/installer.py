@@ -63,13 +63,9 @@ def install(app: Any, tasks: Mapping[str, Mapping[str, Any]] | None = None) -> N
     )
     if first:
         # sender is the app: no closure keeps it alive
-        app.on_after_finalize.connect(_on_after_finalize, weak=False)
+        app.on_after_finalize.connect(_lock_tasks, weak=False)
     if app.finalized:
         _lock_tasks(app)
-
-
-def _on_after_finalize(sender: Any = None, **kwargs: Any) -> None:
-    _lock_tasks(sender)
 
 
 def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
@@ -77,9 +73,10 @@ def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
         _lock_tasks(app)
 
 
-def _lock_tasks(app: Any) -> None:
-    for name, options in _configs.get(app, {}).items():
-        task = app.tasks.get(name)
+def _lock_tasks(sender: Any, **_: Any) -> None:
+    """Lock the installed tasks of the app ``sender`` (its ``on_after_finalize`` receiver)."""
+    for name, options in _configs.get(sender, {}).items():
+        task = sender.tasks.get(name)
         if task is None:
             continue  # registered elsewhere: the publish receiver still knows its options
         cls = type(task)
@@ -93,17 +90,6 @@ def _lock_tasks(app: Any) -> None:
         bases = (cls,) if issubclass(cls, LockedTask) else (LockedTask, cls)
         task.__class__ = type(cls.__name__, bases, attrs)
         log.debug("locking task %s with %s", name, options)
-
-
-def _publishing_apps(reply_to: Any) -> list[Any]:
-    """The installed app that publishes in this thread, by the ``reply_to`` Celery sets to its
-    ``thread_oid`` (the signal names no app, and with several apps, which all register shared
-    tasks, one app's message must not be locked in another's Redis). A publisher that is not
-    installed (or set its own ``reply_to``) is left to the worker's run-time check."""
-    apps = list(_configs)
-    if not reply_to:
-        return apps
-    return [app for app in apps if reply_to in (app.thread_oid, app.oid)]
 
 
 def _registered(app: Any, name: str) -> Any:
@@ -123,8 +109,13 @@ def _registered(app: Any, name: str) -> Any:
 
 
 def _task_for(name: str, reply_to: Any = None) -> Any:
-    """The task (or a stand-in) for a task name that the installed app publishing it locks."""
-    for app in _publishing_apps(reply_to):
+    """The task (or a stand-in) for a task name that the installed app publishing it locks:
+    found by the ``reply_to`` Celery sets to its ``thread_oid`` (the signal names no app, and
+    with several apps, which all register shared tasks, one app's message must not be locked in
+    another's Redis). A publisher not installed (or with its own ``reply_to``) is left to the
+    worker's run-time check."""
+    apps = [app for app in _configs if not reply_to or reply_to in (app.thread_oid, app.oid)]
+    for app in apps:
         options = _configs.get(app, {}).get(name)
         task = _registered(app, name) if options is not None else None
         if task is None and app.finalized:
@@ -194,7 +185,7 @@ def _before_publish(
     properties = kwargs.get("properties")
     reply_to = properties.get("reply_to") if isinstance(properties, dict) else None
     task = _task_for(headers.get("task") or sender, reply_to)
-    if task is None or not task.locking.at_publish or headers.get("retries"):
+    if task is None or not task.locking.mode.at_publish or headers.get("retries"):
         return
     try:
         args, kw = body[0], body[1]

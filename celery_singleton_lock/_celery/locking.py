@@ -89,10 +89,6 @@ class TaskLocking:
         options = validate_options(task, raw, signature)
         return cls(options, signature, strict, task_class=task_class)
 
-    @property
-    def at_publish(self) -> bool:
-        return self.mode.at_publish
-
     def lock_name(
         self, task_name: str, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
     ) -> str:

@@ -131,7 +131,6 @@ class TaskRate:
                 reply = limiter.acquire(timeout=timeout, call_id=request.id)
         if reply.admitted:
             return Turn(limiter, reply)
-        report_refusal(task, "rate")
         self.wait_turn(task, request, limiter, reply, conflict, let_go)
 
     def delay_left(self, request: Any, reply: RateReply) -> float:
@@ -153,7 +152,6 @@ class TaskRate:
             limiter.name,
             left,
         )
-        report_refusal(task, "rate")
         reply = RateReply(False, wait=left, at=turn.reply.at, paused=left)
         self.wait_turn(task, request, limiter, reply, conflict, let_go)
 
@@ -166,8 +164,9 @@ class TaskRate:
         conflict: Any,
         let_go: LetGo,
     ) -> NoReturn:
-        """Come back at the turn ``reply`` gives, or past ``lock_rate_max_delay`` hand the call
-        to ``lock_on_locked``."""
+        """A refused turn: come back at the turn ``reply`` gives, or past ``lock_rate_max_delay``
+        hand the call to ``lock_on_locked``."""
+        report_refusal(task, "rate")
         waited = Waited.of(request)
         since = waited.since or reply.at
         if request.is_eager or reply.wait > self.delay_left(request, reply):
@@ -199,9 +198,8 @@ class TaskRate:
                 limiter.cancel(request.id)
             finally:
                 let_go(None)
-                if not request.is_eager:
-                    with suppress(Exception):  # the caller is told, when the backend answers
-                        task.backend.mark_as_failure(request.id, unsent.reason, request=request)
+                with suppress(Exception):  # the caller is told, when the backend answers
+                    task.backend.mark_as_failure(request.id, unsent.reason, request=request)
             raise
 
 

@@ -21,6 +21,7 @@ from .._lock import LockKeys, LockSpace, RateReply
 from . import wiring
 from .config import LockConfig
 from .locking import TaskLocking
+from .modes import PublishMode
 from .options import LockOptions
 from .run import current_run, retry_keeping_lock, run_locked
 from .worker import LOCKED_REQUEST, with_locked_request
@@ -185,10 +186,11 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
                 args, kwargs, new_id, producer, link, link_error, shadow, **opts
             )
 
-        if not self.locking.at_publish or self._get_app().conf.task_always_eager:
+        mode = self.locking.mode  # a run-time lock takes nothing at publish
+        if not isinstance(mode, PublishMode) or self._get_app().conf.task_always_eager:
             return send(task_id, options)
         callbacks = bool(link or link_error or options.get("chain") or options.get("chord"))
-        return self.locking.mode.publish(self, send, args, kwargs, task_id, options, callbacks)
+        return mode.publish(self, send, args, kwargs, task_id, options, callbacks)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

@@ -83,9 +83,7 @@ def canonical(value: Any, where: str) -> Any:
     if isinstance(value, (list, tuple)):
         return [canonical(v, where) for v in value]
     if isinstance(value, Mapping):
-        items = {}
-        for k, v in value.items():
-            items[_dict_key(k, where)] = canonical(v, where)
+        items = {_dict_key(k, where): canonical(v, where) for k, v in value.items()}
         return {"$dict": sorted(items.items())}
     if isinstance(value, datetime.datetime):
         return ["$datetime", value.isoformat()]

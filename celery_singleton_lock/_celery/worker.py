@@ -183,7 +183,11 @@ def _composed(own: Any, task: str) -> type[Request]:
     composed: type[Request] = type(
         request_cls.__name__,
         (LockedRequest, request_cls),
-        {"__module__": request_cls.__module__, "__qualname__": request_cls.__qualname__},
+        {
+            "__module__": request_cls.__module__,
+            "__qualname__": request_cls.__qualname__,
+            "composes_locked_request": True,
+        },
     )
     return composed
 
@@ -208,9 +212,4 @@ class _LockedRequestOf:
 def with_locked_request(own: Any, task: str) -> Any:
     """The ``Request`` of a locked task class (named ``task`` in errors) that defines ``own``:
     :class:`LockedRequest` put in front of it."""
-    if isinstance(own, str):
-        return _LockedRequestOf(own, task)
-    composed = _composed(own, task)
-    if composed is not own:
-        composed.composes_locked_request = True
-    return composed
+    return _LockedRequestOf(own, task) if isinstance(own, str) else _composed(own, task)

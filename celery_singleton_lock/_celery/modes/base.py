@@ -127,10 +127,15 @@ class RunMode:
         limiter = self.limiter_of(at)
         if not self.holds_lock:  # lock_rate alone: no lock, the limiter only
             assert limiter is not None, "lock_limit=None is refused without lock_rate"
-            run = TaskRun(task, None)
-            run.turn, run.start = self.admit(at, None, limiter), (at.bound, at.message)
-            return run
-        lock = self.new_lock(task, bound, name, request.id)
+            return TaskRun(task, None, turn=self.admit(at, None, limiter), start=(bound, message))
+        # owned by the task id, with a run token of its own
+        info = holder_info(task.name, request.id, self.limit)
+        how: dict[str, Any] = {"ttl": bound.ttl, "owner": request.id, "info": info, "state": AT_RUN}
+        lock: ReentrantLock | Semaphore
+        if self.limit > 1:
+            lock = bound.space.semaphore(name, self.limit, run_token=new_run_token(), **how)
+        else:
+            lock = bound.space.checked_lock(name, run_token=new_run_token(), **how)
         reply = lock.try_acquire()
         if (
             not reply.acquired
@@ -142,9 +147,7 @@ class RunMode:
         if not reply.acquired and self.conflict.wait_timeout is not None:
             reply = lock.try_acquire(self.conflict.wait_timeout)
         if reply.acquired:
-            held = lock.held if isinstance(lock, Semaphore) else lock
-            assert held is not None, "an acquired semaphore holds a slot"
-            return self.started(at, held, limiter)
+            return self.started(at, lock, limiter)
         if reply.other_run:
             log.warning(
                 "not running %s[%s]: this message was delivered again while its first run is "
@@ -156,9 +159,13 @@ class RunMode:
             raise Ignore()
         return self.refused(at, self.job_of(at), lock, reply)
 
-    def started(self, at: Attempt, held: ReentrantLock, limiter: RateLimiter | None) -> TaskRun:
-        """The run took its job's lock: its ``lock_rate`` turn, then its start (every way a run
-        gets the lock comes here, so that no start goes without a turn)."""
+    def started(
+        self, at: Attempt, lock: ReentrantLock | Semaphore, limiter: RateLimiter | None
+    ) -> TaskRun:
+        """The run took its job's ``lock``: its ``lock_rate`` turn, then its start (every way a
+        run gets the lock comes here, so that no start goes without a turn)."""
+        held = lock.held if isinstance(lock, Semaphore) else lock
+        assert held is not None, "an acquired semaphore holds a slot"
         turn = None if limiter is None else self.admit(at, held, limiter)
         run = self.entered(at, held)
         run.turn, run.start = turn, (at.bound, at.message)
@@ -226,34 +233,6 @@ class RunMode:
     def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:
         """Keep the job's hold for the call that comes back for its turn."""
         held.park(lease, holder_info(at.task.name, at.request.id), AT_COMEBACK)
-
-    def new_lock(
-        self, task: Any, bound: Bound, name: str, task_id: str
-    ) -> ReentrantLock | Semaphore:
-        """The lock (or slots) a run takes: owned by the task id, with a run token of its own."""
-        info = holder_info(task.name, task_id, self.limit)
-        how: dict[str, Any] = {"ttl": bound.ttl, "owner": task_id, "info": info, "state": AT_RUN}
-        if self.limit > 1:
-            return bound.space.semaphore(name, self.limit, run_token=new_run_token(), **how)
-        return bound.space.checked_lock(name, run_token=new_run_token(), **how)
-
-    def publish(
-        self,
-        task: Any,
-        send: Any,
-        args: Any,
-        kwargs: Any,
-        task_id: str | None,
-        options: dict[str, Any],
-        has_callbacks: bool,
-    ) -> Any:
-        """``apply_async``: a run-time lock takes nothing at publish."""
-        return send(task_id, options)
-
-    def take_for_message(
-        self, task: Any, task_id: str, args: Any, kwargs: Any, headers: dict[str, Any]
-    ) -> None:
-        """``install()``'s receiver for a message sent by name."""
 
     def entered(self, at: Attempt, lock: ReentrantLock) -> TaskRun:
         """The run holds its job's lock."""

@@ -67,7 +67,6 @@ class PublishMode(RunMode):
     def __init__(self, options: LockOptions) -> None:
         super().__init__(options)
         self.debounce = None if options.lock_debounce is None else Debounce(options.lock_debounce)
-        self.release_on_start = options.lock_release_on_start
 
     @property
     def message_permits(self) -> int:
@@ -246,7 +245,7 @@ class PublishMode(RunMode):
     def take_run(self, at: Attempt) -> TaskRun:
         """The run takes the job's lock (or, with ``lock_release_on_start``, lets its publish's
         hold go), once its message is known to be the job's."""
-        if not self.release_on_start:
+        if not self.options.lock_release_on_start:
             return super().take(at)
         task, request = at.task, at.request
         job = self.job_of(at)

@@ -174,10 +174,8 @@ class QueueMode(PublishMode):
             # its queued lock goes first: nothing of the call is left to wait
             self.release_queued(task, bound, message, request.id)
             return RunMode.refused(self, at, job, lock, reply)
-        reply = wait_for_run(task, request, job, lock, reply)  # raises its retry, or:
-        held = lock.held if isinstance(lock, Semaphore) else lock  # a slot came free
-        assert reply.acquired and held is not None
-        return self.started(at, held, self.limiter_of(at))
+        wait_for_run(task, request, job, lock, reply)  # raises its retry, or a slot came free:
+        return self.started(at, lock, self.limiter_of(at))
 
     def replaced(self, task: Any, job: NamedLock, holder: str, by: str) -> None:
         """A copy that waits beside the running job learns it was replaced from its record."""

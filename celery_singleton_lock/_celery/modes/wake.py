@@ -161,10 +161,9 @@ def request_wait(request: Any) -> Wait | None:
 def claim_wait(task: Any, request: Any, job: NamedLock, queued_key: str, wait: Wait) -> bool:
     """Go on only if this message claims the copy's wait (``True``: it had claimed it before);
     else end it: as replaced (SKIPPED) when a later call replaced the copy, else unrun."""
-    code, again = claim_waiter(job, request.id, wait.token, wait.mark)
+    code, by = claim_waiter(job, request.id, wait.token, wait.mark)
     if code == CLAIMED:
-        return again == "again"
-    by = again
+        return by == "again"
     if code == WAIT_REPLACED:
         skip_replaced(task, request, queued_key, by)
     log.info(
@@ -268,14 +267,9 @@ def wake_waiting(
     """A run of ``job`` let its lock (or slot) go just before: send every waiting copy's message
     again (``wake``), in ``countdown`` seconds (a cooldown), and drop ``task_id``'s own record
     of ``wait``. Never raises: a copy not woken comes back by its fallback."""
+    drop, token, claim = ("", "", "") if wait is None else (task_id, wait.token, wait.claim)
     try:
-        waiting = waiters(
-            job,
-            drop=task_id if wait is not None else "",
-            token=wait.token if wait is not None else "",
-            claim=wait.claim if wait is not None else "",
-            listing=wake,
-        )
+        waiting = waiters(job, drop=drop, token=token, claim=claim, listing=wake)
     except LockBackendError as exc:
         log.warning(
             "could not read the copies waiting for %s (%s); they come back by their fallback, "
