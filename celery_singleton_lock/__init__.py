@@ -18,7 +18,7 @@ from ._celery import LockedTask, install
 from ._celery.config import close, reload_settings
 from ._errors import *  # noqa: F403  # the errors: _errors.__all__
 from ._lock import LockSpace, RateLimiter, ReentrantLock, Semaphore
-from ._ops.locks import RecentCounts, recent_counts
+from ._ops.counts import RecentCounts, recent_counts
 
 try:
     __version__ = version("celery-singleton-lock")

@@ -1,6 +1,5 @@
 """What operators see of the locks under a prefix: found by SCAN (never KEYS), each read
-atomically; a purge of them; and the duplicates, refusals and lost locks of late, as the Celery
-layer counts them per minute in Redis (:mod:`celery_singleton_lock._celery.counts`)."""
+atomically; and a purge of them."""
 
 from __future__ import annotations
 
@@ -9,25 +8,11 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from .._celery.counts import LOST, RETENTION_S, counts_key
 from .._celery.lifecycle import PURGEABLE
-from .._errors import LockBackendError
-from .._lock import (
-    LockSpace,
-    LockState,
-    Rate,
-    RateKeys,
-    RateState,
-    backend_errors,
-    check_prefix,
-    is_cluster,
-    text,
-)
+from .._lock import LockSpace, LockState, Rate, RateKeys, RateState, backend_errors, is_cluster
 
 #: keys per SCAN call of :func:`find_locks`: a lock is two keys (its hash and its meta hash)
 SCAN_COUNT = 5000
@@ -170,61 +155,3 @@ def purge(client: Any, prefix: str = "lock", pattern: str = "*", queued_only: bo
     space = LockSpace(client, prefix)
     states = PURGEABLE if queued_only else ()
     return sum(space.force_release(keys.lock, states=states) for keys in list(space.find(pattern)))
-
-
-#: what was done with a duplicate: at run time, at publish, or a debounce's replacement
-DUPLICATE_ACTIONS = ("skipped", "retried", "raised", "returned", "replaced")
-#: why a call was refused: every slot taken, the job's cooldown, its rate limit
-REFUSAL_REASONS = ("limit", "cooldown", "rate")
-#: the longest window that can be read: the counts' hashes expire after it
-MAX_MINUTES = RETENTION_S // 60
-
-
-@dataclass(frozen=True)
-class RecentCounts:
-    """The counts of the last :attr:`minutes` minutes (the current one included)."""
-
-    #: the window read
-    minutes: int
-    #: duplicates by what was done with them (every action of :data:`DUPLICATE_ACTIONS`)
-    duplicates: dict[str, int] = field(default_factory=dict)
-    #: refusals by reason (every reason of :data:`REFUSAL_REASONS`)
-    refusals: dict[str, int] = field(default_factory=dict)
-    #: locks a run held and lost (its lease expired, or it was force-released)
-    lost: int = 0
-
-    def total_duplicates(self) -> int:
-        """Every duplicate, whatever was done with it."""
-        return sum(self.duplicates.values())
-
-
-def recent_counts(client: Any, prefix: str = "lock", minutes: int = 60) -> RecentCounts:
-    """The counts under ``prefix`` of the last ``minutes`` minutes, by the server's clock (the
-    local one on a Cluster): one pipeline of ``HGETALL``, one key per minute."""
-    check_prefix(prefix)
-    if type(minutes) is not int or not 1 <= minutes <= MAX_MINUTES:
-        raise ValueError(
-            f"minutes must be an int from 1 to {MAX_MINUTES} (the counts are kept "
-            f"{MAX_MINUTES} minutes), got {minutes!r}"
-        )
-    try:
-        now = int(raw_clock(client) // 60)
-        pipe = client.pipeline(transaction=False)
-        for minute in range(now - minutes + 1, now + 1):
-            pipe.hgetall(counts_key(prefix, minute))
-        hashes = pipe.execute()
-    except RedisError as exc:
-        raise LockBackendError(
-            f"Redis failed to read the counts under prefix {prefix!r}: {type(exc).__name__}: "
-            f"{exc}. Check that Redis is reachable at the configured URL."
-        ) from exc
-    total: Counter[str] = Counter()
-    for fields in hashes:
-        for name, value in fields.items():
-            total[text(name)] += int(value)
-    return RecentCounts(
-        minutes=minutes,
-        duplicates={action: total[f"duplicates:{action}"] for action in DUPLICATE_ACTIONS},
-        refusals={reason: total[f"refusals:{reason}"] for reason in REFUSAL_REASONS},
-        lost=total[LOST],
-    )

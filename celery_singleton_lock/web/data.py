@@ -29,7 +29,8 @@ from .._lock import (
     time_left,
 )
 from .._ops import locks as ops
-from .._ops.locks import LockView, RecentCounts, recent_counts
+from .._ops.counts import RecentCounts, recent_counts
+from .._ops.locks import LockView
 
 __all__ = ["DIGEST", "LIMITER", "STATES", "Listing", "Source", "digest"]
 

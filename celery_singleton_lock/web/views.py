@@ -115,10 +115,9 @@ def paging(query: dict[str, str]) -> tuple[int, bool]:
     """The page number asked for, and whether newest first."""
     page_text, sort = query.get("page", "1") or "1", query.get("sort", "age") or "age"
     # (int() of thousands of digits is refused by Python itself: a 500 before this check)
-    if not (page_text.isascii() and page_text.isdecimal()) or len(page_text) > 9:
+    whole = page_text.isascii() and page_text.isdecimal() and len(page_text) <= 9
+    if not whole or int(page_text) < 1:
         raise BadRequest(f"page must be a whole number >= 1, got {page_text[:20]!r}")
-    if int(page_text) < 1:
-        raise BadRequest(f"page must be a whole number >= 1, got {page_text!r}")
     if sort not in ("age", "-age"):
         raise BadRequest(
             f"sort must be 'age' (oldest first) or '-age' (newest first), got {sort!r}"
