@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .._lock import LockSpace, Rate, RateKeys, RateLimiter, RateState
+from .._lock import LockSpace, RateKeys, RateLimiter
 from . import locks as ops
 from .target import prefix_option, target, url_option
 
@@ -41,23 +41,6 @@ _LIMITER_COLUMNS = (
 
 def _cell(value: Any) -> str:
     return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
-
-
-def _limiter_row(state: RateState, prefix: str) -> dict[str, Any]:
-    """A limiter as ``locks list`` shows it."""
-    rule = str(Rate(state.limit, state.period)) if state.limit else None
-    return {
-        "kind": "limiter",
-        "key": RateKeys.for_name(prefix, state.name).log,
-        "name": state.name,
-        "used": f"{state.used}/{state.limit}" if state.limit else str(state.used),
-        "rule": rule,
-        "limit": state.limit,
-        "period_s": state.period,
-        "waiting": state.waiting,
-        "next_free": state.next_free,
-        "paused": state.paused or None,
-    }
 
 
 def _table(views: Sequence[Any], columns: Sequence[tuple[str, str]] = _COLUMNS) -> str:
@@ -150,7 +133,9 @@ def list_(client: Any, prefixes: list[str], as_json: bool, match: str) -> None:
     RateLimited. --json gives one list: locks ("kind": "lock"), then limiters
     ("kind": "limiter")."""
     views = [view for p in prefixes for view in ops.find_locks(client, p, match)]
-    limiters = [_limiter_row(r, p) for p in prefixes for r in ops.find_limiters(client, p, match)]
+    limiters = [
+        ops.limiter_row(r, p) for p in prefixes for r in ops.find_limiters(client, p, match)
+    ]
     if as_json:
         click.echo(json.dumps([v.as_dict() for v in views] + limiters, indent=2))
         return

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .._celery.lifecycle import PURGEABLE
-from .._lock import LockSpace, LockState, RateState, backend_errors, is_cluster
+from .._lock import LockSpace, LockState, Rate, RateKeys, RateState, backend_errors, is_cluster
 
 #: keys per SCAN call of :func:`find_locks`: a lock is two keys (its hash and its meta hash)
 SCAN_COUNT = 5000
@@ -124,6 +124,23 @@ def find_limiters(client: Any, prefix: str = "lock", pattern: str = "*") -> list
     """Every ``lock_rate`` limiter under ``prefix`` in use now whose name matches ``pattern``."""
     found = LockSpace(client, prefix).rate_limiters()
     return sorted((r for r in found if fnmatch.fnmatchcase(r.name, pattern)), key=lambda r: r.name)
+
+
+def limiter_row(state: RateState, prefix: str) -> dict[str, Any]:
+    """A limiter as ``locks list`` shows it (``--json``; the page shows these too)."""
+    rule = str(Rate(state.limit, state.period)) if state.limit else None
+    return {
+        "kind": "limiter",
+        "key": RateKeys.for_name(prefix, state.name).log,
+        "name": state.name,
+        "used": f"{state.used}/{state.limit}" if state.limit else str(state.used),
+        "rule": rule,
+        "limit": state.limit,
+        "period_s": state.period,
+        "waiting": state.waiting,
+        "next_free": state.next_free,
+        "paused": state.paused or None,
+    }
 
 
 def show(client: Any, key_or_name: str, prefix: str = "lock") -> LockView | None:

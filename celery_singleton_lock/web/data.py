@@ -235,9 +235,8 @@ class Source:
             return view
         if task not in self._debounced:
             found = self.celery_app.tasks.get(task)
-            options = getattr(getattr(found, "locking", None), "options", None)
-            self._debounced[task] = isinstance(found, LockedTask) and (
-                getattr(options, "lock_debounce", None) is not None
+            self._debounced[task] = (
+                isinstance(found, LockedTask) and found.locking.options.lock_debounce is not None
             )
         return replace(view, state=DEBOUNCED) if self._debounced[task] else view
 

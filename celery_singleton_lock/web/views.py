@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from .._lock import Rate, RateKeys, RateState
-from .._ops.locks import LockView
+from .._lock import RateState
+from .._ops.locks import LockView, limiter_row
 from .access import OUTCOME_COOKIE, cookie, printable, where
 from .data import BEAT, DIGEST, LIMITER, STATES, digest, matches
 
@@ -115,10 +115,9 @@ def paging(query: dict[str, str]) -> tuple[int, bool]:
     """The page number asked for, and whether newest first."""
     page_text, sort = query.get("page", "1") or "1", query.get("sort", "age") or "age"
     # (int() of thousands of digits is refused by Python itself: a 500 before this check)
-    if not (page_text.isascii() and page_text.isdecimal()) or len(page_text) > 9:
+    whole = page_text.isascii() and page_text.isdecimal() and len(page_text) <= 9
+    if not whole or int(page_text) < 1:
         raise BadRequest(f"page must be a whole number >= 1, got {page_text[:20]!r}")
-    if int(page_text) < 1:
-        raise BadRequest(f"page must be a whole number >= 1, got {page_text!r}")
     if sort not in ("age", "-age"):
         raise BadRequest(
             f"sort must be 'age' (oldest first) or '-age' (newest first), got {sort!r}"
@@ -162,14 +161,9 @@ def _lock_row(view: LockView) -> dict[str, Any]:
 
 
 def _limiter_row(prefix: str, state: RateState) -> dict[str, Any]:
-    return {
-        "key": RateKeys.for_name(prefix, state.name).log,
-        "used": f"{state.used}/{state.limit}" if state.limit else str(state.used),
-        "rule": str(Rate(state.limit, state.period)) if state.limit else "-",
-        "waiting": str(state.waiting),
-        "next-free": duration(state.next_free),
-        "paused": duration(state.paused) if state.paused else "-",
-    }
+    row = limiter_row(state, prefix)
+    shown = {name: _text(row[name]) for name in ("key", "used", "rule", "waiting")}
+    return {**shown, "next-free": duration(state.next_free), "paused": duration(row["paused"])}
 
 
 def _key(web: LocksWeb, params: dict[str, str], usage: str) -> str:
