@@ -137,7 +137,7 @@ def _new_stand_in(app: Any, name: str, options: Mapping[str, Any]) -> Any:
     cls: type[LockedTask] = type(name.rsplit(".", 1)[-1], (LockedTask,), attrs)
     # Task.run's (*args, **kwargs) is not the task's: binding to it would name every call's
     # lock after "args" and "kwargs"
-    cls.locking.signature = None
+    cls.locking.signature = cls.locking.positional = None
     stand_in = cls()
     stand_in.bind(app)
     return stand_in

@@ -12,7 +12,7 @@ from .._lock import LockSpace, LockState
 from .config import Bound, LockConfig
 from .modes import RunMode, mode_for
 from .options import OPTION_NAMES, LockOptions, check_option_names, validate_options
-from .taskkey import task_lock_name
+from .taskkey import positional_names, task_lock_name
 
 __all__ = ["Bound", "TaskLocking", "run_signature"]
 
@@ -36,7 +36,7 @@ def run_signature(cls: type) -> inspect.Signature | None:
 class TaskLocking:
     """A task class's locking."""
 
-    __slots__ = ("_bound", "mode", "options", "signature", "strict", "task_class")
+    __slots__ = ("_bound", "mode", "options", "positional", "signature", "strict", "task_class")
 
     def __init__(
         self,
@@ -50,6 +50,7 @@ class TaskLocking:
         #: the class whose extension points (``key_prefix``, ``queue_lease``, ``key_encoder``)
         self.task_class = task_class
         self.signature = signature
+        self.positional = positional_names(signature)
         #: arguments that do not fit the signature raise ``TypeError`` (as ``Task.typing``)
         self.strict = strict
         self.mode: RunMode = mode_for(options)
@@ -104,6 +105,7 @@ class TaskLocking:
             key_func=key_func,
             strict=self.strict,
             encoder=None if key_func is not None else self.task_class.key_encoder(),
+            positional=self.positional,
         )
 
     def bound(self, app: Any) -> Bound:

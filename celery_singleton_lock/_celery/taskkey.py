@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-__all__ = ["MAX_PART", "bind_arguments", "canonical", "task_lock_name"]
+__all__ = ["MAX_PART", "bind_arguments", "canonical", "positional_names", "task_lock_name"]
 
 #: the longest argument part (or task name) kept as written; longer ones are hashed
 MAX_PART = 128
@@ -109,26 +109,33 @@ def canonical(value: Any, where: str) -> Any:
     )
 
 
+def positional_names(signature: inspect.Signature | None) -> tuple[str, ...] | None:
+    """The parameter names when every one may be given by position (``bind_arguments``'s
+    short way, worked out once per task class), else ``None``."""
+    if signature is None:
+        return None
+    params = signature.parameters.values()
+    if all(p.kind <= p.POSITIONAL_OR_KEYWORD for p in params):
+        return tuple(p.name for p in params)
+    return None
+
+
 def bind_arguments(
     signature: inspect.Signature | None,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     *,
     strict_for: str | None = None,
+    positional: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """The arguments by parameter name, defaults applied. When they do not fit the signature:
     with ``strict_for`` (a task's name), a ``TypeError`` naming it and what does not fit;
     without it, positional ones by index (the name stays stable, the run fails on its own)."""
     if signature is not None:
-        params = signature.parameters
-        if (
-            not kwargs
-            and len(params) == len(args)
-            and all(p.kind <= p.POSITIONAL_OR_KEYWORD for p in params.values())
-        ):
+        if not kwargs and positional is not None and len(positional) == len(args):
             # Every parameter given by position (the usual message): what bind() returns,
             # without its general machinery (a name is made at every publish and run).
-            return dict(zip(params, args, strict=True))
+            return dict(zip(positional, args, strict=True))
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -161,6 +168,7 @@ def task_lock_name(
     *,
     strict: bool = False,
     encoder: type[json.JSONEncoder] | None = None,
+    positional: tuple[str, ...] | None = None,
 ) -> str:
     """The lock name of one job: ``task name:argument part``, bounded in length. ``strict``:
     arguments that do not fit the signature raise ``TypeError`` (see :func:`bind_arguments`).
@@ -179,7 +187,9 @@ def task_lock_name(
                 f"lock_key of task {task_name!r} must return a str, got {type(part).__name__}"
             )
         return f"{_bounded(task_name)}:{_bounded(part)}"
-    arguments = bind_arguments(signature, args, kwargs, strict_for=task_name if strict else None)
+    arguments = bind_arguments(
+        signature, args, kwargs, strict_for=task_name if strict else None, positional=positional
+    )
     if unique_on is not None:
         arguments = _unique(signature, arguments, unique_on)
     if encoder is None:
