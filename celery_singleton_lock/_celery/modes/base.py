@@ -130,12 +130,16 @@ class RunMode:
             return TaskRun(task, None, turn=self.admit(at, None, limiter), start=(bound, message))
         # owned by the task id, with a run token of its own
         info = holder_info(task.name, request.id, self.limit)
-        how: dict[str, Any] = {"ttl": bound.ttl, "owner": request.id, "info": info, "state": AT_RUN}
+        ttl, owner, token = bound.ttl, request.id, new_run_token()
         lock: ReentrantLock | Semaphore
         if self.limit > 1:
-            lock = bound.space.semaphore(name, self.limit, run_token=new_run_token(), **how)
-        else:
-            lock = bound.space.checked_lock(name, run_token=new_run_token(), **how)
+            lock = bound.space.semaphore(
+                name, self.limit, ttl=ttl, owner=owner, info=info, run_token=token, state=AT_RUN
+            )
+        else:  # (keywords, not a dict of them: a run's start is on every job's path)
+            lock = bound.space.checked_lock(
+                name, ttl=ttl, owner=owner, info=info, run_token=token, state=AT_RUN
+            )
         reply = lock.try_acquire()
         if (
             not reply.acquired
