@@ -156,10 +156,7 @@ def acquire(
     runtime = LockRuntime.of(client)
     runtime.follow_master(ACQUIRE_CHECK_INTERVAL)
     if runtime.cancels.by_owner:  # (empty, usually: the one cost on the hot path)
-        try:
-            settle(client, keys, owner, runtime)
-        except RedisError as exc:
-            _raise_backend_error("acquire", keys.name, exc, _settling(keys, owner))
+        _settle_first("acquire", client, keys, owner, runtime)
     # not backend_errors(): a generator context manager costs a microsecond on the hot path
     try:
         args: tuple[Any, ...] = (owner, lease_ms, request, lease_ms + META_RETENTION_MS)
@@ -239,11 +236,18 @@ def settle(client: Any, keys: LockKeys, owner: str, runtime: LockRuntime | None 
                 _run_cancel(client, runtime, cancel)
 
 
-def _settling(keys: LockKeys, owner: str) -> str:
-    return (
-        f"lock {keys.name!r}: an earlier acquire by owner {owner!r} lost its reply, and its "
-        "cancel, which must run first, did not reach Redis either"
-    )
+def _settle_first(
+    operation: str, client: Any, keys: LockKeys, owner: str, runtime: LockRuntime
+) -> None:
+    """:func:`settle`, its error the :class:`LockBackendError` of ``operation``."""
+    try:
+        settle(client, keys, owner, runtime)
+    except RedisError as exc:
+        subject = (
+            f"lock {keys.name!r}: an earlier acquire by owner {owner!r} lost its reply, and "
+            "its cancel, which must run first, did not reach Redis either"
+        )
+        _raise_backend_error(operation, keys.name, exc, subject)
 
 
 def park(
@@ -253,8 +257,7 @@ def park(
     when the owner did not hold it."""
     runtime = LockRuntime.of(client)
     if runtime.cancels.by_owner:
-        with backend_errors("park", keys.name, _settling(keys, owner)):
-            settle(client, keys, owner, runtime)
+        _settle_first("park", client, keys, owner, runtime)
     with backend_errors("park", keys.name):
         args = (owner, lease_ms, META_RETENTION_MS, info, state)
         return bool(int(scripts.PARK(client, keys.pair, args)))
@@ -361,8 +364,3 @@ def is_held(client: Any, *keys: LockKeys) -> bool:
     """Whether anyone holds any of ``keys`` (one name's permits) now."""
     with backend_errors("check", keys[0].name):
         return bool(client.exists(*(permit.lock for permit in keys)))
-
-
-def is_owned(client: Any, keys: LockKeys, owner: str) -> bool:
-    with backend_errors("check", keys.name):
-        return bool(client.hexists(keys.lock, owner))

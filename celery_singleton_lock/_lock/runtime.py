@@ -80,44 +80,6 @@ log = logging.getLogger("celery_singleton_lock.sentinel")
 ACQUIRE_CHECK_INTERVAL = 1.0
 
 
-class MasterFollower:
-    """Follows the master of a Sentinel client for connections already open: redis-py asks
-    Sentinel only when it connects, and until the old master is demoted a holder renewing there
-    keeps a lease that no longer counts. So Sentinel is asked before each renewal batch and at
-    most once a second before an acquire; when the master moved, redis-py closes the idle
-    connections and the next command goes to the new master."""
-
-    __slots__ = ("_checked_at", "_mutex", "_pool")
-
-    def __init__(self, pool: Any) -> None:
-        self._pool = pool
-        self._mutex = threading.Lock()
-        self._checked_at: float | None = None
-
-    def follow(self, max_age: float = 0.0) -> None:
-        """Ask Sentinel for the master (unless asked within ``max_age`` s); a Sentinel that
-        cannot answer is logged, never raised."""
-        pool = self._pool
-        now = time.monotonic()
-        with self._mutex:
-            if max_age and self._checked_at is not None and now - self._checked_at < max_age:
-                return
-            self._checked_at = now
-        before = pool.master_address
-        try:
-            after = pool.get_master_address()
-        except RedisError as exc:
-            log.warning("could not ask Sentinel for the master of %s: %s", pool.service_name, exc)
-            return
-        if before is not None and after != before:
-            log.warning(
-                "Sentinel master of %s moved from %s to %s: the lock's connections follow it",
-                pool.service_name,
-                before,
-                after,
-            )
-
-
 class LockRuntime:
     """The lock's state and threads for one Redis client in this process."""
 
@@ -128,6 +90,7 @@ class LockRuntime:
         "_hub",
         "_lane",
         "_master",
+        "_master_checked_at",
         "_mutex",
         "_publish",
         "cancels",
@@ -148,7 +111,9 @@ class LockRuntime:
         self._publish: str | None = None
         pool = getattr(client, "connection_pool", None)
         sentinel = isinstance(pool, SentinelConnectionPool) and pool.is_master
-        self._master = MasterFollower(pool) if sentinel else None
+        #: a Sentinel client's pool, for :meth:`follow_master`
+        self._master = pool if sentinel else None
+        self._master_checked_at: float | None = None
         self._finalizer = weakref.finalize(client, self.close)
         self._finalizer.atexit = False
 
@@ -274,8 +239,32 @@ class LockRuntime:
                 sub.hub.leave(sub, woken=woken)
 
     def follow_master(self, max_age: float = 0.0) -> None:
-        if self._master is not None:
-            self._master.follow(max_age)
+        """Ask Sentinel for the master (unless asked within ``max_age`` s): redis-py asks only
+        when it connects, and until the old master is demoted a holder renewing there keeps a
+        lease that no longer counts. When it moved, redis-py closes the idle connections and
+        the next command goes to the new one. A Sentinel that cannot answer is logged only."""
+        pool = self._master
+        if pool is None:
+            return
+        now = time.monotonic()
+        with self._mutex:
+            checked = self._master_checked_at
+            if max_age and checked is not None and now - checked < max_age:
+                return
+            self._master_checked_at = now
+        before = pool.master_address
+        try:
+            after = pool.get_master_address()
+        except RedisError as exc:
+            log.warning("could not ask Sentinel for the master of %s: %s", pool.service_name, exc)
+            return
+        if before is not None and after != before:
+            log.warning(
+                "Sentinel master of %s moved from %s to %s: the lock's connections follow it",
+                pool.service_name,
+                before,
+                after,
+            )
 
     def abandon(self) -> None:
         self._finalizer.detach()

@@ -67,23 +67,25 @@ def owned_by(client: Any, keys: Sequence[LockKeys], owner: str) -> list[int]:
 
 def take_permit(
     attempt: Callable[[int], AcquireReply], permits: int, owned: Sequence[int]
-) -> AcquireReply:
+) -> tuple[int, AcquireReply]:
     """The acquire rule (``attempt(i)`` tries permit ``i``): an owner re-enters the permit it
     holds (``owned``) only, so it never takes two; else the permits are tried from a random
-    one up to the first taken; when all refuse, the refusal of the permit that frees first."""
+    one up to the first taken; when all refuse, the refusal of the permit that frees first.
+    Returns the permit's index with its reply."""
     for index in owned:
         reply = attempt(index)
         if reply.acquired or reply.other_run:
-            return reply
+            return index, reply
         # its lease ended and another owner took it meanwhile: the owner may take any
     start = random.randrange(permits)
     refusals = []
     for step in range(permits):
-        reply = attempt((start + step) % permits)
+        index = (start + step) % permits
+        reply = attempt(index)
         if reply.acquired:
-            return reply
-        refusals.append(reply)
-    return min(refusals, key=lambda reply: reply.lease_left)
+            return index, reply
+        refusals.append((index, reply))
+    return min(refusals, key=lambda refusal: refusal[1].lease_left)
 
 
 def release_everywhere(
@@ -101,21 +103,6 @@ def release_everywhere(
             commands.release(
                 client, permit, owner, holds, retry_for=retry_for, retry_unless=retry_unless
             )
-
-
-def release_owned(
-    client: Any, keys: Sequence[LockKeys], owner: str, holds: int, retry_for: float
-) -> ReleaseReply:
-    """Drop ``holds`` holds of ``owner`` on its permit; when Redis fails while it is looked for
-    (and ``retry_for`` > 0), to every permit before :class:`LockBackendError` is raised."""
-    try:
-        owned = owned_by(client, keys, owner)
-    except LockBackendError:
-        if retry_for > 0:
-            release_everywhere(client, keys, owner, holds, retry_for)
-        raise
-    replies = [commands.release(client, keys[i], owner, holds, retry_for=retry_for) for i in owned]
-    return next((reply for reply in replies if reply.owned), NOT_OWNED)
 
 
 class _Permit(ReentrantLock):
@@ -242,24 +229,17 @@ class Semaphore:
     def _try_once(self) -> AcquireReply:
         held = self.held
         if held is not None:
-            reply = self._try(held)
+            reply = held.try_acquire(0.0)
             if reply.acquired:
+                self._last = held
                 return reply
         with bounded(self._backend_timeout):
             owned = owned_by(self._client, self._keys, self.owner)
-        refusals: dict[int, ReentrantLock] = {}
-        reply = take_permit(lambda i: self._try(self._locks[i], refusals), len(self._locks), owned)
-        self._refused_by = None if reply.acquired else refusals.get(id(reply))
-        return reply
-
-    def _try(
-        self, lock: ReentrantLock, refusals: dict[int, ReentrantLock] | None = None
-    ) -> AcquireReply:
-        reply = lock.try_acquire(0.0)
+        locks = self._locks
+        index, reply = take_permit(lambda i: locks[i].try_acquire(0.0), len(locks), owned)
         if reply.acquired:
-            self._last = lock
-        elif refusals is not None:
-            refusals[id(reply)] = lock  # the reply lives as long as the dict: ids are unique
+            self._last = locks[index]
+        self._refused_by = None if reply.acquired else locks[index]
         return reply
 
     def release(self) -> None:

@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
+from .._errors import LockBackendError
 from . import commands, observe, scripts
 from .checks import RedisClient, by_node, check_backend_timeout, check_client, check_lease_ms
 from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, text
@@ -17,7 +18,14 @@ from .keys import LockKeys, check_name, check_prefix, escape_name, glob_escape
 from .owner import new_request_id
 from .rate import Rate, RateLimiter, RateState, find_rate_limiters
 from .reentrant import ReentrantLock
-from .semaphore import Semaphore, check_permits, owned_by, permit_keys, release_owned, take_permit
+from .semaphore import (
+    Semaphore,
+    check_permits,
+    owned_by,
+    permit_keys,
+    release_everywhere,
+    take_permit,
+)
 
 #: inspect calls per pipeline: 10,000 locks in 20 round trips, each reply well under a
 #: connection's buffer
@@ -177,7 +185,7 @@ class NamedLock:
             if len(keys) == 1:
                 reply = attempt(0)
             else:
-                reply = take_permit(attempt, len(keys), owned_by(client, keys, owner))
+                reply = take_permit(attempt, len(keys), owned_by(client, keys, owner))[1]
         if observe.observer is not None:
             if reply.acquired:
                 observe.observer.acquired(reply.hold_count > 1)
@@ -196,7 +204,17 @@ class NamedLock:
         with bounded(self._space.backend_timeout):
             if self.permits == 1:
                 return commands.release(client, self.keys[0], owner, drop, retry_for=retry_for)
-            return release_owned(client, self.keys, owner, drop, retry_for)
+            try:
+                owned = owned_by(client, self.keys, owner)
+            except LockBackendError:
+                if retry_for > 0:  # (its permit unknown: to every one, before the error)
+                    release_everywhere(client, self.keys, owner, drop, retry_for)
+                raise
+            replies = [
+                commands.release(client, self.keys[i], owner, drop, retry_for=retry_for)
+                for i in owned
+            ]
+        return next((reply for reply in replies if reply.owned), commands.NOT_OWNED)
 
     def park(self, owner: str, lease: float, *, info: str = "", state: str = "") -> bool:
         """:meth:`ReentrantLock.park` for ``owner``; ``False`` when it did not hold it."""
