@@ -178,6 +178,8 @@ def acquire(
 
 
 def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
+    if cancel.done:  # (run meanwhile by the owner's next operation, or from the lane)
+        return
     keys = cancel.keys
     args = (
         cancel.owner,
@@ -210,13 +212,8 @@ def _cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
             type(exc).__name__,
             exc,
         )
-
-        def in_background() -> None:
-            if not cancel.done:  # (the owner's next operation may have run it)
-                _run_cancel(client, runtime, cancel)
-
         runtime.retry(
-            in_background,
+            lambda: _run_cancel(client, runtime, cancel),
             f"cancel acquire of {cancel.keys.lock}",
             (cancel.lease_ms + META_RETENTION_MS) / 1000,
             budget=budget(),
@@ -232,8 +229,7 @@ def settle(client: Any, keys: LockKeys, owner: str, runtime: LockRuntime | None 
     runtime = runtime or LockRuntime.of(client)
     if runtime.cancels.by_owner:
         for cancel in runtime.cancels.of(keys, owner):
-            if not cancel.done:
-                _run_cancel(client, runtime, cancel)
+            _run_cancel(client, runtime, cancel)
 
 
 def _settle_first(

@@ -25,7 +25,7 @@ from . import owner as _owner
 from .hold import Hold, HoldRegistry
 from .keys import LockKeys
 from .renewal import Lane
-from .wakeup import KEEP_IDLE, Contended, WakeHub, probe_publish_command
+from .wakeup import KEEP_IDLE, WakeHub, probe_publish_command
 
 if TYPE_CHECKING:
     from .commands import AcquireReply  # (commands imports this module)
@@ -76,6 +76,8 @@ class PendingCancels:
 
 log = logging.getLogger("celery_singleton_lock.sentinel")
 
+#: a lock refused within this many seconds counts as contended (see ``LockRuntime.contended``)
+CONTENDED_FOR = 10.0
 #: the longest an acquire trusts the master address it last checked, in seconds
 ACQUIRE_CHECK_INTERVAL = 1.0
 
@@ -104,7 +106,9 @@ class LockRuntime:
         # garbage collector on a thread that holds it.
         self._mutex = threading.RLock()
         self.holds = HoldRegistry()
-        self.contended = Contended()
+        #: channel -> when its lock last refused an acquire: a blocking acquire of a lock
+        #: refused lately subscribes before its first try (one refused acquire, not two)
+        self.contended: dict[str, float] = {}
         self.cancels = PendingCancels()
         self._lane: Lane | None = None
         self._hub: WakeHub | None = None
@@ -211,7 +215,9 @@ class LockRuntime:
         # A release woke this thread and it has not tried since: leaving now passes it on.
         woken = False
         started = time.monotonic()
-        if (deadline is None or deadline > started) and self.contended.recent(channel):
+        refused_at = self.contended.get(channel)
+        recent = refused_at is not None and started - refused_at < CONTENDED_FOR
+        if recent and (deadline is None or deadline > started):
             # Refused a moment ago: subscribe before the first try (one refusal, not two).
             sub = self.hub.join(channel)
         again = False
@@ -229,7 +235,9 @@ class LockRuntime:
                     return reply
                 if sub is None:
                     # Subscribe, then look again: a release in between is not missed.
-                    self.contended.note(channel)
+                    if len(self.contended) >= 4096:  # bounded: forget them all, not by age
+                        self.contended.clear()
+                    self.contended[channel] = time.monotonic()
                     sub = self.hub.join(channel)
                     continue
                 pause = reply.lease_left if reply.lease_left > 0 else 0.001
