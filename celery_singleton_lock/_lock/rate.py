@@ -139,11 +139,10 @@ def inspect_rate(
     rule = (rate.limit, rate.period_ms) if rate is not None else (0, 0)
     with bounded(backend_timeout), backend_errors("inspect", keys.name, _subject(keys.name)):
         limit, period, used, waiting, free, paused = scripts.RATE_INSPECT(client, keys.pair, rule)
-    ms = float(text(period))
     return RateState(
         keys.name,
         int(limit),
-        ms / 1000,
+        float(text(period)) / 1000,
         int(used),
         int(waiting),
         float(text(free)) / 1000,
