@@ -310,7 +310,8 @@ class Lane:
                 slots.setdefault(slot, []).append(holds[i])
             groups = [s[i : i + BATCH] for s in slots.values() for i in range(0, len(s), BATCH)]
             try:
-                replies: list[Any] = _pipelined(node_client, groups)
+                calls = [_renew_args(group) for group in groups]
+                replies: list[Any] = scripts.RENEW.pipelined(node_client, calls)
             except Exception as exc:
                 if not cluster:
                     raise
@@ -326,10 +327,6 @@ class Lane:
                 for hold, ok in zip(group, reply, strict=True):
                     results[id(hold)] = ok if isinstance(ok, Exception) else int(ok)
         return [results[id(hold)] for hold in holds]
-
-
-def _pipelined(client: Any, groups: Sequence[Sequence[Hold]]) -> list[Any]:
-    return scripts.RENEW.pipelined(client, [_renew_args(group) for group in groups])
 
 
 def _renew_args(group: Sequence[Hold]) -> tuple[list[str], list[Any]]:

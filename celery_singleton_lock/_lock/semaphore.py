@@ -105,6 +105,21 @@ def release_everywhere(
             )
 
 
+def release_owned(
+    client: Any, keys: Sequence[LockKeys], owner: str, holds: int, retry_for: float
+) -> ReleaseReply:
+    """Drop ``holds`` holds of ``owner`` on its permit; when Redis fails while it is looked for
+    (and ``retry_for`` > 0), to every permit before :class:`LockBackendError` is raised."""
+    try:
+        owned = owned_by(client, keys, owner)
+    except LockBackendError:
+        if retry_for > 0:
+            release_everywhere(client, keys, owner, holds, retry_for)
+        raise
+    replies = [commands.release(client, keys[i], owner, holds, retry_for=retry_for) for i in owned]
+    return next((reply for reply in replies if reply.owned), NOT_OWNED)
+
+
 class _Permit(ReentrantLock):
     """Permit ``slot`` of a semaphore: a lock whose refusals the semaphore reports."""
 

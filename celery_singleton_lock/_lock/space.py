@@ -9,23 +9,15 @@ import contextlib
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
-from .._errors import LockBackendError
 from . import commands, observe, scripts
 from .checks import RedisClient, by_node, check_backend_timeout, check_client, check_lease_ms
 from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, text
 from .deadline import bounded
-from .keys import LockKeys, check_name, check_prefix, escape_name, glob_escape
+from .keys import LockKeys, RateKeys, check_name, check_prefix, escape_name, glob_escape
 from .owner import new_request_id
-from .rate import Rate, RateLimiter, RateState, find_rate_limiters
+from .rate import Rate, RateLimiter, RateState, inspect_rate
 from .reentrant import ReentrantLock
-from .semaphore import (
-    Semaphore,
-    check_permits,
-    owned_by,
-    permit_keys,
-    release_everywhere,
-    take_permit,
-)
+from .semaphore import Semaphore, check_permits, owned_by, permit_keys, release_owned, take_permit
 
 #: inspect calls per pipeline: 10,000 locks in 20 round trips, each reply well under a
 #: connection's buffer
@@ -103,7 +95,15 @@ class LockSpace:
 
     def rate_limiters(self) -> Iterator[RateState]:
         """Every rate limiter under this prefix (SCAN), inspected."""
-        return find_rate_limiters(self.client, self.prefix, self.backend_timeout)
+        seen: set[str] = set()
+        with backend_errors("scan", "", f"for the rate limiters under prefix {self.prefix!r}"):
+            match = f"{glob_escape(self.prefix)}:rate:{{*"
+            found = [text(raw) for raw in self.client.scan_iter(match=match, count=500)]
+        for key in found:
+            keys = RateKeys.from_key(self.prefix, key)
+            if keys is not None and keys.name not in seen:
+                seen.add(keys.name)
+                yield inspect_rate(self.client, keys, None, self.backend_timeout)
 
     def named(self, name: str, permits: int = 1) -> NamedLock:
         """The lock ``name`` with its ``permits``, to act on in Redis only (no round trip)."""
@@ -204,17 +204,7 @@ class NamedLock:
         with bounded(self._space.backend_timeout):
             if self.permits == 1:
                 return commands.release(client, self.keys[0], owner, drop, retry_for=retry_for)
-            try:
-                owned = owned_by(client, self.keys, owner)
-            except LockBackendError:
-                if retry_for > 0:  # (its permit unknown: to every one, before the error)
-                    release_everywhere(client, self.keys, owner, drop, retry_for)
-                raise
-            replies = [
-                commands.release(client, self.keys[i], owner, drop, retry_for=retry_for)
-                for i in owned
-            ]
-        return next((reply for reply in replies if reply.owned), commands.NOT_OWNED)
+            return release_owned(client, self.keys, owner, drop, retry_for)
 
     def park(self, owner: str, lease: float, *, info: str = "", state: str = "") -> bool:
         """:meth:`ReentrantLock.park` for ``owner``; ``False`` when it did not hold it."""
