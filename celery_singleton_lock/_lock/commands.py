@@ -39,27 +39,25 @@ def seconds(pttl: Any) -> float:
     return ms / 1000 if ms >= 0 else -1.0
 
 
-def backend_advice(exc: RedisError) -> str:
-    """What to check after ``exc``: the ACL rule when Redis refused a command (a script's comes
-    as a plain ``ResponseError`` worded by the server), else that Redis is reachable."""
-    refused = ("can't run this command", "no permissions to run", "NOPERM")  # Redis, Valkey
-    if isinstance(exc, NoPermissionError) or any(words in str(exc) for words in refused):
-        return (
-            "The Redis user of the locks lacks a permission: give it the ACL rule for this "
-            "server's version on the Production page (docs/production.md)"
-        )
-    return "Check that Redis is reachable at the configured URL"
-
-
 def _raise_backend_error(
     operation: str, name: str, exc: RedisError, subject: str | None = None
 ) -> NoReturn:
     if observe.observer is not None:
         observe.observer.backend_error()
     detail = str(exc).rstrip(".")  # (some of redis-py's end with one)
+    # The ACL rule when Redis refused a command (a script's refusal comes as a plain
+    # ResponseError worded by the server), else that Redis is reachable.
+    refused = ("can't run this command", "no permissions to run", "NOPERM")  # Redis, Valkey
+    if isinstance(exc, NoPermissionError) or any(words in str(exc) for words in refused):
+        advice = (
+            "The Redis user of the locks lacks a permission: give it the ACL rule for this "
+            "server's version on the Production page (docs/production.md)"
+        )
+    else:
+        advice = "Check that Redis is reachable at the configured URL"
     raise LockBackendError(
         f"Redis failed to {operation} {subject or f'lock {name!r}'}: {type(exc).__name__}: "
-        f"{detail}. {backend_advice(exc)}."
+        f"{detail}. {advice}."
     ) from exc
 
 

@@ -182,10 +182,8 @@ class NamedLock:
             )
 
         with bounded(self._space.backend_timeout):
-            if len(keys) == 1:
-                reply = attempt(0)
-            else:
-                reply = take_permit(attempt, len(keys), owned_by(client, keys, owner))[1]
+            owned = owned_by(client, keys, owner) if len(keys) > 1 else []  # (one: no look-up)
+            reply = take_permit(attempt, len(keys), owned)[1]
         if observe.observer is not None:
             if reply.acquired:
                 observe.observer.acquired(reply.hold_count > 1)
