@@ -406,7 +406,7 @@ def test_redis_py_resends_a_timed_out_command_so_acquire_must_be_idempotent(
 
     # The same resend of an acquire: one call, one hold, and one release frees the lock.
     keys = LockKeys.for_name("lock", "resent")
-    _scripts.ACQUIRE.load(admin)
+    admin.script_load(_scripts.ACQUIRE.source)
     evalsha_before = command_calls(admin).get("evalsha", 0)
     reply = _with_busy_server(
         server,
@@ -419,7 +419,7 @@ def test_redis_py_resends_a_timed_out_command_so_acquire_must_be_idempotent(
 
     # A resent release drops one hold, not two (and does not answer "not the owner").
     assert commands.acquire(admin, keys, "worker-1", 30_000, "req-twice").hold_count == 2
-    _scripts.RELEASE.load(admin)
+    admin.script_load(_scripts.RELEASE.source)
     evalsha_before = command_calls(admin)["evalsha"]
     left = _with_busy_server(server, BUSY, lambda: commands.release(retrying, keys, "worker-1"))
     assert command_calls(admin)["evalsha"] - evalsha_before == 2

@@ -170,7 +170,7 @@ def test_a_publish_whose_lock_reply_is_lost_does_not_drop_the_job(
     direct = redis.Redis(port=server.port)
     # Connected, and the script loaded, before the stall (see above; a NOSCRIPT reply would
     # make the acquire fail before it ran).
-    scripts.ACQUIRE.load(lock_space(publish_app).client)
+    lock_space(publish_app).client.script_load(scripts.ACQUIRE.source)
     sleeper = _stall(server.port, 1.5)
     with pytest.raises(LockBackendError):
         report.delay("monday")

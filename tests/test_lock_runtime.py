@@ -16,7 +16,7 @@ from lock_helpers import evalsha_calls, wait_until
 
 from celery_singleton_lock import LockNotOwnedError, ReentrantLock
 from celery_singleton_lock._lock.runtime import LockRuntime
-from celery_singleton_lock._lock.subscription import Subscription
+from celery_singleton_lock._lock.wakeup import Subscription
 from celery_singleton_lock.testing import RedisServer
 
 #: how long each waiter of the hand-off test holds the lock

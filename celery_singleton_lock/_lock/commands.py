@@ -39,27 +39,25 @@ def seconds(pttl: Any) -> float:
     return ms / 1000 if ms >= 0 else -1.0
 
 
-def backend_advice(exc: RedisError) -> str:
-    """What to check after ``exc``: the ACL rule when Redis refused a command (a script's comes
-    as a plain ``ResponseError`` worded by the server), else that Redis is reachable."""
-    refused = ("can't run this command", "no permissions to run", "NOPERM")  # Redis, Valkey
-    if isinstance(exc, NoPermissionError) or any(words in str(exc) for words in refused):
-        return (
-            "The Redis user of the locks lacks a permission: give it the ACL rule for this "
-            "server's version on the Production page (docs/production.md)"
-        )
-    return "Check that Redis is reachable at the configured URL"
-
-
 def _raise_backend_error(
     operation: str, name: str, exc: RedisError, subject: str | None = None
 ) -> NoReturn:
     if observe.observer is not None:
         observe.observer.backend_error()
     detail = str(exc).rstrip(".")  # (some of redis-py's end with one)
+    # The ACL rule when Redis refused a command (a script's refusal comes as a plain
+    # ResponseError worded by the server), else that Redis is reachable.
+    refused = ("can't run this command", "no permissions to run", "NOPERM")  # Redis, Valkey
+    if isinstance(exc, NoPermissionError) or any(words in str(exc) for words in refused):
+        advice = (
+            "The Redis user of the locks lacks a permission: give it the ACL rule for this "
+            "server's version on the Production page (docs/production.md)"
+        )
+    else:
+        advice = "Check that Redis is reachable at the configured URL"
     raise LockBackendError(
         f"Redis failed to {operation} {subject or f'lock {name!r}'}: {type(exc).__name__}: "
-        f"{detail}. {backend_advice(exc)}."
+        f"{detail}. {advice}."
     ) from exc
 
 
@@ -156,10 +154,7 @@ def acquire(
     runtime = LockRuntime.of(client)
     runtime.follow_master(ACQUIRE_CHECK_INTERVAL)
     if runtime.cancels.by_owner:  # (empty, usually: the one cost on the hot path)
-        try:
-            settle(client, keys, owner, runtime)
-        except RedisError as exc:
-            _raise_backend_error("acquire", keys.name, exc, _settling(keys, owner))
+        _settle_first("acquire", client, keys, owner, runtime)
     # not backend_errors(): a generator context manager costs a microsecond on the hot path
     try:
         args: tuple[Any, ...] = (owner, lease_ms, request, lease_ms + META_RETENTION_MS)
@@ -181,6 +176,8 @@ def acquire(
 
 
 def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
+    if cancel.done:  # (run meanwhile by the owner's next operation, or from the lane)
+        return
     keys = cancel.keys
     args = (
         cancel.owner,
@@ -213,13 +210,8 @@ def _cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
             type(exc).__name__,
             exc,
         )
-
-        def in_background() -> None:
-            if not cancel.done:  # (the owner's next operation may have run it)
-                _run_cancel(client, runtime, cancel)
-
         runtime.retry(
-            in_background,
+            lambda: _run_cancel(client, runtime, cancel),
             f"cancel acquire of {cancel.keys.lock}",
             (cancel.lease_ms + META_RETENTION_MS) / 1000,
             budget=budget(),
@@ -235,15 +227,21 @@ def settle(client: Any, keys: LockKeys, owner: str, runtime: LockRuntime | None 
     runtime = runtime or LockRuntime.of(client)
     if runtime.cancels.by_owner:
         for cancel in runtime.cancels.of(keys, owner):
-            if not cancel.done:
-                _run_cancel(client, runtime, cancel)
+            _run_cancel(client, runtime, cancel)
 
 
-def _settling(keys: LockKeys, owner: str) -> str:
-    return (
-        f"lock {keys.name!r}: an earlier acquire by owner {owner!r} lost its reply, and its "
-        "cancel, which must run first, did not reach Redis either"
-    )
+def _settle_first(
+    operation: str, client: Any, keys: LockKeys, owner: str, runtime: LockRuntime
+) -> None:
+    """:func:`settle`, its error the :class:`LockBackendError` of ``operation``."""
+    try:
+        settle(client, keys, owner, runtime)
+    except RedisError as exc:
+        subject = (
+            f"lock {keys.name!r}: an earlier acquire by owner {owner!r} lost its reply, and "
+            "its cancel, which must run first, did not reach Redis either"
+        )
+        _raise_backend_error(operation, keys.name, exc, subject)
 
 
 def park(
@@ -253,8 +251,7 @@ def park(
     when the owner did not hold it."""
     runtime = LockRuntime.of(client)
     if runtime.cancels.by_owner:
-        with backend_errors("park", keys.name, _settling(keys, owner)):
-            settle(client, keys, owner, runtime)
+        _settle_first("park", client, keys, owner, runtime)
     with backend_errors("park", keys.name):
         args = (owner, lease_ms, META_RETENTION_MS, info, state)
         return bool(int(scripts.PARK(client, keys.pair, args)))
@@ -361,8 +358,3 @@ def is_held(client: Any, *keys: LockKeys) -> bool:
     """Whether anyone holds any of ``keys`` (one name's permits) now."""
     with backend_errors("check", keys[0].name):
         return bool(client.exists(*(permit.lock for permit in keys)))
-
-
-def is_owned(client: Any, keys: LockKeys, owner: str) -> bool:
-    with backend_errors("check", keys.name):
-        return bool(client.hexists(keys.lock, owner))

@@ -24,12 +24,10 @@ class LeaseLost(threading.Event):
 
     def set(self) -> None:
         # every way a lease is lost ends here: reported once per hold
-        if not threading.Event.is_set(self):
-            super().set()
-            if observe.observer is not None:
-                observe.observer.lost()
-        else:
-            super().set()
+        first = not threading.Event.is_set(self)
+        super().set()
+        if first and observe.observer is not None:
+            observe.observer.lost()
 
     def _lease_left(self) -> float | None:
         hold = self._hold()
@@ -87,7 +85,7 @@ class Hold:
     run_token: str = ""
 
     def __post_init__(self) -> None:
-        self.lease_ms = max(1, round(self.ttl * 1000))
+        self.set_lease(self.ttl, self.renew)
 
     @property
     def lost(self) -> threading.Event:

@@ -7,7 +7,6 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -22,7 +21,7 @@ from .checks import (
 )
 from .commands import backend_errors, text
 from .deadline import bounded
-from .keys import RateKeys, check_name, check_prefix, glob_escape
+from .keys import RateKeys, check_name, check_prefix
 
 _log = logging.getLogger("celery_singleton_lock.rate")
 
@@ -139,30 +138,15 @@ def inspect_rate(
     rule = (rate.limit, rate.period_ms) if rate is not None else (0, 0)
     with bounded(backend_timeout), backend_errors("inspect", keys.name, _subject(keys.name)):
         limit, period, used, waiting, free, paused = scripts.RATE_INSPECT(client, keys.pair, rule)
-    ms = float(text(period))
     return RateState(
         keys.name,
         int(limit),
-        ms / 1000,
+        float(text(period)) / 1000,
         int(used),
         int(waiting),
         float(text(free)) / 1000,
         float(text(paused)) / 1000,
     )
-
-
-def find_rate_limiters(
-    client: Any, prefix: str, backend_timeout: float | None = None
-) -> Iterator[RateState]:
-    seen: set[str] = set()
-    with backend_errors("scan", "", f"for the rate limiters under prefix {prefix!r}"):
-        match = f"{glob_escape(prefix)}:rate:{{*"
-        found = [text(raw) for raw in client.scan_iter(match=match, count=500)]
-    for key in found:
-        keys = RateKeys.from_key(prefix, key)
-        if keys is not None and keys.name not in seen:
-            seen.add(keys.name)
-            yield inspect_rate(client, keys, None, backend_timeout)
 
 
 def _subject(name: str) -> str:

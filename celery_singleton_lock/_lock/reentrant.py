@@ -323,8 +323,8 @@ class ReentrantLock:
 
     def owned(self) -> bool:
         """Whether this owner holds the lock in Redis now (one round trip)."""
-        with bounded(self._backend_timeout):
-            return commands.is_owned(self._client, self._keys, self.owner)
+        with bounded(self._backend_timeout), commands.backend_errors("check", self._name):
+            return bool(self._client.hexists(self._keys.lock, self.owner))
 
     def locked(self) -> bool:
         """Whether anyone holds the lock now (one round trip)."""

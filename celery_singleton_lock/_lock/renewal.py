@@ -301,26 +301,25 @@ class Lane:
         """One result per hold: 1 renewed, 0 gone, or its error; raises when a single server
         did not answer. On a Cluster, one pipeline per node of calls of one slot each; a call a
         node refuses (its slot moved) goes again through the cluster client."""
-        if not is_cluster(client):
-            groups = [holds[i : i + BATCH] for i in range(0, len(holds), BATCH)]
-            results: dict[int, int | Exception] = {}
-            for group, reply in zip(groups, _pipelined(client, groups), strict=True):
-                if isinstance(reply, Exception):
-                    raise reply
-                results.update((id(hold), int(ok)) for hold, ok in zip(group, reply, strict=True))
-            return [results[id(hold)] for hold in holds]
-        results = {}
+        cluster = is_cluster(client)
+        results: dict[int, int | Exception] = {}
         for node_client, indexes in by_node(client, [hold.keys.lock for hold in holds]):
             slots: dict[int, list[Hold]] = {}
             for i in indexes:
-                slots.setdefault(client.keyslot(holds[i].keys.lock), []).append(holds[i])
+                slot = client.keyslot(holds[i].keys.lock) if cluster else 0
+                slots.setdefault(slot, []).append(holds[i])
             groups = [s[i : i + BATCH] for s in slots.values() for i in range(0, len(s), BATCH)]
             try:
-                replies: list[Any] = _pipelined(node_client, groups)
+                calls = [_renew_args(group) for group in groups]
+                replies: list[Any] = scripts.RENEW.pipelined(node_client, calls)
             except Exception as exc:
+                if not cluster:
+                    raise
                 replies = [exc] * len(groups)
             for group, reply in zip(groups, replies, strict=True):
                 if isinstance(reply, Exception):
+                    if not cluster:
+                        raise reply
                     try:
                         reply = scripts.RENEW(client, *_renew_args(group))
                     except Exception as exc:
@@ -328,10 +327,6 @@ class Lane:
                 for hold, ok in zip(group, reply, strict=True):
                     results[id(hold)] = ok if isinstance(ok, Exception) else int(ok)
         return [results[id(hold)] for hold in holds]
-
-
-def _pipelined(client: Any, groups: Sequence[Sequence[Hold]]) -> list[Any]:
-    return scripts.RENEW.pipelined(client, [_renew_args(group) for group in groups])
 
 
 def _renew_args(group: Sequence[Hold]) -> tuple[list[str], list[Any]]:

@@ -25,7 +25,7 @@ from . import owner as _owner
 from .hold import Hold, HoldRegistry
 from .keys import LockKeys
 from .renewal import Lane
-from .wakeup import KEEP_IDLE, Contended, WakeHub, probe_publish_command
+from .wakeup import KEEP_IDLE, WakeHub, probe_publish_command
 
 if TYPE_CHECKING:
     from .commands import AcquireReply  # (commands imports this module)
@@ -76,46 +76,10 @@ class PendingCancels:
 
 log = logging.getLogger("celery_singleton_lock.sentinel")
 
+#: a lock refused within this many seconds counts as contended (see ``LockRuntime.contended``)
+CONTENDED_FOR = 10.0
 #: the longest an acquire trusts the master address it last checked, in seconds
 ACQUIRE_CHECK_INTERVAL = 1.0
-
-
-class MasterFollower:
-    """Follows the master of a Sentinel client for connections already open: redis-py asks
-    Sentinel only when it connects, and until the old master is demoted a holder renewing there
-    keeps a lease that no longer counts. So Sentinel is asked before each renewal batch and at
-    most once a second before an acquire; when the master moved, redis-py closes the idle
-    connections and the next command goes to the new master."""
-
-    __slots__ = ("_checked_at", "_mutex", "_pool")
-
-    def __init__(self, pool: Any) -> None:
-        self._pool = pool
-        self._mutex = threading.Lock()
-        self._checked_at: float | None = None
-
-    def follow(self, max_age: float = 0.0) -> None:
-        """Ask Sentinel for the master (unless asked within ``max_age`` s); a Sentinel that
-        cannot answer is logged, never raised."""
-        pool = self._pool
-        now = time.monotonic()
-        with self._mutex:
-            if max_age and self._checked_at is not None and now - self._checked_at < max_age:
-                return
-            self._checked_at = now
-        before = pool.master_address
-        try:
-            after = pool.get_master_address()
-        except RedisError as exc:
-            log.warning("could not ask Sentinel for the master of %s: %s", pool.service_name, exc)
-            return
-        if before is not None and after != before:
-            log.warning(
-                "Sentinel master of %s moved from %s to %s: the lock's connections follow it",
-                pool.service_name,
-                before,
-                after,
-            )
 
 
 class LockRuntime:
@@ -128,6 +92,7 @@ class LockRuntime:
         "_hub",
         "_lane",
         "_master",
+        "_master_checked_at",
         "_mutex",
         "_publish",
         "cancels",
@@ -141,14 +106,18 @@ class LockRuntime:
         # garbage collector on a thread that holds it.
         self._mutex = threading.RLock()
         self.holds = HoldRegistry()
-        self.contended = Contended()
+        #: channel -> when its lock last refused an acquire: a blocking acquire of a lock
+        #: refused lately subscribes before its first try (one refused acquire, not two)
+        self.contended: dict[str, float] = {}
         self.cancels = PendingCancels()
         self._lane: Lane | None = None
         self._hub: WakeHub | None = None
         self._publish: str | None = None
         pool = getattr(client, "connection_pool", None)
         sentinel = isinstance(pool, SentinelConnectionPool) and pool.is_master
-        self._master = MasterFollower(pool) if sentinel else None
+        #: a Sentinel client's pool, for :meth:`follow_master`
+        self._master = pool if sentinel else None
+        self._master_checked_at: float | None = None
         self._finalizer = weakref.finalize(client, self.close)
         self._finalizer.atexit = False
 
@@ -246,7 +215,9 @@ class LockRuntime:
         # A release woke this thread and it has not tried since: leaving now passes it on.
         woken = False
         started = time.monotonic()
-        if (deadline is None or deadline > started) and self.contended.recent(channel):
+        refused_at = self.contended.get(channel)
+        recent = refused_at is not None and started - refused_at < CONTENDED_FOR
+        if recent and (deadline is None or deadline > started):
             # Refused a moment ago: subscribe before the first try (one refusal, not two).
             sub = self.hub.join(channel)
         again = False
@@ -264,7 +235,9 @@ class LockRuntime:
                     return reply
                 if sub is None:
                     # Subscribe, then look again: a release in between is not missed.
-                    self.contended.note(channel)
+                    if len(self.contended) >= 4096:  # bounded: forget them all, not by age
+                        self.contended.clear()
+                    self.contended[channel] = time.monotonic()
                     sub = self.hub.join(channel)
                     continue
                 pause = reply.lease_left if reply.lease_left > 0 else 0.001
@@ -274,8 +247,32 @@ class LockRuntime:
                 sub.hub.leave(sub, woken=woken)
 
     def follow_master(self, max_age: float = 0.0) -> None:
-        if self._master is not None:
-            self._master.follow(max_age)
+        """Ask Sentinel for the master (unless asked within ``max_age`` s): redis-py asks only
+        when it connects, and until the old master is demoted a holder renewing there keeps a
+        lease that no longer counts. When it moved, redis-py closes the idle connections and
+        the next command goes to the new one. A Sentinel that cannot answer is logged only."""
+        pool = self._master
+        if pool is None:
+            return
+        now = time.monotonic()
+        with self._mutex:
+            checked = self._master_checked_at
+            if max_age and checked is not None and now - checked < max_age:
+                return
+            self._master_checked_at = now
+        before = pool.master_address
+        try:
+            after = pool.get_master_address()
+        except RedisError as exc:
+            log.warning("could not ask Sentinel for the master of %s: %s", pool.service_name, exc)
+            return
+        if before is not None and after != before:
+            log.warning(
+                "Sentinel master of %s moved from %s to %s: the lock's connections follow it",
+                pool.service_name,
+                before,
+                after,
+            )
 
     def abandon(self) -> None:
         self._finalizer.detach()

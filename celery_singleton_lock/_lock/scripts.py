@@ -72,9 +72,6 @@ class Script:
             replies = send()
         return replies
 
-    def load(self, client: Any) -> None:
-        client.script_load(self.source)
-
     def __repr__(self) -> str:
         return f"<Script {self.name} {self.sha[:8]}>"
 

@@ -67,23 +67,25 @@ def owned_by(client: Any, keys: Sequence[LockKeys], owner: str) -> list[int]:
 
 def take_permit(
     attempt: Callable[[int], AcquireReply], permits: int, owned: Sequence[int]
-) -> AcquireReply:
+) -> tuple[int, AcquireReply]:
     """The acquire rule (``attempt(i)`` tries permit ``i``): an owner re-enters the permit it
     holds (``owned``) only, so it never takes two; else the permits are tried from a random
-    one up to the first taken; when all refuse, the refusal of the permit that frees first."""
+    one up to the first taken; when all refuse, the refusal of the permit that frees first.
+    Returns the permit's index with its reply."""
     for index in owned:
         reply = attempt(index)
         if reply.acquired or reply.other_run:
-            return reply
+            return index, reply
         # its lease ended and another owner took it meanwhile: the owner may take any
     start = random.randrange(permits)
     refusals = []
     for step in range(permits):
-        reply = attempt((start + step) % permits)
+        index = (start + step) % permits
+        reply = attempt(index)
         if reply.acquired:
-            return reply
-        refusals.append(reply)
-    return min(refusals, key=lambda reply: reply.lease_left)
+            return index, reply
+        refusals.append((index, reply))
+    return min(refusals, key=lambda refusal: refusal[1].lease_left)
 
 
 def release_everywhere(
@@ -242,24 +244,17 @@ class Semaphore:
     def _try_once(self) -> AcquireReply:
         held = self.held
         if held is not None:
-            reply = self._try(held)
+            reply = held.try_acquire(0.0)
             if reply.acquired:
+                self._last = held
                 return reply
         with bounded(self._backend_timeout):
             owned = owned_by(self._client, self._keys, self.owner)
-        refusals: dict[int, ReentrantLock] = {}
-        reply = take_permit(lambda i: self._try(self._locks[i], refusals), len(self._locks), owned)
-        self._refused_by = None if reply.acquired else refusals.get(id(reply))
-        return reply
-
-    def _try(
-        self, lock: ReentrantLock, refusals: dict[int, ReentrantLock] | None = None
-    ) -> AcquireReply:
-        reply = lock.try_acquire(0.0)
+        locks = self._locks
+        index, reply = take_permit(lambda i: locks[i].try_acquire(0.0), len(locks), owned)
         if reply.acquired:
-            self._last = lock
-        elif refusals is not None:
-            refusals[id(reply)] = lock  # the reply lives as long as the dict: ids are unique
+            self._last = locks[index]
+        self._refused_by = None if reply.acquired else locks[index]
         return reply
 
     def release(self) -> None:

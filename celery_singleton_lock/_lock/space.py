@@ -13,9 +13,9 @@ from . import commands, observe, scripts
 from .checks import RedisClient, by_node, check_backend_timeout, check_client, check_lease_ms
 from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, text
 from .deadline import bounded
-from .keys import LockKeys, check_name, check_prefix, escape_name, glob_escape
+from .keys import LockKeys, RateKeys, check_name, check_prefix, escape_name, glob_escape
 from .owner import new_request_id
-from .rate import Rate, RateLimiter, RateState, find_rate_limiters
+from .rate import Rate, RateLimiter, RateState, inspect_rate
 from .reentrant import ReentrantLock
 from .semaphore import Semaphore, check_permits, owned_by, permit_keys, release_owned, take_permit
 
@@ -95,7 +95,15 @@ class LockSpace:
 
     def rate_limiters(self) -> Iterator[RateState]:
         """Every rate limiter under this prefix (SCAN), inspected."""
-        return find_rate_limiters(self.client, self.prefix, self.backend_timeout)
+        seen: set[str] = set()
+        with backend_errors("scan", "", f"for the rate limiters under prefix {self.prefix!r}"):
+            match = f"{glob_escape(self.prefix)}:rate:{{*"
+            found = [text(raw) for raw in self.client.scan_iter(match=match, count=500)]
+        for key in found:
+            keys = RateKeys.from_key(self.prefix, key)
+            if keys is not None and keys.name not in seen:
+                seen.add(keys.name)
+                yield inspect_rate(self.client, keys, None, self.backend_timeout)
 
     def named(self, name: str, permits: int = 1) -> NamedLock:
         """The lock ``name`` with its ``permits``, to act on in Redis only (no round trip)."""
@@ -174,10 +182,8 @@ class NamedLock:
             )
 
         with bounded(self._space.backend_timeout):
-            if len(keys) == 1:
-                reply = attempt(0)
-            else:
-                reply = take_permit(attempt, len(keys), owned_by(client, keys, owner))
+            owned = owned_by(client, keys, owner) if len(keys) > 1 else []  # (one: no look-up)
+            reply = take_permit(attempt, len(keys), owned)[1]
         if observe.observer is not None:
             if reply.acquired:
                 observe.observer.acquired(reply.hold_count > 1)

@@ -2,8 +2,8 @@
 
 The last release of a lock publishes on its channel (``prefix:{name}:wake``; ``SPUBLISH`` on
 Redis Cluster, so the message stays on the lock's shard). A process subscribes to a channel
-only while one of its threads waits for that lock; its waiters share the subscription (one
-reads the socket, the others sleep on a condition), and a release wakes one of them. A lost
+only while one of its threads waits for that lock; its waiters share the :class:`Subscription`
+(one reads the socket, the others sleep on a condition), and a release wakes one of them. A lost
 message costs a waiter at most the holder's remaining lease: every wait is bounded by it.
 """
 
@@ -19,8 +19,6 @@ from typing import Any
 
 from redis import exceptions as errors
 
-from .subscription import Subscription
-
 log = logging.getLogger("celery_singleton_lock.wakeup")
 
 #: probe errors that say nothing about the server's commands: it is asked again later
@@ -34,33 +32,100 @@ _NO_ANSWER = (
 
 #: idle subscriptions (connections) a process keeps per client for its next waits
 KEEP_IDLE = 2
-#: a lock refused within this many seconds counts as contended: a blocking acquire of it
-#: subscribes before its first try
-CONTENDED_FOR = 10.0
 #: how long a waiter waits for its SUBSCRIBE to be confirmed before it polls by lease instead
 SUBSCRIBE_TIMEOUT = 2.0
 
+#: what Subscription._read saw
+_NOTHING, _RELEASE, _BROKEN = 0, 1, 2
+
+
+class Subscription:
+    """The subscription of one process to one lock's wake-up channel, shared by its waiters."""
+
+    def __init__(self, hub: WakeHub, channel: str) -> None:
+        self.hub = hub
+        self.channel = channel
+        self.cond = threading.Condition(threading.Lock())
+        self.wakeups = 0  # releases heard and not yet taken: each wakes one waiter
+        self.waiters = 0  # threads that joined and have not left
+        self.sleeping = 0  # threads inside wait() now
+        self.pubsub: Any = None
+        self.broken = False  # the subscription failed: its waiters poll by lease
+        self._reading = False
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until a release wakes this thread (``True``: try the lock again, or pass the
+        wake-up on when leaving), or for ``timeout`` seconds (``False``)."""
+        deadline = time.monotonic() + timeout
+        cond = self.cond
+        with cond:
+            self.sleeping += 1
+            try:
+                while True:
+                    if self.wakeups > 0:
+                        self.wakeups -= 1
+                        return True
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    if self._reading or self.broken or self.pubsub is None:
+                        cond.wait(left)
+                        continue
+                    self._reading = True
+                    cond.release()
+                    try:
+                        seen = self._read(left)
+                    except BaseException:
+                        cond.acquire()
+                        self._reading = False
+                        cond.notify()  # the next one reads
+                        raise
+                    cond.acquire()
+                    self._reading = False
+                    if seen == _RELEASE:
+                        # The reader takes this wake-up itself; a sleeper takes over the reading.
+                        if self.sleeping > 1:
+                            cond.notify()
+                        return True
+                    if seen == _BROKEN:
+                        # A message may have been lost with the connection: everyone tries.
+                        self.wakeups += self.sleeping
+                        cond.notify_all()
+                    else:
+                        cond.notify()  # the reader's time is up: the next one reads
+            finally:
+                self.sleeping -= 1
+
+    def pass_on(self) -> None:
+        """Give a wake-up this thread took and will not use to the next waiter."""
+        with self.cond:
+            self.wakeups += 1
+            self.cond.notify()
+            reading = self._reading and not self.hub.sharded
+        if reading:
+            # The reader may be the only waiter left, asleep in the socket: a PING on its own
+            # connection ends its read. (A cluster's sharded subscription has no connection of
+            # its own: its reader finds the wake-up when its wait ends, by the lease at latest.)
+            with contextlib.suppress(Exception):
+                self.pubsub.ping()
+
+    def _read(self, timeout: float) -> int:
+        try:
+            reply = self.hub.read(self.pubsub, timeout)
+        except Exception as exc:
+            log.warning(
+                "wake-up subscription to %s failed (%s: %s); its waiters poll by lease",
+                self.channel,
+                type(exc).__name__,
+                exc,
+            )
+            self.broken = True
+            return _BROKEN
+        return _NOTHING if reply is None else _RELEASE
+
+
 #: ``background(call, what, give_up_after)``: runs ``call`` soon on the client's lane
 Background = Callable[[Callable[[], None], str, float], None]
-
-
-class Contended:
-    """The locks (by channel) refused lately through one client: a blocking acquire of one
-    subscribes before its first try (one refused acquire, not two)."""
-
-    __slots__ = ("_refused",)
-
-    def __init__(self) -> None:
-        self._refused: dict[str, float] = {}
-
-    def note(self, channel: str) -> None:
-        if len(self._refused) >= 4096:  # bounded: forget them all rather than track their age
-            self._refused.clear()
-        self._refused[channel] = time.monotonic()
-
-    def recent(self, channel: str) -> bool:
-        at = self._refused.get(channel)
-        return at is not None and time.monotonic() - at < CONTENDED_FOR
 
 
 def probe_publish_command(client: Any, prefix: str) -> str:
