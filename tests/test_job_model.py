@@ -760,7 +760,7 @@ def _blocked(delivery: Delivery) -> bool:
             gc.enable()
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "wait" and code.co_filename.endswith("subscription.py"):
+        if code.co_name == "wait" and code.co_filename.endswith("wakeup.py"):
             return True
         frame = frame.f_back
     return False
