@@ -384,7 +384,7 @@ def test_a_late_acquire_leaves_no_hold_behind_the_owners_next_release(
             else:
                 other.release()
         assert ghosts == [], f"{len(ghosts)} of {LATE_ACQUIRE_RUNS} runs left a hold behind"
-        assert not LockRuntime.of(client).cancels.by_owner  # each was settled by its owner
+        assert not LockRuntime.of(client).cancels  # each was settled by its owner
     finally:
         proxy.thaw()
         proxy.close()
@@ -461,7 +461,7 @@ def test_a_pending_cancel_is_settled_before_the_owners_next_acquire(
         assert wait_until(acquired_once_clear, 10, "the owner's acquire once the path is clear")
         release()
         assert holds() == {}
-        assert not LockRuntime.of(client).cancels.by_owner  # nothing left pending
+        assert not LockRuntime.of(client).cancels  # nothing left pending
         assert direct.named(name, permits).take("other", 5).acquired
         assert direct.named(name, permits).release("other").freed
     finally:
@@ -511,7 +511,7 @@ def test_a_release_settles_the_owners_pending_cancel_before_it_drops_a_hold(
             assert reply.freed and holds() == {}, f"release() returned {reply}: {holds()} left"
         proxy.thaw()
         runtime = LockRuntime.of(client)
-        wait_until(lambda: not runtime.cancels.by_owner, 10, "the cancel to be settled")
+        wait_until(lambda: not runtime.cancels, 10, "the cancel to be settled")
         if raised:
             assert holds() == {"owner": 1}  # the hold the owner knows of
             assert job.release("owner", holds=1).freed

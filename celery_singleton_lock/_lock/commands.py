@@ -153,7 +153,7 @@ def acquire(
     owner's pending cancels on it (when they cannot run, nothing is sent)."""
     runtime = LockRuntime.of(client)
     runtime.follow_master(ACQUIRE_CHECK_INTERVAL)
-    if runtime.cancels.by_owner:  # (empty, usually: the one cost on the hot path)
+    if runtime.cancels:  # (empty, usually: the one cost on the hot path)
         _settle_first("acquire", client, keys, owner, runtime)
     # not backend_errors(): a generator context manager costs a microsecond on the hot path
     try:
@@ -176,7 +176,7 @@ def acquire(
 
 
 def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
-    if cancel.done:  # (run meanwhile by the owner's next operation, or from the lane)
+    if cancel not in runtime.cancels:  # (run meanwhile by the owner's next operation, or the lane)
         return
     keys = cancel.keys
     args = (
@@ -191,14 +191,14 @@ def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> Non
             keys.lock,
             cancel.owner,
         )
-    runtime.cancels.discard(cancel)
+    runtime.cancels.pop(cancel, None)
 
 
 def _cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
     """Make sure the acquire whose reply never came holds nothing: now, else from the lane for
     as long as a hold it took might live (its lease plus the meta retention that keeps the void
     mark), counted from the last attempt that timed out (a stalled server may run it later)."""
-    runtime.cancels.add(cancel)  # first: another thread acting as the owner settles it too
+    runtime.cancels[cancel] = None  # first: another thread acting as the owner settles it too
     try:
         _run_cancel(client, runtime, cancel)
     except RedisError as exc:
@@ -217,7 +217,7 @@ def _cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
             budget=budget(),
             while_stalled=True,
             # by then what it was to undo has ended with its lease
-            gave_up=lambda: runtime.cancels.discard(cancel, done=False),
+            gave_up=lambda: runtime.cancels.pop(cancel, None),
         )
 
 
@@ -225,8 +225,8 @@ def settle(client: Any, keys: LockKeys, owner: str, runtime: LockRuntime | None 
     """Run ``owner``'s pending cancels on the lock of ``keys``, oldest first; raises the
     ``RedisError`` of one Redis did not answer (the operation must not run on top of it)."""
     runtime = runtime or LockRuntime.of(client)
-    if runtime.cancels.by_owner:
-        for cancel in runtime.cancels.of(keys, owner):
+    for cancel in runtime.cancels.copy():  # (every permit shares the channel: settles them all)
+        if cancel.owner == owner and cancel.keys.channel == keys.channel:
             _run_cancel(client, runtime, cancel)
 
 
@@ -250,7 +250,7 @@ def park(
     """Keep ``owner``'s hold, unrenewed, for ``lease_ms``, its run token cleared; ``False``
     when the owner did not hold it."""
     runtime = LockRuntime.of(client)
-    if runtime.cancels.by_owner:
+    if runtime.cancels:
         _settle_first("park", client, keys, owner, runtime)
     with backend_errors("park", keys.name):
         args = (owner, lease_ms, META_RETENTION_MS, info, state)
@@ -274,7 +274,7 @@ def release(
     if runtime.publish_command(keys.prefix) == "spublish":
         args += ("spublish",)
     try:  # not backend_errors(): the hot path (see acquire)
-        if runtime.cancels.by_owner:
+        if runtime.cancels:
             settle(client, keys, owner, runtime)
         left = int(scripts.RELEASE(client, keys.pair, args))
     except RedisError as exc:

@@ -131,7 +131,10 @@ class Lane:
             if not self._try(job):
                 # Redis did not answer: the later calls would each wait as long, holding up
                 # the renewals. They go with this one's next try.
-                self._postpone(retries[i + 1 :], job.next_try)
+                for later in retries[i + 1 :]:
+                    if time.monotonic() >= later.give_up_at:
+                        self._drop(later, gave_up="Redis did not answer")
+                    later.next_try = max(later.next_try, job.next_try)
                 break
         return True
 
@@ -144,10 +147,7 @@ class Lane:
                 now = time.monotonic()
                 if self.idle:
                     idle_since = now if idle_since is None else idle_since
-                    if now - idle_since < IDLE_EXIT:
-                        self._wake_at = now + IDLE_WAKE
-                        self.cond.wait(min(IDLE_WAKE, IDLE_EXIT - (now - idle_since)))
-                        continue
+                    wake_at = min(now + IDLE_WAKE, idle_since + IDLE_EXIT)
                 else:
                     idle_since = None
                     wake_at = min(
@@ -155,14 +155,15 @@ class Lane:
                         + [hold.next_renew for hold in self.holds.values()]
                         + [job.next_try for job in self._retries]
                     )
-                    if wake_at <= now:
-                        # with every hold in the early half of its period: one round trip
-                        due = [h for h in self.holds.values() if h.next_renew - h.ttl / 6 <= now]
-                        retries = [job for job in self._retries if job.next_try <= now]
-                        return self._drop_orphans(due), retries
+                if wake_at > now:
                     self._wake_at = wake_at
                     self.cond.wait(wake_at - now)
                     continue
+                if not self.idle:
+                    # with every hold in the early half of its period: one round trip
+                    due = [h for h in self.holds.values() if h.next_renew - h.ttl / 6 <= now]
+                    retries = [job for job in self._retries if job.next_try <= now]
+                    return self._drop_orphans(due), retries
             # Idle for IDLE_EXIT: hand the lane back (outside cond: the runtime's mutex first).
             if self._retire(self):
                 return None
@@ -213,14 +214,6 @@ class Lane:
         self._drop(job)
         log.info("%s: done after %d attempts", job.what, job.attempts)
         return True
-
-    def _postpone(self, jobs: Sequence[_Retry], until: float) -> None:
-        now = time.monotonic()
-        for job in jobs:
-            if now >= job.give_up_at:
-                self._drop(job, gave_up="Redis did not answer")
-            else:
-                job.next_try = max(job.next_try, until)
 
     def _drop(self, job: _Retry, *, gave_up: object = None) -> None:
         """Take ``job`` out; ``gave_up``: why the lane gives up on it."""

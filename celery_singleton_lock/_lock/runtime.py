@@ -41,37 +41,6 @@ class PendingCancel:
     owner: str
     request: str
     lease_ms: int
-    done: bool = False
-
-
-class PendingCancels:
-    """Pending cancels by (channel, owner): every permit shares the channel, so an operation on
-    one settles them all. ``by_owner`` is read without the mutex on the hot path."""
-
-    __slots__ = ("_mutex", "by_owner")
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self.by_owner: dict[tuple[str, str], list[PendingCancel]] = {}
-
-    def add(self, cancel: PendingCancel) -> None:
-        with self._mutex:
-            self.by_owner.setdefault((cancel.keys.channel, cancel.owner), []).append(cancel)
-
-    def of(self, keys: LockKeys, owner: str) -> list[PendingCancel]:
-        with self._mutex:
-            return list(self.by_owner.get((keys.channel, owner), ()))
-
-    def discard(self, cancel: PendingCancel, *, done: bool = True) -> None:
-        """Forget ``cancel``: it ran (``done``), or the lane gave up."""
-        with self._mutex:
-            cancel.done = cancel.done or done
-            key = (cancel.keys.channel, cancel.owner)
-            pending = self.by_owner.get(key)
-            if pending is not None and cancel in pending:
-                pending.remove(cancel)
-                if not pending:
-                    del self.by_owner[key]
 
 
 log = logging.getLogger("celery_singleton_lock.sentinel")
@@ -109,7 +78,9 @@ class LockRuntime:
         #: channel -> when its lock last refused an acquire: a blocking acquire of a lock
         #: refused lately subscribes before its first try (one refused acquire, not two)
         self.contended: dict[str, float] = {}
-        self.cancels = PendingCancels()
+        #: the pending cancels, oldest first (a dict as an ordered set: each step is atomic);
+        #: read without a lock on the hot path
+        self.cancels: dict[PendingCancel, None] = {}
         self._lane: Lane | None = None
         self._hub: WakeHub | None = None
         self._publish: str | None = None

@@ -35,9 +35,6 @@ KEEP_IDLE = 2
 #: how long a waiter waits for its SUBSCRIBE to be confirmed before it polls by lease instead
 SUBSCRIBE_TIMEOUT = 2.0
 
-#: what Subscription._read saw
-_NOTHING, _RELEASE, _BROKEN = 0, 1, 2
-
 
 class Subscription:
     """The subscription of one process to one lock's wake-up channel, shared by its waiters."""
@@ -74,25 +71,26 @@ class Subscription:
                     self._reading = True
                     cond.release()
                     try:
-                        seen = self._read(left)
-                    except BaseException:
+                        message = self.hub.read(self.pubsub, left)
+                    except Exception as exc:
+                        log.warning(
+                            "wake-up subscription to %s failed (%s: %s); its waiters poll by lease",
+                            self.channel,
+                            type(exc).__name__,
+                            exc,
+                        )
+                        self.broken = True
+                        message = None
+                    finally:
                         cond.acquire()
                         self._reading = False
-                        cond.notify()  # the next one reads
-                        raise
-                    cond.acquire()
-                    self._reading = False
-                    if seen == _RELEASE:
-                        # The reader takes this wake-up itself; a sleeper takes over the reading.
-                        if self.sleeping > 1:
-                            cond.notify()
-                        return True
-                    if seen == _BROKEN:
+                        cond.notify()  # the next one reads (the reader's time is up, or it left)
+                    if self.broken:
                         # A message may have been lost with the connection: everyone tries.
                         self.wakeups += self.sleeping
                         cond.notify_all()
-                    else:
-                        cond.notify()  # the reader's time is up: the next one reads
+                    elif message is not None:
+                        return True  # the reader takes this wake-up itself
             finally:
                 self.sleeping -= 1
 
@@ -108,20 +106,6 @@ class Subscription:
             # its own: its reader finds the wake-up when its wait ends, by the lease at latest.)
             with contextlib.suppress(Exception):
                 self.pubsub.ping()
-
-    def _read(self, timeout: float) -> int:
-        try:
-            reply = self.hub.read(self.pubsub, timeout)
-        except Exception as exc:
-            log.warning(
-                "wake-up subscription to %s failed (%s: %s); its waiters poll by lease",
-                self.channel,
-                type(exc).__name__,
-                exc,
-            )
-            self.broken = True
-            return _BROKEN
-        return _NOTHING if reply is None else _RELEASE
 
 
 #: ``background(call, what, give_up_after)``: runs ``call`` soon on the client's lane
