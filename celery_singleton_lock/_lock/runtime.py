@@ -25,7 +25,7 @@ from . import owner as _owner
 from .hold import Hold, HoldRegistry
 from .keys import LockKeys
 from .renewal import Lane
-from .wakeup import KEEP_IDLE, WakeHub, probe_publish_command
+from .wakeup import WakeHub, probe_publish_command
 
 if TYPE_CHECKING:
     from .commands import AcquireReply  # (commands imports this module)
@@ -58,7 +58,6 @@ class LockRuntime:
         "__weakref__",
         "_client",
         "_finalizer",
-        "_hub",
         "_lane",
         "_master",
         "_master_checked_at",
@@ -67,6 +66,7 @@ class LockRuntime:
         "cancels",
         "contended",
         "holds",
+        "hub",
     )
 
     def __init__(self, client: Any) -> None:
@@ -82,8 +82,8 @@ class LockRuntime:
         #: read without a lock on the hot path
         self.cancels: dict[PendingCancel, None] = {}
         self._lane: Lane | None = None
-        self._hub: WakeHub | None = None
         self._publish: str | None = None
+        self.hub = WakeHub(client, sharded=self._sharded, background=self.retry)
         pool = getattr(client, "connection_pool", None)
         sentinel = isinstance(pool, SentinelConnectionPool) and pool.is_master
         #: a Sentinel client's pool, for :meth:`follow_master`
@@ -155,23 +155,6 @@ class LockRuntime:
     def _sharded(self, channel: str) -> bool:
         # a wake-up channel is ``prefix:{name}:wake``, and a prefix has no '{'
         return self._probed(channel.partition(":{")[0]) == "spublish"
-
-    @property
-    def hub(self) -> WakeHub:
-        hub = self._hub
-        if hub is None:
-            with self._mutex:
-                hub = self._hub
-                if hub is None:
-                    cluster = hasattr(self._client(), "get_nodes")
-                    hub = self._hub = WakeHub(
-                        self._client,
-                        sharded=self._sharded,
-                        # a cluster's pub/sub objects hold their client: none kept idle
-                        keep_idle=0 if cluster else KEEP_IDLE,
-                        background=self.retry,
-                    )
-        return hub
 
     def wait_for(
         self,
@@ -253,11 +236,9 @@ class LockRuntime:
         if _last is not None and _last[1] is self:
             _last = None  # nothing keeps a runtime after its client
         with self._mutex:
-            hub, self._hub = self._hub, None
             if self._lane is not None:
                 self._lane.stop()
-        if hub is not None:
-            hub.close()
+        self.hub.close()
 
 
 #: client -> its runtime (weakly: a runtime never keeps its client alive)

@@ -108,10 +108,6 @@ class Subscription:
                 self.pubsub.ping()
 
 
-#: ``background(call, what, give_up_after)``: runs ``call`` soon on the client's lane
-Background = Callable[[Callable[[], None], str, float], None]
-
-
 def probe_publish_command(client: Any, prefix: str) -> str:
     """``"spublish"`` for a Redis Cluster client with sharded pub/sub (Redis 7+), else
     ``"publish"``: one ``SPUBLISH`` under ``prefix`` (the locks' ACL rule allows it). Raises
@@ -144,16 +140,17 @@ class WakeHub:
 
     def __init__(
         self,
-        client: weakref.ReferenceType[Any],
+        client: Any,
         *,
         sharded: Callable[[str], bool],
-        keep_idle: int,
-        background: Background,
+        background: Callable[[Callable[[], None], str, float], None],
     ) -> None:
-        self._client = client
+        self._client = weakref.ref(client)
         self._sharded_of = sharded
         self.sharded: bool | None = None  # (None: not asked yet)
-        self._keep_idle = keep_idle
+        # a cluster's pub/sub objects hold their client: none kept idle
+        self._keep_idle = 0 if hasattr(client, "get_nodes") else KEEP_IDLE
+        #: ``background(call, what, give_up_after)``: runs ``call`` soon on the client's lane
         self._background = background
         # Reentrant: close() may run from the garbage collector on a thread that holds it.
         self._mutex = threading.RLock()
