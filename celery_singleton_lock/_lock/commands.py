@@ -178,14 +178,9 @@ def acquire(
 def _run_cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
     if cancel not in runtime.cancels:  # (run meanwhile by the owner's next operation, or the lane)
         return
-    keys = cancel.keys
-    args = (
-        cancel.owner,
-        cancel.request,
-        runtime.publish_command(cancel.keys.prefix),
-        META_RETENTION_MS,
-    )
-    if int(scripts.CANCEL(client, keys.pair, (*args, cancel.lease_ms, keys.channel))):
+    keys, publish = cancel.keys, runtime.publish_command(cancel.keys.prefix)
+    args = (cancel.owner, cancel.request, publish, META_RETENTION_MS, cancel.lease_ms, keys.channel)
+    if int(scripts.CANCEL(client, keys.pair, args)):
         _log_acquire.warning(
             "the acquire of %s by %s whose reply was lost had taken the lock: undone",
             keys.lock,
@@ -318,12 +313,8 @@ def force_release(
     for state in states:
         if not isinstance(state, str) or not state:
             raise ValueError(f"states must be non-empty labels, got {state!r}")
-    args: tuple[Any, ...] = (
-        LockRuntime.of(client).publish_command(keys.prefix),
-        keys.channel,
-        META_RETENTION_MS,
-        holder,
-    )
+    publish = LockRuntime.of(client).publish_command(keys.prefix)
+    args: tuple[Any, ...] = (publish, keys.channel, META_RETENTION_MS, holder)
     names: tuple[str, ...] = keys.pair
     if note is not None:
         names, args = (*names, note[0]), (*args, note[1])

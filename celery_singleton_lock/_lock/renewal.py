@@ -31,7 +31,6 @@ BATCH = 250
 IDLE_WAKE = 5.0
 #: a lane with nothing to renew or retry for this long ends its thread (a new hold starts one)
 IDLE_EXIT = 30.0
-THREAD_NAME = "celery-singleton-lock-heartbeat"
 
 
 @dataclass(eq=False, slots=True)
@@ -64,7 +63,9 @@ class Lane:
         self._follow_master = follow_master
         self._stopped = False
         self._wake_at = 0.0
-        self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, name="celery-singleton-lock-heartbeat", daemon=True
+        )
 
     @property
     def idle(self) -> bool:
@@ -85,10 +86,8 @@ class Lane:
         """End the thread; never blocks: the garbage collector may call it holding ``cond``."""
         self._stopped = True
         if self.cond.acquire(blocking=False):
-            try:
-                self.cond.notify()
-            finally:
-                self.cond.release()
+            self.cond.notify()
+            self.cond.release()
 
     def retry(
         self,
@@ -324,9 +323,6 @@ class Lane:
 
 def _renew_args(group: Sequence[Hold]) -> tuple[list[str], list[Any]]:
     """KEYS = (lock, meta) pairs, ARGV = (owner, lease, retention) triples (lua/renew.lua)."""
-    keys: list[str] = []
-    args: list[Any] = []
-    for hold in group:
-        keys += hold.keys.pair
-        args += (hold.owner, hold.lease_ms, META_RETENTION_MS)
+    keys = [key for hold in group for key in hold.keys.pair]
+    args = [arg for hold in group for arg in (hold.owner, hold.lease_ms, META_RETENTION_MS)]
     return keys, args

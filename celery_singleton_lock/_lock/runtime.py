@@ -57,7 +57,6 @@ class LockRuntime:
     __slots__ = (
         "__weakref__",
         "_client",
-        "_finalizer",
         "_lane",
         "_master",
         "_master_checked_at",
@@ -65,6 +64,7 @@ class LockRuntime:
         "_publish",
         "cancels",
         "contended",
+        "finalizer",
         "holds",
         "hub",
     )
@@ -89,8 +89,8 @@ class LockRuntime:
         #: a Sentinel client's pool, for :meth:`follow_master`
         self._master = pool if sentinel else None
         self._master_checked_at: float | None = None
-        self._finalizer = weakref.finalize(client, self.close)
-        self._finalizer.atexit = False
+        self.finalizer = weakref.finalize(client, self.close)
+        self.finalizer.atexit = False
 
     @classmethod
     def of(cls, client: Any) -> LockRuntime:
@@ -147,10 +147,9 @@ class LockRuntime:
             return "publish"
 
     def _probed(self, prefix: str) -> str:
-        command = self._publish
-        if command is None:
-            command = self._publish = probe_publish_command(self._client(), prefix)
-        return command
+        if self._publish is None:
+            self._publish = probe_publish_command(self._client(), prefix)
+        return self._publish
 
     def _sharded(self, channel: str) -> bool:
         # a wake-up channel is ``prefix:{name}:wake``, and a prefix has no '{'
@@ -228,9 +227,6 @@ class LockRuntime:
                 after,
             )
 
-    def abandon(self) -> None:
-        self._finalizer.detach()
-
     def close(self) -> None:
         global _last
         if _last is not None and _last[1] is self:
@@ -254,7 +250,7 @@ def _after_fork_in_child() -> None:
     global _runtimes, _registry_lock, _last
     _last = None
     for runtime in list(_runtimes.values()):
-        runtime.abandon()
+        runtime.finalizer.detach()
     _runtimes = weakref.WeakKeyDictionary()
     _registry_lock = threading.Lock()
     _hold.after_fork_in_child()

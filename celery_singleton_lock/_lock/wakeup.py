@@ -190,12 +190,9 @@ class WakeHub:
                 type(exc).__name__,
                 exc,
             )
-            with sub.cond:
-                sub.broken = True
-                sub.cond.notify_all()
-            return sub
+            pubsub = None
         with sub.cond:
-            sub.pubsub = pubsub
+            sub.pubsub, sub.broken = pubsub, pubsub is None
             sub.cond.notify_all()
         return sub
 
@@ -238,10 +235,7 @@ class WakeHub:
             room = not self._closed and len(self._idle) < self._keep_idle
         if room:
             try:  # the confirmation is read by the next user of the connection
-                if self.sharded:
-                    pubsub.sunsubscribe(channel)
-                else:
-                    pubsub.unsubscribe(channel)
+                (pubsub.sunsubscribe if self.sharded else pubsub.unsubscribe)(channel)
             except Exception:  # a broken connection: not worth keeping
                 pass
             else:
@@ -253,17 +247,12 @@ class WakeHub:
 
     def _subscribe(self, pubsub: Any, channel: str) -> Any:
         if pubsub is None:
-            client = self._client()
-            if client is None:  # (a waiter holds its client: only a bug gets here)
-                raise RuntimeError("the client of this wake-up hub is gone")
+            client: Any = self._client()  # (alive: a waiter holds it)
             pubsub = client.pubsub(ignore_subscribe_messages=False)
         try:
             if self.sharded is None:
                 self.sharded = self._sharded_of(channel)
-            if self.sharded:
-                pubsub.ssubscribe(channel)
-            else:
-                pubsub.subscribe(channel)
+            (pubsub.ssubscribe if self.sharded else pubsub.subscribe)(channel)
             # Read up to our confirmation: on a reused connection the confirmations (and late
             # messages) of its earlier channel come first.
             kind = b"ssubscribe" if self.sharded else b"subscribe"
