@@ -89,21 +89,15 @@ class DeadlineRetry(Retry):
     ) -> None:
         super().__init__(NoBackoff(), retries, supported_errors)
         self.backoff: Any = backoff  # (not annotated in every redis-py version)
-        #: negative: no limit (``Retry.get_retries()`` is not in every redis-py version)
-        self.resends = retries
-        self.supported_errors = tuple(supported_errors)
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, DeadlineRetry):
             return NotImplemented
-        return (self.resends, self.backoff, self.supported_errors) == (
-            other.resends,
-            other.backoff,
-            other.supported_errors,
-        )
+        errors, others = set(self._supported_errors), set(other._supported_errors)
+        return (self._retries, self.backoff, errors) == (other._retries, other.backoff, others)
 
     def __hash__(self) -> int:
-        return hash((type(self), self.resends, self.supported_errors))
+        return hash((type(self), self._retries, frozenset(self._supported_errors)))
 
     def call_with_retry(
         self,
@@ -136,7 +130,7 @@ class DeadlineRetry(Retry):
         ``at``. (The backoff is slept in the failure handler: ``Retry`` would sleep it after,
         where nothing could stop it at the deadline.)"""
         self.backoff.reset()
-        retries = self.resends
+        retries = self._retries  # (negative: no limit)
         failures = 0
 
         def fail_then_pause(error: Exception, *count: Any) -> None:

@@ -139,14 +139,13 @@ def inspect_rate(
     with bounded(backend_timeout), backend_errors("inspect", keys.name, _subject(keys.name)):
         limit, period, used, waiting, free, paused = scripts.RATE_INSPECT(client, keys.pair, rule)
     return RateState(
-        keys.name,
-        int(limit),
-        float(text(period)) / 1000,
-        int(used),
-        int(waiting),
-        float(text(free)) / 1000,
-        float(text(paused)) / 1000,
+        keys.name, int(limit), _secs(period), int(used), int(waiting), _secs(free), _secs(paused)
     )
+
+
+def _secs(ms: Any) -> float:
+    """A script's milliseconds (an int, or a float as text) as seconds."""
+    return float(text(ms)) / 1000
 
 
 def _subject(name: str) -> str:
@@ -190,11 +189,7 @@ class RateLimiter:
         with bounded(self.backend_timeout), backend_errors("try", "", _subject(self.name)):
             admitted, wait, used, at, paused = scripts.RATE_TAKE(self.client, self.keys.pair, args)
         reply = RateReply(
-            int(admitted) == 1,
-            float(text(wait)) / 1000,
-            int(used),
-            float(text(at)),
-            float(text(paused)) / 1000,
+            int(admitted) == 1, _secs(wait), int(used), float(text(at)), _secs(paused)
         )
         if not reply.admitted and _log.isEnabledFor(logging.DEBUG):
             _log.debug("rate limiter %r refused %r: turn in %.3f s", self.name, call, reply.wait)
@@ -225,7 +220,7 @@ class RateLimiter:
         ms = check_duration(seconds, "seconds", include_minimum=True, maximum=MAX_LEASE_SECONDS)
         with bounded(self.backend_timeout), backend_errors("pause", "", _subject(self.name)):
             left = scripts.RATE_PAUSE(self.client, self.keys.pair, (repr(ms * 1000),))
-        paused = float(text(left)) / 1000
+        paused = _secs(left)
         if ms > 0:
             _log.info("rate limiter %r paused: %.3f s left (asked %.3f s)", self.name, paused, ms)
         return paused
