@@ -243,7 +243,7 @@ class Lane:
                 renewed += 1
                 hold.valid_until = sent + hold.ttl
                 hold.next_renew = sent + hold.ttl / 3
-            elif self._still_held(hold):  # (else released while the renewal was on its way)
+            elif id(hold) in self.holds:  # (else released while the renewal was on its way)
                 self.remove(hold)
                 hold.lost.set()
                 log.warning(
@@ -260,7 +260,7 @@ class Lane:
         if observe.observer is not None:
             observe.observer.renewal_failed()
         for hold in holds:
-            if not self._still_held(hold):
+            if id(hold) not in self.holds:  # released meanwhile
                 continue
             left = hold.valid_until - now
             if left <= 0:
@@ -285,22 +285,18 @@ class Lane:
                     left,
                 )
 
-    def _still_held(self, hold: Hold) -> bool:
-        with self.cond:
-            return self.holds.get(id(hold)) is hold
-
     def _send(self, client: Any, holds: Sequence[Hold]) -> list[int | Exception]:
         """One result per hold: 1 renewed, 0 gone, or its error; raises when a single server
         did not answer. On a Cluster, one pipeline per node of calls of one slot each; a call a
         node refuses (its slot moved) goes again through the cluster client."""
         cluster = is_cluster(client)
+        slots: dict[int, list[Hold]] = {}
+        for hold in holds:
+            slots.setdefault(client.keyslot(hold.keys.lock) if cluster else 0, []).append(hold)
+        batches = [s[i : i + BATCH] for s in slots.values() for i in range(0, len(s), BATCH)]
         results: dict[int, int | Exception] = {}
-        for node_client, indexes in by_node(client, [hold.keys.lock for hold in holds]):
-            slots: dict[int, list[Hold]] = {}
-            for i in indexes:
-                slot = client.keyslot(holds[i].keys.lock) if cluster else 0
-                slots.setdefault(slot, []).append(holds[i])
-            groups = [s[i : i + BATCH] for s in slots.values() for i in range(0, len(s), BATCH)]
+        for node_client, indexes in by_node(client, [batch[0].keys.lock for batch in batches]):
+            groups = [batches[i] for i in indexes]
             try:
                 calls = [_renew_args(group) for group in groups]
                 replies: list[Any] = scripts.RENEW.pipelined(node_client, calls)

@@ -54,21 +54,6 @@ ACQUIRE_CHECK_INTERVAL = 1.0
 class LockRuntime:
     """The lock's state and threads for one Redis client in this process."""
 
-    __slots__ = (
-        "__weakref__",
-        "_client",
-        "_lane",
-        "_master",
-        "_master_checked_at",
-        "_mutex",
-        "_publish",
-        "cancels",
-        "contended",
-        "finalizer",
-        "holds",
-        "hub",
-    )
-
     def __init__(self, client: Any) -> None:
         self._client = weakref.ref(client)
         # Lock order: this mutex, then the lane's cond. Reentrant: close() may run from the
