@@ -221,10 +221,7 @@ class Lane:
         if gave_up is None:
             return
         if job.gave_up is not None:
-            try:
-                job.gave_up()
-            except Exception:  # pragma: no cover - a bug guard: the lane must not die
-                log.exception("the give-up handler of %s failed", job.what)
+            job.gave_up()
         log.error("gave up trying to %s after %d attempts: %s", job.what, job.attempts, gave_up)
 
     def _renew(self, due: Sequence[Hold]) -> None:

@@ -116,12 +116,10 @@ class LockRuntime:
             self._started_lane().retry(call, what, give_up_after, **kw)
 
     def _retire(self, lane: Lane) -> bool:
-        with self._mutex, lane.cond:
-            if not lane.idle:
-                return False
-            if self._lane is lane:
+        with self._mutex, lane.cond:  # (a stopped lane never retires: this is self._lane)
+            if lane.idle:
                 self._lane = None
-            return True
+            return lane.idle
 
     def publish_command(self, prefix: str) -> str:
         """``"spublish"`` on a Redis Cluster with sharded pub/sub, else ``"publish"``: probed

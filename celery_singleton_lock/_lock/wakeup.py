@@ -287,13 +287,11 @@ class WakeHub:
             reply = self._raw(pubsub, max(deadline - time.monotonic(), 0.0))
             if reply is None:
                 return None
-            if isinstance(reply, (bytes, str)):  # a PONG (a list ["pong", ""] in RESP2 too)
-                return None  # Subscription.pass_on asks the reader to look at its wake-ups
-            kind = _bytes(reply[0])
-            if kind in (b"message", b"smessage"):
-                return reply
-            if kind == b"pong":
+            # a PONG (bytes, or ["pong", ""] in RESP2): pass_on's call to look at the wake-ups
+            if isinstance(reply, (bytes, str)) or _bytes(reply[0]) == b"pong":
                 return None
+            if _bytes(reply[0]) in (b"message", b"smessage"):
+                return reply
             # a (un)subscribe confirmation, or a reconnect's resubscription: bookkeeping only
             if not self.sharded:
                 pubsub.handle_message(reply, ignore_subscribe_messages=False)
