@@ -100,11 +100,7 @@ class DeadlineRetry(Retry):
         return hash((type(self), self._retries, frozenset(self._supported_errors)))
 
     def call_with_retry(
-        self,
-        do: Callable[[], T],
-        fail: Callable[..., Any],
-        *args: Any,
-        **kwargs: Any,
+        self, do: Callable[[], T], fail: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> T:
         # The hot path (twice per command): the retry machinery is entered on an error only.
         current = _current.get()
