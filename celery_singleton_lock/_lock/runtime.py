@@ -8,6 +8,7 @@ starts with no runtimes and new owner tokens: it never acts on what its parent h
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -73,7 +74,7 @@ class LockRuntime:
         sentinel = isinstance(pool, SentinelConnectionPool) and pool.is_master
         #: a Sentinel client's pool, for :meth:`follow_master`
         self._master = pool if sentinel else None
-        self._master_checked_at: float | None = None
+        self._master_checked_at = -math.inf
         self.finalizer = weakref.finalize(client, self.close)
         self.finalizer.atexit = False
 
@@ -192,8 +193,7 @@ class LockRuntime:
             return
         now = time.monotonic()
         with self._mutex:
-            checked = self._master_checked_at
-            if max_age and checked is not None and now - checked < max_age:
+            if max_age and now - self._master_checked_at < max_age:
                 return
             self._master_checked_at = now
         before = pool.master_address

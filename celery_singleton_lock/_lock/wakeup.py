@@ -231,14 +231,10 @@ class WakeHub:
 
     def _unsubscribe(self, pubsub: Any, channel: str) -> None:
         """End a subscription, its connection kept while fewer than ``keep_idle`` are idle."""
-        with self._mutex:
-            room = not self._closed and len(self._idle) < self._keep_idle
-        if room:
-            try:  # the confirmation is read by the next user of the connection
+        with contextlib.suppress(Exception):  # a broken connection is not worth keeping
+            if not self._closed and len(self._idle) < self._keep_idle:  # (checked again below)
+                # the confirmation is read by the next user of the connection
                 (pubsub.sunsubscribe if self.sharded else pubsub.unsubscribe)(channel)
-            except Exception:  # a broken connection: not worth keeping
-                pass
-            else:
                 with self._mutex:
                     if not self._closed and len(self._idle) < self._keep_idle:
                         self._idle.append(pubsub)
