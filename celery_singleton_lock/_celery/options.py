@@ -46,13 +46,15 @@ def _flag(task: str, name: str, value: object) -> bool:
 
 def _seconds(**how: Any) -> Check:
     def check(task: str, name: str, value: object) -> Any:
+        if value is None and "none_means" in how:
+            return None
         return check_duration(value, f"task {task!r}: {name}", **how)
 
     return check
 
 
-_seconds_or_default = _seconds(allow_none=True, none_means="the default")
-_no_cooldown_or_seconds = _seconds(allow_none=True, none_means="none")
+_seconds_or_default = _seconds(none_means="the default")
+_no_cooldown_or_seconds = _seconds(none_means="none")
 
 
 def _permits_or_none(task: str, name: str, value: object) -> int | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, TypedDict, Unpack, cast, overload
+from typing import Any, Protocol, cast
 
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -22,27 +22,6 @@ def _shown(seconds: float) -> str:
     return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
 
 
-class _Bounds(TypedDict, total=False):
-    minimum: float
-    include_minimum: bool
-    maximum: float | None
-    none_means: str
-    example: str
-    too_long: str
-
-
-@overload
-def check_duration(
-    value: object, parameter: str, *, allow_none: Literal[False] = ..., **bounds: Unpack[_Bounds]
-) -> float: ...
-
-
-@overload
-def check_duration(
-    value: object, parameter: str, *, allow_none: bool, **bounds: Unpack[_Bounds]
-) -> float | None: ...
-
-
 def check_duration(
     value: object,
     parameter: str,
@@ -50,16 +29,14 @@ def check_duration(
     minimum: float = 0.0,
     include_minimum: bool = False,
     maximum: float | None = MAX_LEASE_SECONDS,
-    allow_none: bool = False,
-    none_means: str = "no bound",
+    none_means: str = "",
     example: str = "30",
     too_long: str = "",
-) -> float | None:
+) -> float:
     """``value`` as float seconds: a finite real number (not a bool) above ``minimum`` (or equal
-    with ``include_minimum``), at most ``maximum`` (``None``: unbounded); ``None`` only with
-    ``allow_none`` (meaning ``none_means``). ``too_long`` is appended above ``maximum``."""
-    if value is None and allow_none:
-        return None
+    with ``include_minimum``), at most ``maximum`` (``None``: unbounded). ``none_means``: what
+    ``None`` means to a caller that takes it (and checks it first), for the message;
+    ``too_long`` is appended above ``maximum``."""
     # The common case first (every lock object checks its lease): messages only for an error.
     if (
         type(value) in (int, float)
@@ -68,7 +45,7 @@ def check_duration(
         and (maximum is None or value <= maximum)  # type: ignore[operator]
     ):
         return float(value)  # type: ignore[arg-type]
-    or_none = f", or None ({none_means})" if allow_none else ""
+    or_none = f", or None ({none_means})" if none_means else ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(
             f"{parameter} must be a number of seconds such as {example}{or_none}, got {value!r}"
@@ -90,8 +67,10 @@ def check_wait(value: object, parameter: str = "timeout") -> float | None:
     """A wait in seconds: ``None`` (no bound) or a number >= 0."""
     if type(value) in (int, float) and 0 <= value < math.inf:  # type: ignore[operator]
         return float(value)  # type: ignore[arg-type]  # the common case (a try per job)
+    if value is None:
+        return None
     return check_duration(
-        value, parameter, include_minimum=True, maximum=None, allow_none=True, example="10"
+        value, parameter, include_minimum=True, maximum=None, none_means="no bound", example="10"
     )
 
 
@@ -106,13 +85,10 @@ def wait_of(blocking: object, timeout: float | None, default: float | None) -> f
 
 def check_backend_timeout(value: object, parameter: str = "backend_timeout") -> float | None:
     """``None`` (the client's own bounds only) or seconds > 0."""
+    if value is None:
+        return None
     return check_duration(
-        value,
-        parameter,
-        maximum=None,
-        allow_none=True,
-        none_means="no bound beyond the client's own",
-        example="5",
+        value, parameter, maximum=None, none_means="no bound beyond the client's own", example="5"
     )
 
 
