@@ -389,8 +389,8 @@ def section_uncontended(client: Any, names: Names, rounds: int, cycles: int) -> 
     # renew=True must really put the hold under the heartbeat, or this is not the case to bench
     probe_lock = make_lock("csl", client, names, "uncontended-csl")
     probe_lock.acquire()
-    lane = LockRuntime.of(client)._lane  # noqa: SLF001  # the lock's insides: no public view
-    renewed = lane is not None and any(h.keys.lock == probe_lock.key for h in lane.holds.values())
+    lane = LockRuntime.of(client).lane
+    renewed = any(h.keys.lock == probe_lock.key for h in lane.holds.values())
     probe_lock.release()
     if not renewed:
         raise RuntimeError("a renew=True hold is not under the heartbeat: not the case to bench")

@@ -68,10 +68,8 @@ def renewed_holds() -> list[Any]:
     forked child sees only its own). White-box: the package keeps no view of its lanes."""
     holds: list[Any] = []
     for one in list(runtime._runtimes.values()):  # noqa: SLF001  # white-box (see above)
-        lane = one._lane  # noqa: SLF001  # white-box (see above)
-        if lane is not None:
-            with lane.cond:
-                holds += lane.holds.values()
+        with one.lane.cond:
+            holds += one.lane.holds.values()
     return holds
 
 

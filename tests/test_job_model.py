@@ -551,7 +551,7 @@ class JobMachine(RuleBasedStateMachine):
             hold = run.lock._last_hold  # noqa: SLF001
             if hold is not None:
                 runtime = LockRuntime.of(hold.client)
-                runtime.stop_renewing(hold)
+                runtime.lane.remove(hold)
                 runtime.holds.forget(hold)
         self.finish(delivery, "killed")
 

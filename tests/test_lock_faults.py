@@ -296,7 +296,7 @@ def test_a_background_call_outlives_a_stall_only_when_asked_to(
 
         return set_key
 
-    lane = LockRuntime.of(client)
+    lane = LockRuntime.of(client).lane
     gave_up: list[str] = []
     with stopped(server):
         lane.retry(

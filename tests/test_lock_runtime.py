@@ -72,7 +72,7 @@ def _wait_once(server: RedisServer, admin: Any) -> tuple[weakref.ref[Any], weakr
         "an idle pub/sub connection kept",
     )
     runtime = LockRuntime.of(client)
-    assert runtime._lane is not None  # noqa: SLF001  # white-box: the lane still runs
+    assert runtime.lane.thread is not None  # the lane still runs
     return weakref.ref(client), weakref.ref(runtime)
 
 

@@ -205,7 +205,7 @@ def _cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
             type(exc).__name__,
             exc,
         )
-        runtime.retry(
+        runtime.lane.retry(
             lambda: _run_cancel(client, runtime, cancel),
             f"cancel acquire of {cancel.keys.lock}",
             (cancel.lease_ms + META_RETENTION_MS) / 1000,
@@ -288,7 +288,9 @@ def release(
                 exc,
                 retry_for,
             )
-            runtime.retry(again, f"release {keys.lock} held by {owner}", retry_for, budget=budget())
+            runtime.lane.retry(
+                again, f"release {keys.lock} held by {owner}", retry_for, budget=budget()
+            )
         _raise_backend_error("release", keys.name, exc)
     _log_release.debug("release %s by %s: %s", keys.lock, owner, left)
     if left == 0:

@@ -215,7 +215,7 @@ class ReentrantLock:
                 if self._owner is None:
                     hold.thread = weakref.ref(threading.current_thread())
                 if hold.renew:
-                    runtime.renew(hold)
+                    runtime.lane.add(hold)
                 if observe.observer is not None:
                     observe.observer.acquired(reply.hold_count > 1)
             return reply
@@ -241,7 +241,7 @@ class ReentrantLock:
                     )
                 return
             hold.count = 0  # stop renewing first: a lock is never renewed after its release
-            runtime.stop_renewing(hold)
+            runtime.lane.remove(hold)
             runtime.holds.forget(hold)
             # A release whose reply is lost may not have run: resent in the background for
             # up to a lease, unless this process took the lock again meanwhile.
@@ -273,7 +273,7 @@ class ReentrantLock:
         with hold.mutex:
             held = hold.count > 0
             hold.count = 0
-            runtime.stop_renewing(hold)
+            runtime.lane.remove(hold)
             runtime.holds.forget(hold)
         return hold if held else None
 

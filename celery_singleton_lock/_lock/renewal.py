@@ -51,21 +51,27 @@ class _Retry:
 
 
 class Lane:
-    """The renewals and background retries of one client, on a thread of their own.
-    ``retire(lane)``, once idle for :data:`IDLE_EXIT`: ``True`` ends the thread, ``False``:
-    work arrived meanwhile. ``follow_master()`` runs before each renewal batch."""
+    """The renewals and background retries of one client, on a thread of their own: started
+    by the first hold or retry, ended once idle for :data:`IDLE_EXIT` (the next one starts
+    another). ``follow_master()`` runs before each renewal batch."""
 
-    def __init__(self, retire: Callable[[Lane], bool], follow_master: Callable[[], None]) -> None:
+    def __init__(self, follow_master: Callable[[], None]) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.holds: dict[int, Hold] = {}
         self._retries: list[_Retry] = []
-        self._retire = retire
         self._follow_master = follow_master
         self._stopped = False
         self._wake_at = 0.0
-        self.thread = threading.Thread(
-            target=self._run, name="celery-singleton-lock-heartbeat", daemon=True
-        )
+        #: the lane's thread while it runs
+        self.thread: threading.Thread | None = None
+
+    def _wake(self) -> None:
+        """Start the thread, or wake it (with ``cond`` held)."""
+        if self.thread is None and not self._stopped:
+            name = "celery-singleton-lock-heartbeat"
+            self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self.thread.start()
+        self.cond.notify()
 
     @property
     def idle(self) -> bool:
@@ -75,8 +81,8 @@ class Lane:
         hold.next_renew = hold.valid_until - hold.ttl * 2 / 3
         with self.cond:
             self.holds[id(hold)] = hold
-            if hold.next_renew < self._wake_at:
-                self.cond.notify()
+            if hold.next_renew < self._wake_at or self.thread is None:
+                self._wake()
 
     def remove(self, hold: Hold) -> None:
         with self.cond:
@@ -106,7 +112,7 @@ class Lane:
         job = _Retry(call, what, time.monotonic() + give_up_after, budget, span, gave_up)
         with self.cond:
             self._retries.append(job)
-            self.cond.notify()
+            self._wake()
 
     def _run(self) -> None:
         while True:
@@ -139,10 +145,8 @@ class Lane:
 
     def _wait_for_work(self) -> tuple[list[Hold], list[_Retry]] | None:
         idle_since: float | None = None
-        while True:
-            with self.cond:
-                if self._stopped:
-                    return None
+        with self.cond:
+            while not self._stopped:
                 now = time.monotonic()
                 if self.idle:
                     idle_since = now if idle_since is None else idle_since
@@ -157,16 +161,15 @@ class Lane:
                 if wake_at > now:
                     self._wake_at = wake_at
                     self.cond.wait(wake_at - now)
-                    continue
-                if not self.idle:
+                elif self.idle:  # for IDLE_EXIT: the thread ends
+                    self.thread = None
+                    return None
+                else:
                     # with every hold in the early half of its period: one round trip
                     due = [h for h in self.holds.values() if h.next_renew - h.ttl / 6 <= now]
                     retries = [job for job in self._retries if job.next_try <= now]
                     return self._drop_orphans(due), retries
-            # Idle for IDLE_EXIT: hand the lane back (outside cond: the runtime's mutex first).
-            if self._retire(self):
-                return None
-            idle_since = None
+        return None
 
     def _drop_orphans(self, due: list[Hold]) -> list[Hold]:
         alive = []

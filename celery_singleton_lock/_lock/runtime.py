@@ -23,7 +23,7 @@ from redis.sentinel import SentinelConnectionPool
 from . import hold as _hold
 from . import observe
 from . import owner as _owner
-from .hold import Hold, HoldRegistry
+from .hold import HoldRegistry
 from .keys import LockKeys
 from .renewal import Lane
 from .wakeup import WakeHub, probe_publish_command
@@ -57,9 +57,7 @@ class LockRuntime:
 
     def __init__(self, client: Any) -> None:
         self._client = weakref.ref(client)
-        # Lock order: this mutex, then the lane's cond. Reentrant: close() may run from the
-        # garbage collector on a thread that holds it.
-        self._mutex = threading.RLock()
+        self._mutex = threading.Lock()  # (for follow_master)
         self.holds = HoldRegistry()
         #: channel -> when its lock last refused an acquire: a blocking acquire of a lock
         #: refused lately subscribes before its first try (one refused acquire, not two)
@@ -67,9 +65,10 @@ class LockRuntime:
         #: the pending cancels, oldest first (a dict as an ordered set: each step is atomic);
         #: read without a lock on the hot path
         self.cancels: dict[PendingCancel, None] = {}
-        self._lane: Lane | None = None
         self._publish: str | None = None
-        self.hub = WakeHub(client, sharded=self._sharded, background=self.retry)
+        #: renews the holds that ask for it and runs the background retries
+        self.lane = Lane(self.follow_master)
+        self.hub = WakeHub(client, sharded=self._sharded, background=self.lane.retry)
         pool = getattr(client, "connection_pool", None)
         sentinel = isinstance(pool, SentinelConnectionPool) and pool.is_master
         #: a Sentinel client's pool, for :meth:`follow_master`
@@ -93,34 +92,6 @@ class LockRuntime:
                     runtime = _runtimes[client] = cls(client)
         _last = (weakref.ref(client), runtime)
         return runtime
-
-    def _started_lane(self) -> Lane:  # (with _mutex held)
-        lane = self._lane
-        if lane is None:
-            lane = self._lane = Lane(self._retire, self.follow_master)
-            lane.thread.start()
-        return lane
-
-    def renew(self, hold: Hold) -> None:
-        """Renew ``hold`` from now on, about every lease/3."""
-        with self._mutex:
-            self._started_lane().add(hold)
-
-    def stop_renewing(self, hold: Hold) -> None:
-        lane = self._lane
-        if lane is not None:
-            lane.remove(hold)
-
-    def retry(self, call: Callable[[], None], what: str, give_up_after: float, **kw: Any) -> None:
-        """:meth:`Lane.retry` on the client's lane."""
-        with self._mutex:
-            self._started_lane().retry(call, what, give_up_after, **kw)
-
-    def _retire(self, lane: Lane) -> bool:
-        with self._mutex, lane.cond:  # (a stopped lane never retires: this is self._lane)
-            if lane.idle:
-                self._lane = None
-            return lane.idle
 
     def publish_command(self, prefix: str) -> str:
         """``"spublish"`` on a Redis Cluster with sharded pub/sub, else ``"publish"``: probed
@@ -214,9 +185,7 @@ class LockRuntime:
         global _last
         if _last is not None and _last[1] is self:
             _last = None  # nothing keeps a runtime after its client
-        with self._mutex:
-            if self._lane is not None:
-                self._lane.stop()
+        self.lane.stop()
         self.hub.close()
 
 
