@@ -73,10 +73,6 @@ class Lane:
             self.thread.start()
         self.cond.notify()
 
-    @property
-    def idle(self) -> bool:
-        return not self.holds and not self._retries
-
     def add(self, hold: Hold) -> None:
         hold.next_renew = hold.valid_until - hold.ttl * 2 / 3
         with self.cond:
@@ -148,7 +144,8 @@ class Lane:
         with self.cond:
             while not self._stopped:
                 now = time.monotonic()
-                if self.idle:
+                idle = not self.holds and not self._retries
+                if idle:
                     idle_since = now if idle_since is None else idle_since
                     wake_at = min(now + IDLE_WAKE, idle_since + IDLE_EXIT)
                 else:
@@ -161,7 +158,7 @@ class Lane:
                 if wake_at > now:
                     self._wake_at = wake_at
                     self.cond.wait(wake_at - now)
-                elif self.idle:  # for IDLE_EXIT: the thread ends
+                elif idle:  # for IDLE_EXIT: the thread ends
                     self.thread = None
                     return None
                 else:

@@ -123,8 +123,7 @@ class LockRuntime:
         # A release woke this thread and it has not tried since: leaving now passes it on.
         woken = False
         started = time.monotonic()
-        refused_at = self.contended.get(channel)
-        recent = refused_at is not None and started - refused_at < CONTENDED_FOR
+        recent = started - self.contended.get(channel, -math.inf) < CONTENDED_FOR
         if recent and (deadline is None or deadline > started):
             # Refused a moment ago: subscribe before the first try (one refusal, not two).
             sub = self.hub.join(channel)
