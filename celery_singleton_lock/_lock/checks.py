@@ -37,30 +37,22 @@ def check_duration(
     with ``include_minimum``), at most ``maximum`` (``None``: unbounded). ``none_means``: what
     ``None`` means to a caller that takes it (and checks it first), for the message;
     ``too_long`` is appended above ``maximum``."""
-    # The common case first (every lock object checks its lease): messages only for an error.
-    if (
-        type(value) in (int, float)
-        and math.isfinite(value)  # type: ignore[arg-type]  # int or float, as just checked
-        and (value >= minimum if include_minimum else value > minimum)  # type: ignore[operator]
-        and (maximum is None or value <= maximum)  # type: ignore[operator]
-    ):
-        return float(value)  # type: ignore[arg-type]
     or_none = f", or None ({none_means})" if none_means else ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(
             f"{parameter} must be a number of seconds such as {example}{or_none}, got {value!r}"
         )
+    low_ok = math.isfinite(value) and (value >= minimum if include_minimum else value > minimum)
+    if low_ok and (maximum is None or value <= maximum):
+        return float(value)  # (the message is made for an error only)
     low = f">= {_shown(minimum)}" if include_minimum else f"> {_shown(minimum)}"
     if maximum is None:
         bounds = f"a finite number of seconds {low}"
     else:
         ten_years = " (ten years)" if maximum == MAX_LEASE_SECONDS else ""
         bounds = f"{low} and at most {_shown(maximum)} seconds{ten_years}"
-    if not math.isfinite(value) or not (value >= minimum if include_minimum else value > minimum):
-        raise ValueError(f"{parameter} must be {bounds}{or_none}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{parameter} must be {bounds}{or_none}, got {value!r}{too_long}")
-    return float(value)
+    advice = too_long if low_ok else ""  # (low_ok: above the maximum)
+    raise ValueError(f"{parameter} must be {bounds}{or_none}, got {value!r}{advice}")
 
 
 def check_wait(value: object, parameter: str = "timeout") -> float | None:
