@@ -14,8 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis.exceptions import RedisError
 from redis.sentinel import SentinelConnectionPool
@@ -32,8 +31,7 @@ if TYPE_CHECKING:
     from .commands import AcquireReply  # (commands imports this module)
 
 
-@dataclass(eq=False, slots=True)
-class PendingCancel:
+class PendingCancel(NamedTuple):
     """The cancel of an acquire whose reply was lost (lua/cancel.lua's arguments), until it ran:
     the owner's next operation on the lock runs it first, since once the owner acquired again
     cancel.lua could not tell which hold was the lost one."""
@@ -68,7 +66,7 @@ class LockRuntime:
         self._publish: str | None = None
         #: renews the holds that ask for it and runs the background retries
         self.lane = Lane(self.follow_master)
-        self.hub = WakeHub(client, sharded=self._sharded, background=self.lane.retry)
+        self.hub = WakeHub(client, self.lane, self._sharded)
         pool = getattr(client, "connection_pool", None)
         sentinel = isinstance(pool, SentinelConnectionPool) and pool.is_master
         #: a Sentinel client's pool, for :meth:`follow_master`

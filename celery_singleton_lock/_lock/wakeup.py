@@ -19,6 +19,8 @@ from typing import Any
 
 from redis import exceptions as errors
 
+from .renewal import Lane
+
 log = logging.getLogger("celery_singleton_lock.wakeup")
 
 #: probe errors that say nothing about the server's commands: it is asked again later
@@ -138,20 +140,13 @@ class WakeHub:
     each on a pub/sub connection of its own, and a few idle connections kept for the next
     waits. It holds its client weakly."""
 
-    def __init__(
-        self,
-        client: Any,
-        *,
-        sharded: Callable[[str], bool],
-        background: Callable[[Callable[[], None], str, float], None],
-    ) -> None:
+    def __init__(self, client: Any, lane: Lane, sharded: Callable[[str], bool]) -> None:
         self._client = weakref.ref(client)
+        self._lane = lane  # (it sends the UNSUBSCRIBEs)
         self._sharded_of = sharded
         self.sharded: bool | None = None  # (None: not asked yet)
         # a cluster's pub/sub objects hold their client: none kept idle
         self._keep_idle = 0 if hasattr(client, "get_nodes") else KEEP_IDLE
-        #: ``background(call, what, give_up_after)``: runs ``call`` soon on the client's lane
-        self._background = background
         # Reentrant: close() may run from the garbage collector on a thread that holds it.
         self._mutex = threading.RLock()
         self._subscriptions: dict[str, Subscription] = {}
@@ -213,7 +208,7 @@ class WakeHub:
         if sub.broken:
             _close(pubsub)
             return
-        self._background(
+        self._lane.retry(
             lambda: self._unsubscribe(pubsub, sub.channel),
             f"unsubscribe from {sub.channel}",
             SUBSCRIBE_TIMEOUT,
