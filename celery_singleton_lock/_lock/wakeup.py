@@ -203,16 +203,14 @@ class WakeHub:
                 return
             del self._subscriptions[sub.channel]
         pubsub = sub.pubsub
-        if pubsub is None:
-            return
-        if sub.broken:
+        if pubsub is not None and sub.broken:
             _close(pubsub)
-            return
-        self._lane.retry(
-            lambda: self._unsubscribe(pubsub, sub.channel),
-            f"unsubscribe from {sub.channel}",
-            SUBSCRIBE_TIMEOUT,
-        )
+        elif pubsub is not None:
+            self._lane.retry(
+                lambda: self._unsubscribe(pubsub, sub.channel),
+                f"unsubscribe from {sub.channel}",
+                SUBSCRIBE_TIMEOUT,
+            )
 
     def close(self) -> None:
         """Close every connection of the hub (its client is gone)."""
@@ -248,10 +246,7 @@ class WakeHub:
             # messages) of its earlier channel come first.
             kind = b"ssubscribe" if self.sharded else b"subscribe"
             deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no confirmation of the subscription to {channel}")
+            while (left := deadline - time.monotonic()) > 0:
                 reply = self._raw(pubsub, left)
                 if reply is None:
                     continue
@@ -259,6 +254,7 @@ class WakeHub:
                     pubsub.handle_message(reply, ignore_subscribe_messages=False)
                 if _bytes(reply[0]) == kind and _bytes(reply[1]) == channel.encode():
                     return pubsub
+            raise TimeoutError(f"no confirmation of the subscription to {channel}")
         except BaseException:
             _close(pubsub)
             raise
@@ -266,9 +262,7 @@ class WakeHub:
     def _raw(self, pubsub: Any, timeout: float) -> Any:
         if self.sharded:
             message = pubsub.get_sharded_message(ignore_subscribe_messages=False, timeout=timeout)
-            if message is None:
-                return None
-            return [message["type"], message["channel"], message["data"]]
+            return None if message is None else [message[k] for k in ("type", "channel", "data")]
         return pubsub.parse_response(block=False, timeout=timeout)
 
     def read(self, pubsub: Any, timeout: float) -> Any:
@@ -276,10 +270,9 @@ class WakeHub:
         deadline = time.monotonic() + timeout
         while True:
             reply = self._raw(pubsub, max(deadline - time.monotonic(), 0.0))
-            if reply is None:
-                return None
-            # a PONG (bytes, or ["pong", ""] in RESP2): pass_on's call to look at the wake-ups
-            if isinstance(reply, (bytes, str)) or _bytes(reply[0]) == b"pong":
+            # nothing in time, or a PONG (bytes, or ["pong", ""] in RESP2): pass_on's call to
+            # look at the wake-ups
+            if reply is None or isinstance(reply, (bytes, str)) or _bytes(reply[0]) == b"pong":
                 return None
             if _bytes(reply[0]) in (b"message", b"smessage"):
                 return reply
