@@ -154,7 +154,7 @@ def acquire(
     runtime = LockRuntime.of(client)
     runtime.follow_master(ACQUIRE_CHECK_INTERVAL)
     if runtime.cancels:  # (empty, usually: the one cost on the hot path)
-        _settle_first("acquire", client, keys, owner, runtime)
+        settle(client, keys, owner, runtime, "acquire")
     # not backend_errors(): a generator context manager costs a microsecond on the hot path
     try:
         args: tuple[Any, ...] = (owner, lease_ms, request, lease_ms + META_RETENTION_MS)
@@ -216,22 +216,20 @@ def _cancel(client: Any, runtime: LockRuntime, cancel: PendingCancel) -> None:
         )
 
 
-def settle(client: Any, keys: LockKeys, owner: str, runtime: LockRuntime | None = None) -> None:
-    """Run ``owner``'s pending cancels on the lock of ``keys``, oldest first; raises the
-    ``RedisError`` of one Redis did not answer (the operation must not run on top of it)."""
-    runtime = runtime or LockRuntime.of(client)
-    for cancel in runtime.cancels.copy():  # (every permit shares the channel: settles them all)
-        if cancel.owner == owner and cancel.keys.channel == keys.channel:
-            _run_cancel(client, runtime, cancel)
-
-
-def _settle_first(
-    operation: str, client: Any, keys: LockKeys, owner: str, runtime: LockRuntime
+def settle(
+    client: Any, keys: LockKeys, owner: str, runtime: LockRuntime | None = None, operation: str = ""
 ) -> None:
-    """:func:`settle`, its error the :class:`LockBackendError` of ``operation``."""
+    """Run ``owner``'s pending cancels on the lock of ``keys``, oldest first; raises the
+    ``RedisError`` of one Redis did not answer (the operation must not run on top of it), or
+    with ``operation`` that operation's :class:`LockBackendError`."""
+    runtime = runtime or LockRuntime.of(client)
     try:
-        settle(client, keys, owner, runtime)
+        for cancel in runtime.cancels.copy():  # (every permit shares the channel: all settled)
+            if cancel.owner == owner and cancel.keys.channel == keys.channel:
+                _run_cancel(client, runtime, cancel)
     except RedisError as exc:
+        if not operation:
+            raise
         subject = (
             f"lock {keys.name!r}: an earlier acquire by owner {owner!r} lost its reply, and "
             "its cancel, which must run first, did not reach Redis either"
@@ -246,7 +244,7 @@ def park(
     when the owner did not hold it."""
     runtime = LockRuntime.of(client)
     if runtime.cancels:
-        _settle_first("park", client, keys, owner, runtime)
+        settle(client, keys, owner, runtime, "park")
     with backend_errors("park", keys.name):
         args = (owner, lease_ms, META_RETENTION_MS, info, state)
         return bool(int(scripts.PARK(client, keys.pair, args)))
@@ -293,9 +291,7 @@ def release(
             )
         _raise_backend_error("release", keys.name, exc)
     _log_release.debug("release %s by %s: %s", keys.lock, owner, left)
-    if left == 0:
-        return _FREED
-    return NOT_OWNED if left < 0 else ReleaseReply(True, left)
+    return _FREED if left == 0 else NOT_OWNED if left < 0 else ReleaseReply(True, left)
 
 
 def force_release(
@@ -329,8 +325,7 @@ def force_release(
 
 def inspect(client: Any, keys: LockKeys) -> LockState:
     with backend_errors("inspect", keys.name):
-        reply = scripts.INSPECT(client, keys.pair, ())
-    return lock_state(keys, reply)
+        return lock_state(keys, scripts.INSPECT(client, keys.pair, ()))
 
 
 def lock_state(keys: LockKeys, reply: Any) -> LockState:
