@@ -11,14 +11,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import scripts
-from .checks import (
-    MAX_LEASE_SECONDS,
-    RedisClient,
-    check_backend_timeout,
-    check_client,
-    check_duration,
-    check_wait,
-)
+from .checks import RedisClient, check_backend_timeout, check_client, check_duration, check_wait
 from .commands import backend_errors, text
 from .deadline import bounded
 from .keys import RateKeys, check_name, check_prefix
@@ -217,7 +210,7 @@ class RateLimiter:
     def pause(self, seconds: float) -> float:
         """Refuse every caller for ``seconds`` from now (a pause only lengthens one in force);
         the seconds of pause left."""
-        ms = check_duration(seconds, "seconds", include_minimum=True, maximum=MAX_LEASE_SECONDS)
+        ms = check_duration(seconds, "seconds", include_minimum=True)  # (at most ten years)
         with bounded(self.backend_timeout), backend_errors("pause", "", _subject(self.name)):
             left = scripts.RATE_PAUSE(self.client, self.keys.pair, (repr(ms * 1000),))
         paused = _secs(left)
