@@ -21,7 +21,6 @@ from . import observe, scripts
 from .checks import by_node, is_cluster
 from .deadline import bounded
 from .hold import Hold
-from .scripts import META_RETENTION_MS
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
 
@@ -317,5 +316,5 @@ class Lane:
 def _renew_args(group: Sequence[Hold]) -> tuple[list[str], list[Any]]:
     """KEYS = (lock, meta) pairs, ARGV = (owner, lease, retention) triples (lua/renew.lua)."""
     keys = [key for hold in group for key in hold.keys.pair]
-    args = [arg for hold in group for arg in (hold.owner, hold.lease_ms, META_RETENTION_MS)]
+    args = [arg for hold in group for arg in (hold.owner, hold.lease_ms, scripts.META_RETENTION_MS)]
     return keys, args

@@ -22,7 +22,6 @@ from redis.sentinel import SentinelConnectionPool
 from . import hold as _hold
 from . import observe
 from . import owner as _owner
-from .hold import HoldRegistry
 from .keys import LockKeys
 from .renewal import Lane
 from .wakeup import WakeHub, probe_publish_command
@@ -56,7 +55,7 @@ class LockRuntime:
     def __init__(self, client: Any) -> None:
         self._client = weakref.ref(client)
         self._mutex = threading.Lock()  # (for follow_master)
-        self.holds = HoldRegistry()
+        self.holds = _hold.HoldRegistry()
         #: channel -> when its lock last refused an acquire: a blocking acquire of a lock
         #: refused lately subscribes before its first try (one refused acquire, not two)
         self.contended: dict[str, float] = {}

@@ -75,12 +75,7 @@ class Subscription:
                     try:
                         message = self.hub.read(self.pubsub, left)
                     except Exception as exc:
-                        log.warning(
-                            "wake-up subscription to %s failed (%s: %s); its waiters poll by lease",
-                            self.channel,
-                            type(exc).__name__,
-                            exc,
-                        )
+                        _poll_by_lease("wake-up subscription to %s failed", self.channel, exc)
                         self.broken = True
                         message = None
                     finally:
@@ -179,12 +174,7 @@ class WakeHub:
         try:
             pubsub = self._subscribe(pubsub, channel)
         except Exception as exc:
-            log.warning(
-                "cannot subscribe to %s (%s: %s); its waiters poll by lease",
-                channel,
-                type(exc).__name__,
-                exc,
-            )
+            _poll_by_lease("cannot subscribe to %s", channel, exc)
             pubsub = None
         with sub.cond:
             sub.pubsub, sub.broken = pubsub, pubsub is None
@@ -281,6 +271,10 @@ class WakeHub:
                 pubsub.handle_message(reply, ignore_subscribe_messages=False)
             if time.monotonic() >= deadline:
                 return None
+
+
+def _poll_by_lease(what: str, channel: str, exc: Exception) -> None:
+    log.warning(what + " (%s: %s); its waiters poll by lease", channel, type(exc).__name__, exc)
 
 
 def _close(pubsub: Any) -> None:
