@@ -16,7 +16,7 @@ from . import observe, scripts
 from .deadline import budget
 from .keys import LockKeys
 from .owner import new_request_id
-from .runtime import ACQUIRE_CHECK_INTERVAL, LockRuntime, PendingCancel
+from .runtime import ACQUIRE_CHECK_INTERVAL, LockRuntime
 from .scripts import META_RETENTION_MS
 
 #: ``release(..., drop=ALL_HOLDS)`` drops every hold of the owner (lua/release.lua's 0)
@@ -137,6 +137,17 @@ class LockState(NamedTuple):
     @property
     def holder(self) -> str | None:
         return next(iter(self.owners), None)
+
+
+class PendingCancel(NamedTuple):
+    """The cancel of an acquire whose reply was lost (lua/cancel.lua's arguments), until it ran:
+    the owner's next operation on the lock runs it first, since once the owner acquired again
+    cancel.lua could not tell which hold was the lost one."""
+
+    keys: LockKeys
+    owner: str
+    request: str
+    lease_ms: int
 
 
 def acquire(

@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 from redis.sentinel import SentinelConnectionPool
@@ -22,23 +22,11 @@ from redis.sentinel import SentinelConnectionPool
 from . import hold as _hold
 from . import observe
 from . import owner as _owner
-from .keys import LockKeys
 from .renewal import Lane
 from .wakeup import WakeHub, probe_publish_command
 
 if TYPE_CHECKING:
-    from .commands import AcquireReply  # (commands imports this module)
-
-
-class PendingCancel(NamedTuple):
-    """The cancel of an acquire whose reply was lost (lua/cancel.lua's arguments), until it ran:
-    the owner's next operation on the lock runs it first, since once the owner acquired again
-    cancel.lua could not tell which hold was the lost one."""
-
-    keys: LockKeys
-    owner: str
-    request: str
-    lease_ms: int
+    from .commands import AcquireReply, PendingCancel  # (commands imports this module)
 
 
 log = logging.getLogger("celery_singleton_lock.sentinel")
