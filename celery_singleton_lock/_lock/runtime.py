@@ -105,14 +105,13 @@ class LockRuntime:
         """Call ``attempt`` until it acquires or ``deadline`` (monotonic) passes, waiting in
         between for a release on ``channel``, never longer than the holder's lease left."""
         sub = None
-        # A release woke this thread and it has not tried since: leaving now passes it on.
-        woken = False
+        # woken: a release woke this thread and it has not tried since (leaving passes it on)
+        woken = again = False
         started = time.monotonic()
         recent = started - self.contended.get(channel, -math.inf) < CONTENDED_FOR
         if recent and (deadline is None or deadline > started):
             # Refused a moment ago: subscribe before the first try (one refusal, not two).
             sub = self.hub.join(channel)
-        again = False
         try:
             while True:
                 reply = attempt(again)
