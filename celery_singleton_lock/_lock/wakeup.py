@@ -159,10 +159,9 @@ class WakeHub:
     def join(self, channel: str) -> Subscription:
         """Join the waiters of ``channel``; the first one subscribes (confirmed before it
         returns, so a release after this call is heard)."""
-        pubsub = None
         with self._mutex:
             sub = self._subscriptions.get(channel)
-            first = sub is None
+            first, pubsub = sub is None, None
             if sub is None:
                 sub = self._subscriptions[channel] = Subscription(self, channel)
                 pubsub = self._idle.pop() if self._idle else None
