@@ -181,9 +181,7 @@ class RateLimiter:
         args = (self.rate.limit, self.rate.period_ms, call)
         with bounded(self.backend_timeout), backend_errors("try", "", _subject(self.name)):
             admitted, wait, used, at, paused = scripts.RATE_TAKE(self.client, self.keys.pair, args)
-        reply = RateReply(
-            int(admitted) == 1, _secs(wait), int(used), float(text(at)), _secs(paused)
-        )
+        reply = RateReply(admitted == 1, _secs(wait), int(used), float(text(at)), _secs(paused))
         if not reply.admitted and _log.isEnabledFor(logging.DEBUG):
             _log.debug("rate limiter %r refused %r: turn in %.3f s", self.name, call, reply.wait)
         return reply
