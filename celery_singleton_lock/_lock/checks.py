@@ -89,16 +89,11 @@ def check_lease_ms(value: object, parameter: str = "lease") -> int:
     # The common case without check_duration's keywords (a lease is checked per job).
     if type(value) in (int, float) and 0.001 <= value <= MAX_LEASE_SECONDS:  # type: ignore[operator]
         return round(value * 1000)  # type: ignore[operator]
-    seconds = check_duration(
-        value,
-        parameter,
-        minimum=0.001,
-        include_minimum=True,
-        too_long=(
-            ": a lease is how long a lock outlives a holder that died; keep it short and let "
-            "the heartbeat renew it"
-        ),
+    advice = (
+        ": a lease is how long a lock outlives a holder that died; keep it short and let the "
+        "heartbeat renew it"
     )
+    seconds = check_duration(value, parameter, minimum=0.001, include_minimum=True, too_long=advice)
     return round(seconds * 1000)
 
 
