@@ -153,8 +153,7 @@ class WakeHub:
 
     @property
     def channels(self) -> list[str]:
-        with self._mutex:
-            return list(self._subscriptions)
+        return list(self._subscriptions)  # (one step)
 
     def join(self, channel: str) -> Subscription:
         """Join the waiters of ``channel``; the first one subscribes (confirmed before it
