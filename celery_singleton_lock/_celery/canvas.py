@@ -20,7 +20,6 @@ from .config import LockConfig
 from .hold import HoldState, MessageLock
 
 __all__ = [
-    "CANVAS_OPTIONS",
     "canvas_member",
     "chord_member_of",
     "fail_member",
@@ -31,16 +30,14 @@ __all__ = [
 
 log = logging.getLogger("celery_singleton_lock.publish")
 
-#: ``apply_async`` options only Celery's canvas passes (its result waits for the member's id)
-CANVAS_OPTIONS = ("group_id", "chord", "chain")
-
 #: chord headers per thread whose sent members are kept (a few: headers nested in headers)
 _HEADERS_KEPT = 4
 
 
 def canvas_member(options: Mapping[str, Any]) -> bool:
-    """Whether ``apply_async`` options are a canvas member's (an empty ``chain`` counts)."""
-    return any(options.get(name) is not None for name in CANVAS_OPTIONS)
+    """Whether ``apply_async`` options are a canvas member's (an empty ``chain`` counts): options
+    only Celery's canvas passes (its result waits for the member's id)."""
+    return any(options.get(name) is not None for name in ("group_id", "chord", "chain"))
 
 
 def chord_member_of(options_or_request: Any) -> bool:

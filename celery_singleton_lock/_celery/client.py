@@ -42,16 +42,6 @@ def _resolve_url(config: LockConfig, conf: Any) -> tuple[str, str]:
 _SSL_KEYS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 
 
-def _broker_ssl(config: LockConfig, conf: Any, url: str) -> dict[str, Any]:
-    """The broker's TLS options for a client sharing its ``rediss://`` URL (a private CA)."""
-    if config.redis_url or not url.lower().startswith("rediss:"):
-        return {}
-    use_ssl = conf.broker_use_ssl
-    if not isinstance(use_ssl, Mapping):
-        return {}
-    return {k: use_ssl[k] for k in _SSL_KEYS if k in use_ssl}
-
-
 #: seconds: the socket and connect timeouts of the clients made here (unless the options set
 #: them, or the backend timeout is shorter), and the default ``singleton_lock_backend_timeout``
 SOCKET_TIMEOUT = 5
@@ -142,7 +132,11 @@ def make_client(config: LockConfig, conf: Any) -> Any:
             )
         return client
     url, where = _resolve_url(config, conf)
-    options = {**_broker_ssl(config, conf, url), **config.redis_options}
+    options = dict(config.redis_options)
+    use_ssl = conf.broker_use_ssl
+    if where == "broker_url" and url.lower().startswith("rediss:") and isinstance(use_ssl, Mapping):
+        # the broker's TLS options, for a client sharing its URL (a private CA)
+        options = {**{k: use_ssl[k] for k in _SSL_KEYS if k in use_ssl}, **options}
     if url.split(":", 1)[0].lower() == "sentinel":
         return _sentinel_client(url, where, options, config, conf)
     cluster = options.pop("cluster", False)
@@ -154,8 +148,7 @@ def make_client(config: LockConfig, conf: Any) -> Any:
             return RedisCluster.from_url(url, **options)
         import redis
 
-        query = dict(parse_qsl(urlparse(url).query))
-        if "socket_timeout" in query:
+        if "socket_timeout" in dict(parse_qsl(urlparse(url).query)):
             options.pop("socket_timeout")
         return redis.Redis.from_url(url, **options)
     except (ValueError, TypeError) as exc:

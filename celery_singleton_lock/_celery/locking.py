@@ -94,14 +94,13 @@ class TaskLocking:
         self, task_name: str, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
     ) -> str:
         """The lock name of one call (``task name:argument part``)."""
-        options = self.options
-        key_func = options.lock_key
+        key_func = self.options.lock_key
         return task_lock_name(
             task_name,
             self.signature,
             args,
             kwargs,
-            unique_on=options.lock_unique_on,
+            unique_on=self.options.lock_unique_on,
             key_func=key_func,
             strict=self.strict,
             encoder=None if key_func is not None else self.task_class.key_encoder(),

@@ -101,17 +101,12 @@ class TaskRate:
         if not isinstance(rate, Rate):
             assert rate is not None, "a TaskRate is made for a task with lock_rate"
             rate = Rate.parse(rate(*args, **kwargs), f"task {task.name!r}: lock_rate(...)")
-        if key is None:
-            name = job
-        elif isinstance(key, str):
-            name = key
-        else:
-            name = key(*args, **kwargs)
-            if not isinstance(name, str) or not name:
-                raise TypeError(
-                    f"task {task.name!r}: lock_rate_key(...) must return a non-empty str (the "
-                    f"limiter's name), got {name!r}"
-                )
+        name = key(*args, **kwargs) if callable(key) else key or job
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"task {task.name!r}: lock_rate_key(...) must return a non-empty str (the "
+                f"limiter's name), got {name!r}"
+            )
         return name, rate
 
     def admit(
@@ -123,7 +118,7 @@ class TaskRate:
             reply = limiter.acquire(timeout=self.max_delay, call_id=request.id)
         else:
             reply = limiter.try_acquire(request.id)
-            left = self.delay_left(request, reply)
+            left = self.max_delay - (reply.at - (Waited.of(request).since or reply.at))
             if not reply.admitted and not reply.paused and reply.wait <= min(NEAR_TURN, left):
                 # A turn this near is the window's last starts leaving it: wait here, not by a
                 # comeback, which would take longer and come back late again.
@@ -132,11 +127,6 @@ class TaskRate:
         if reply.admitted:
             return Turn(limiter, reply)
         self.wait_turn(task, request, limiter, reply, conflict, let_go)
-
-    def delay_left(self, request: Any, reply: RateReply) -> float:
-        """Seconds of ``lock_rate_max_delay`` left at ``reply``, from the first refusal."""
-        since = Waited.of(request).since or reply.at
-        return self.max_delay - (reply.at - since)
 
     def paused(
         self, task: Any, request: Any, turn: Turn, seconds: float, conflict: Any, let_go: LetGo
@@ -169,7 +159,7 @@ class TaskRate:
         report_refusal(task, "rate")
         waited = Waited.of(request)
         since = waited.since or reply.at
-        if request.is_eager or reply.wait > self.delay_left(request, reply):
+        if request.is_eager or reply.wait > self.max_delay - (reply.at - since):
             try:
                 limiter.cancel(request.id)
             finally:

@@ -68,16 +68,17 @@ class TaskRun:
         cooling = task.locking.mode.cooldown if cooldown else None
         seconds = None if cooling is None else cooling.after(failed)
         try:
-            if (
-                seconds is not None
-                and cooling is not None
-                and cooling.start(task.name, lock, seconds)
-            ):
-                # a copy that waits (queue mode) comes back as the cooldown ends
-                if self.after_end is not None:
-                    self.after_end(seconds)
-                return
-            reply = lock.release_all()
+            # a copy that waits (queue mode) comes back as the cooldown ends
+            if seconds is None or cooling is None or not cooling.start(task.name, lock, seconds):
+                seconds = 0.0
+                if not lock.release_all().owned:
+                    log.warning(
+                        "the lock %s of task %s was lost during its run (lease expired or "
+                        "force-released)",
+                        lock.key,
+                        lock.owner,
+                    )
+                    count(task, LOST)
         except LockBackendError as exc:
             log.error(
                 "could not release %s after %s (%s); the release is sent again in the "
@@ -87,15 +88,8 @@ class TaskRun:
                 exc,
             )
             return
-        if not reply.owned:
-            log.warning(
-                "the lock %s of task %s was lost during its run (lease expired or force-released)",
-                lock.key,
-                lock.owner,
-            )
-            count(task, LOST)
         if self.after_end is not None:
-            self.after_end(0.0)
+            self.after_end(seconds)
 
     def park(self, delay: float) -> None:
         """Keep the hold, unrenewed, for a retry due in ``delay`` seconds."""
@@ -132,8 +126,6 @@ class TaskRun:
 
 def seconds_until(value: Any) -> float | None:
     """Seconds from now until ``value`` (seconds, a datetime or an ISO 8601 string)."""
-    if value is None:
-        return None
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str):
@@ -214,10 +206,10 @@ def retry_keeping_lock(
     if run is None or run.lock is None or run.finished or run.parked or exhausted:
         return send_retry()
     if eta is not None:
-        delay = seconds_until(eta) or 0.0
-    else:
-        delay = task.default_retry_delay if countdown is None else countdown
-    run.park(float(delay or 0.0))
+        countdown = seconds_until(eta)
+    elif countdown is None:
+        countdown = task.default_retry_delay
+    run.park(float(countdown or 0.0))
     try:
         return send_retry()
     except Retry:
