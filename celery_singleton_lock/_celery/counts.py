@@ -63,7 +63,6 @@ class RecentCounter:
         self._thread: threading.Thread | None = None
         #: the last write failed: the process's exit does not wait on a Redis that is down
         self._failing = False
-        self._at_exit_registered = False
         self._pid = os.getpid()
 
     def add(self, prefix: str, field: str, n: int = 1) -> None:
@@ -80,9 +79,8 @@ class RecentCounter:
                     target=self._run, name="celery-singleton-lock-counts", daemon=True
                 )
                 self._thread.start()
-                if not self._at_exit_registered:
-                    atexit.register(self._at_exit)
-                    self._at_exit_registered = True
+                atexit.unregister(self._at_exit)  # once, however often the thread starts
+                atexit.register(self._at_exit)
             elif idle:
                 self._wake.notify()
 

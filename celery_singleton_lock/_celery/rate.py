@@ -179,9 +179,24 @@ class TaskRate:
         # jitter: a worker's clock ahead of Redis's must not bring it back before the turn
         countdown = reply.wait + random.uniform(0.005, 0.02 + reply.wait * 0.02)
         let_go(countdown)
+        # sent again as Task.retry does but with the same retries, its RETRY stored first
+        retries = request.retries or 0
+        headers = {**(request.headers or {}), RATE_HEADER: [waited.comebacks + 1, since, retries]}
+        sig = task.signature_from_request(
+            request, countdown=countdown, retries=retries, headers=headers
+        )
+        log.info(
+            "%s[%s] waits for its rate limit turn: back in %.2f s (comeback %d)",
+            task.name,
+            request.id,
+            countdown,
+            waited.comebacks + 1,
+        )
+        store_retry(task, request)
         try:
-            come_back(task, request, countdown, Waited(waited.comebacks + 1, since))
-        except Reject as unsent:
+            sig.apply_async()
+        except Exception as exc:
+            log.error("%s[%s]: its comeback could not be sent: %r", task.name, request.id, exc)
             # Not sent: its turn and its hold are let go first, and only then is the call
             # stored as failed (a caller that sees FAILURE may call again).
             try:
@@ -189,31 +204,6 @@ class TaskRate:
             finally:
                 let_go(None)
                 with suppress(Exception):  # the caller is told, when the backend answers
-                    task.backend.mark_as_failure(request.id, unsent.reason, request=request)
-            raise
-
-
-def come_back(task: Any, request: Any, countdown: float, waited: Waited) -> NoReturn:
-    """Send the call again in ``countdown`` seconds, as ``Task.retry`` does but with the same
-    ``retries``, and end this run (``Ignore``, its ``RETRY`` stored before the send). A
-    comeback that cannot be sent raises ``Reject`` with the broker's error."""
-    retries = request.retries or 0
-    headers = dict(request.headers or {})
-    headers[RATE_HEADER] = [waited.comebacks, waited.since, retries]
-    sig = task.signature_from_request(
-        request, countdown=countdown, retries=retries, headers=headers
-    )
-    log.info(
-        "%s[%s] waits for its rate limit turn: back in %.2f s (comeback %d)",
-        task.name,
-        request.id,
-        countdown,
-        waited.comebacks,
-    )
-    store_retry(task, request)
-    try:
-        sig.apply_async()
-    except Exception as exc:
-        log.error("%s[%s]: its comeback could not be sent: %r", task.name, request.id, exc)
-        raise Reject(exc, requeue=False) from exc
-    raise Ignore()
+                    task.backend.mark_as_failure(request.id, exc, request=request)
+            raise Reject(exc, requeue=False) from exc
+        raise Ignore()

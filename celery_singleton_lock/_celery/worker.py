@@ -5,6 +5,7 @@ or parked for what comes next (a redelivery, a cooldown), instead of waiting for
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -198,15 +199,11 @@ class _LockedRequestOf:
 
     composes_locked_request = True
 
-    def __init__(self, own: Any, task: str) -> None:
-        self.own = own
-        self.task = task
-        self.composed: type[Request] | None = None
+    def __init__(self, own: str, task: str) -> None:
+        self.composed = functools.cache(functools.partial(_composed, own, task))
 
     def __get__(self, instance: Any, owner: Any = None) -> type[Request]:
-        if self.composed is None:
-            self.composed = _composed(self.own, self.task)
-        return self.composed
+        return self.composed()
 
 
 def with_locked_request(own: Any, task: str) -> Any:
