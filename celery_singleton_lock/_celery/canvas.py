@@ -115,13 +115,10 @@ def note_chord_member(
         return
     sent: OrderedDict[str, list[tuple[str, MessageLock]]]
     sent = vars(_sent).setdefault("headers", OrderedDict())
-    if group_id in sent:
-        sent.move_to_end(group_id)
-    else:
-        sent[group_id] = []
-        while len(sent) > _HEADERS_KEPT:
-            sent.popitem(last=False)
-    sent[group_id].append((task_id, lock))
+    sent.setdefault(group_id, []).append((task_id, lock))
+    sent.move_to_end(group_id)
+    while len(sent) > _HEADERS_KEPT:
+        sent.popitem(last=False)
 
 
 def refuse_chord_member(
