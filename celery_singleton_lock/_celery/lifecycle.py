@@ -10,17 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = [
-    "FREE",
-    "STATES",
-    "TABLE",
-    "Event",
-    "HoldState",
-    "Step",
-    "lifecycle_table",
-    "written",
-]
-
 
 class HoldState(StrEnum):
     """The state of a task's hold (the label Redis keeps; ``locks list`` shows it)."""

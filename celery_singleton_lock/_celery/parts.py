@@ -21,8 +21,6 @@ from .._lock import NamedLock, ReentrantLock
 from .hold import holder_info, release_if_in, report_duplicate, report_refusal, store_skipped
 from .lifecycle import AT_COOLDOWN, REPLACEABLE
 
-__all__ = ["REPLACED", "Cooldown", "Debounce"]
-
 log_cooldown = logging.getLogger("celery_singleton_lock.cooldown")
 log_debounce = logging.getLogger("celery_singleton_lock.debounce")
 

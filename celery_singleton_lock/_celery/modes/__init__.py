@@ -6,9 +6,9 @@ from __future__ import annotations
 from ..options import LockOptions
 from .base import RunMode
 from .publish import PublishMode
-from .queue import QUEUED, QueueMode
+from .queue import QueueMode
 
-__all__ = ["QUEUED", "PublishMode", "QueueMode", "RunMode", "mode_for"]
+__all__ = ["PublishMode", "RunMode", "mode_for"]
 
 _MODES: dict[str, type[RunMode]] = {"run": RunMode, "publish": PublishMode, "queue": QueueMode}
 

@@ -13,14 +13,7 @@ from celery import states
 from celery.exceptions import Ignore
 
 from ..._errors import LockBackendError
-from ..._lock import (
-    AcquireReply,
-    NamedLock,
-    RateLimiter,
-    ReentrantLock,
-    Semaphore,
-    new_run_token,
-)
+from ..._lock import AcquireReply, NamedLock, RateLimiter, ReentrantLock, Semaphore, new_run_token
 from ..config import Bound
 from ..conflict import Conflict, conflict_for
 from ..hold import MessageLock, holder_info, release_if_in
@@ -29,8 +22,6 @@ from ..options import LockOptions
 from ..parts import Cooldown, refusal_reason
 from ..rate import TaskRate, Turn
 from ..run import TaskRun
-
-__all__ = ["Attempt", "RunMode", "free_revoked_holder"]
 
 log = logging.getLogger("celery_singleton_lock.run")
 log_release = logging.getLogger("celery_singleton_lock.release")
@@ -49,14 +40,18 @@ class Attempt(NamedTuple):
 class RunMode:
     """``lock_at="run"``: held while the task runs."""
 
-    name: ClassVar[str] = "run"
     at_publish: ClassVar[bool] = False
+    #: a job's message lock is its name with this after it (queue mode: the queued lock)
+    suffix: ClassVar[str] = ""
 
     def __init__(self, options: LockOptions) -> None:
         self.options = options
         #: ``False`` with ``lock_rate`` alone (``lock_limit=None``): a run takes no lock
         self.holds_lock = options.lock_limit is not None
         self.limit = options.lock_limit or 1
+        #: how many messages of one job may hold its message lock at once: a publish's hold is
+        #: its run's; queue mode's is the one copy that waits
+        self.message_permits = 1 if self.suffix else self.limit
         self.conflict: Conflict = conflict_for(options)
         self.cooldown = (
             None
@@ -65,18 +60,13 @@ class RunMode:
         )
         self.rate = None if options.lock_rate is None else TaskRate(options)
 
-    @property
-    def message_permits(self) -> int:
-        """How many messages of one job may hold its message lock at once."""
-        return 1
-
     def message_lock(self, name: str) -> str:
         """The lock a queued message of the job ``name`` holds."""
-        return name
+        return name + self.suffix
 
     def run_lock(self, message_lock: str) -> str:
         """The lock a run takes, from the lock its message holds."""
-        return message_lock
+        return message_lock.removesuffix(self.suffix)
 
     def job_of(self, at: Attempt) -> NamedLock:
         return at.bound.space.named(self.run_lock(at.message), self.limit)
@@ -98,14 +88,7 @@ class RunMode:
         try:
             return self.take(Attempt(task, request, bound, message))
         except LockBackendError as exc:
-            if not bound.config.proceed_on_backend_error:
-                raise
-            log.error(
-                "Redis failed for the lock of task %s; going on WITHOUT the lock "
-                "(singleton_lock_on_backend_error='proceed'): %s",
-                task.name,
-                exc,
-            )
+            proceed_without_lock(log, bound, task, "going on", exc)
             return TaskRun(task, None)
 
     def check_rate(self, task: Any, name: str, args: Any, kwargs: Any) -> None:
@@ -290,14 +273,11 @@ class RunMode:
         failed: its cooldown, if a failure starts one, parks it."""
         if not self.holds_lock:
             return  # lock_rate alone: the run held no lock
-        app = task.app
-        bound = task.locking.bound(app)
-        name = self.run_lock(message)
-        job = bound.space.named(name, self.limit)
-        key = job.keys[0].lock
-        info = holder_info(task.name, task_id)
+        bound = task.locking.bound(task.app)
+        job = bound.space.named(self.run_lock(message), self.limit)
+        key, info = job.keys[0].lock, holder_info(task.name, task_id)
         if requeued:
-            lease = task.locking.queue_ttl(app)
+            lease = task.locking.queue_ttl(task.app)
             if job.park(task_id, lease, info=info, state=AT_REDELIVERY):
                 log_release.info(
                     "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
@@ -334,10 +314,7 @@ def free_revoked_holder(task: Any, job: NamedLock, holder: str) -> bool:
     releases. On any error the holder is taken to be alive."""
     try:
         freed = release_if_in(
-            job,
-            holder,
-            REVOCABLE,
-            lambda: task.backend.get_state(holder) == states.REVOKED,
+            job, holder, REVOCABLE, lambda: task.backend.get_state(holder) == states.REVOKED
         )
     except Exception as exc:
         log_release.debug("not freeing %s of revoked task %s: %r", job.name, holder, exc)
@@ -347,3 +324,19 @@ def free_revoked_holder(task: Any, job: NamedLock, holder: str) -> bool:
             "released %s: its holder, task %s, was revoked while queued", job.keys[0].lock, holder
         )
     return freed
+
+
+def proceed_without_lock(
+    logger: logging.Logger, bound: Bound, task: Any, doing: str, exc: Exception
+) -> None:
+    """Redis failed for the lock of ``task``: raise, or (``singleton_lock_on_backend_error=
+    'proceed'``) log that the call is ``doing`` without it."""
+    if not bound.config.proceed_on_backend_error:
+        raise exc
+    logger.error(
+        "Redis failed for the lock of task %s; %s WITHOUT the lock "
+        "(singleton_lock_on_backend_error='proceed'): %s",
+        task.name,
+        doing,
+        exc,
+    )

@@ -29,9 +29,7 @@ from ..lifecycle import AT_PUBLISH, AT_RETRY
 from ..options import LockOptions
 from ..parts import REPLACED, Debounce, refusal_reason, skip_replaced
 from ..run import TaskRun, seconds_until
-from .base import Attempt, RunMode, free_revoked_holder
-
-__all__ = ["PublishMode", "queue_lease"]
+from .base import Attempt, RunMode, free_revoked_holder, proceed_without_lock
 
 log = logging.getLogger("celery_singleton_lock.publish")
 log_release = logging.getLogger("celery_singleton_lock.release")
@@ -61,16 +59,11 @@ def queue_lease(
 class PublishMode(RunMode):
     """``lock_at="publish"``: taken at publish, held through the end of the run."""
 
-    name = "publish"
     at_publish = True
 
     def __init__(self, options: LockOptions) -> None:
         super().__init__(options)
         self.debounce = None if options.lock_debounce is None else Debounce(options.lock_debounce)
-
-    @property
-    def message_permits(self) -> int:
-        return self.limit  # a message's hold is its run's
 
     def publish(
         self,
@@ -115,14 +108,7 @@ class PublishMode(RunMode):
             ):
                 reply = job.take(task_id, lease, info=info, state=state)
         except LockBackendError as exc:
-            if not bound.config.proceed_on_backend_error:
-                raise
-            log.error(
-                "Redis failed for the lock of task %s; publishing WITHOUT the lock "
-                "(singleton_lock_on_backend_error='proceed'): %s",
-                task.name,
-                exc,
-            )
+            proceed_without_lock(log, bound, task, "publishing", exc)
             # the header marks the message as handled (install()'s receiver must not try again)
             return send(task_id, _with_lock(options, MessageLock(name)))
         if not reply.acquired and retry:

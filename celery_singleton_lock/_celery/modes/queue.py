@@ -32,8 +32,6 @@ from .wake import (
     wake_waiting,
 )
 
-__all__ = ["QUEUED", "QueueMode"]
-
 log = logging.getLogger("celery_singleton_lock.run")
 
 #: the queued lock of a job is its lock's name with this after it
@@ -43,17 +41,7 @@ QUEUED = ":queued"
 class QueueMode(PublishMode):
     """``lock_at="queue"``: one copy queued and one running."""
 
-    name = "queue"
-
-    @property
-    def message_permits(self) -> int:
-        return 1  # the one copy that waits
-
-    def message_lock(self, name: str) -> str:
-        return name + QUEUED
-
-    def run_lock(self, message_lock: str) -> str:
-        return message_lock[: -len(QUEUED)] if message_lock.endswith(QUEUED) else message_lock
+    suffix = QUEUED
 
     def retry_state(self, options: dict[str, Any]) -> HoldState:
         """A waiting copy's fallback re-enters the queued lock of a copy that never ran: it stays

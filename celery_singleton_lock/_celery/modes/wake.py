@@ -31,18 +31,6 @@ from ..._lock import (
 from ..hold import HEADER, store_retry
 from ..parts import skip_replaced
 
-__all__ = [
-    "WAIT_HEADER",
-    "Wait",
-    "claim_wait",
-    "end_claim",
-    "replace_waiter",
-    "request_wait",
-    "wait_for_run",
-    "wait_of",
-    "wake_waiting",
-]
-
 log = logging.getLogger("celery_singleton_lock.run")
 
 #: the message header of a queued copy's wake and fallback: ``token.mark.retries``
@@ -195,11 +183,7 @@ def _payload(task: Any, request: Any, retries: int, headers: dict[str, Any]) -> 
 
 
 def wait_for_run(
-    task: Any,
-    request: Any,
-    job: NamedLock,
-    lock: ReentrantLock | Semaphore,
-    refusal: AcquireReply,
+    task: Any, request: Any, job: NamedLock, lock: ReentrantLock | Semaphore, refusal: AcquireReply
 ) -> AcquireReply:
     """The job runs: wait beside its lock for the run to end, as the job's one queued copy:
     store ``RETRY``, send the fallback, write the wait record and end the message (``Ignore``).
