@@ -24,12 +24,13 @@ from ..canvas import (
     sent_by_worker,
 )
 from ..config import Bound
-from ..hold import HoldState, MessageLock, holder_info, report_duplicate
+from ..hold import MessageLock, holder_info, report_duplicate
 from ..lifecycle import AT_PUBLISH, AT_RETRY
 from ..options import LockOptions
 from ..parts import REPLACED, Debounce, refusal_reason, skip_replaced
 from ..run import TaskRun, seconds_until
 from .base import Attempt, RunMode, free_revoked_holder, proceed_without_lock
+from .wake import WAIT_HEADER, wait_of
 
 log = logging.getLogger("celery_singleton_lock.publish")
 log_release = logging.getLogger("celery_singleton_lock.release")
@@ -93,7 +94,12 @@ class PublishMode(RunMode):
             options.get("countdown"),
         )
         info = holder_info(task.name, task_id, self.message_permits)
-        state = self.retry_state(options) if retry else AT_PUBLISH
+        # A retry's hold is ``requeued`` (what acts on waiting messages by state must see it),
+        # but a queued copy's fallback re-enters the queued lock of a copy that never ran: it
+        # stays ``queued`` (a debounced call may still replace it).
+        headers = options.get("headers") or {}
+        fallback = wait_of(headers.get(WAIT_HEADER), options.get("retries")) is not None
+        state = AT_RETRY if retry and not fallback else AT_PUBLISH
         bound = locking.bound(app)
         job = bound.space.named(name, self.message_permits)
         try:
@@ -131,11 +137,6 @@ class PublishMode(RunMode):
                     exc,
                 )
             raise
-
-    def retry_state(self, options: dict[str, Any]) -> HoldState:
-        """The state a retry's publish writes on the hold it re-enters or takes afresh:
-        ``requeued``, never empty (what acts on waiting messages by state must see it)."""
-        return AT_RETRY
 
     def duplicate_publish(
         self,

@@ -14,23 +14,13 @@ from celery.exceptions import Ignore
 from ..._errors import LockBackendError
 from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
 from ..config import Bound
-from ..hold import HoldState, holder_info, report_duplicate, store_skipped
-from ..lifecycle import AT_COMEBACK, AT_PUBLISH, AT_RETRY
+from ..hold import holder_info, report_duplicate, store_skipped
+from ..lifecycle import AT_COMEBACK, AT_PUBLISH
 from ..rate import Waited
 from ..run import TaskRun
 from .base import Attempt, RunMode
 from .publish import PublishMode
-from .wake import (
-    WAIT_HEADER,
-    Wait,
-    claim_wait,
-    end_claim,
-    replace_waiter,
-    request_wait,
-    wait_for_run,
-    wait_of,
-    wake_waiting,
-)
+from .wake import claim_wait, end_claim, replace_waiter, request_wait, wait_for_run, wake_waiting
 
 log = logging.getLogger("celery_singleton_lock.run")
 
@@ -43,48 +33,31 @@ class QueueMode(PublishMode):
 
     suffix = QUEUED
 
-    def retry_state(self, options: dict[str, Any]) -> HoldState:
-        """A waiting copy's fallback re-enters the queued lock of a copy that never ran: it stays
-        ``queued`` (a debounced call may still replace it)."""
-        headers = options.get("headers") or {}
-        if wait_of(headers.get(WAIT_HEADER), options.get("retries")) is not None:
-            return AT_PUBLISH
-        return AT_RETRY
-
     def take(self, at: Attempt) -> TaskRun:
+        """Make sure this message is the job's one queued copy: re-enter its queued lock (or
+        take it, its hold gone), then take the job's lock. Held by another task, this message
+        is skipped: a later call replaced it (``lock_debounce``), or it duplicates a copy
+        published by name."""
         task, request, bound, message = at
         self.check_rate(task, message, request.args, request.kwargs)
-        wait = request_wait(request)
-        # a wake or a fallback: only the first of them runs the copy
-        again = wait is not None and claim_wait(
-            task, request, self.job_of(at), bound.space.keys(message).lock, wait
-        )
-        self.still_queued(at, wait, again)
-        return self.take_run(at)
-
-    def still_queued(self, at: Attempt, wait: Wait | None, again: bool) -> None:
-        """Make sure this message is the job's one queued copy: re-enter its queued lock (or
-        take it, its hold gone). Held by another task, this message is skipped: a later call
-        replaced it (``lock_debounce``), or it duplicates a copy published by name."""
-        task, request, bound, message = at
-        queued = bound.space.named(message)
+        queued, wait = bound.space.named(message), request_wait(request)
+        key, lease = queued.keys[0].lock, task.locking.queue_ttl(task.app)
+        info = holder_info(task.name, request.id)
         if wait is None:
             # (a replaced copy's wake or fallback learns it from its wait record instead)
             self.skip_if_replaced(at)
-        lease = task.locking.queue_ttl(task.app)
-        info = holder_info(task.name, request.id)
-        if wait is not None and self.debounce is not None and not again:
+        # a wake or a fallback: only the first of them runs the copy (again: it had claimed it)
+        elif (
+            not claim_wait(task, request, self.job_of(at), key, wait) and self.debounce is not None
+        ):
             # A copy that waited: its queued lock is still its own, or a later call replaced it
             # (and may have run already, leaving it free: the note says so), or it ran out.
             if queued.park(request.id, lease, info=info, state=AT_PUBLISH):
-                return
+                return self.take_run(at)
             self.skip_if_replaced(at)
         reply = queued.take(request.id, lease, info=info, state=AT_PUBLISH)
-        if reply.acquired:
-            return
-        key = queued.keys[0].lock
-        if wait is None and self.has_place(at):
-            return
+        if reply.acquired or (wait is None and self.has_place(at)):
+            return self.take_run(at)
         if wait is not None:
             end_claim(self.job_of(at), request.id, wait)
         # replaced by a later call since it looked; else a duplicate of the queued copy
