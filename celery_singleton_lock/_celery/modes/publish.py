@@ -39,11 +39,10 @@ log_release = logging.getLogger("celery_singleton_lock.release")
 Send = Callable[[str, dict[str, Any]], Any]
 
 
-def queue_lease(
-    queue_ttl: float, expires: Any = None, eta: Any = None, countdown: Any = None
-) -> float:
-    """How long a message's lock is held while it waits: until it expires (at least 1 s), or
-    its delay plus ``queue_ttl``; at most the longest lease."""
+def queue_lease(queue_ttl: float, when: Mapping[str, Any]) -> float:
+    """How long a message's lock is held while it waits: until it ``expires`` (at least 1 s),
+    or its delay (``eta``, ``countdown``) plus ``queue_ttl``; at most the longest lease."""
+    expires, eta, countdown = when.get("expires"), when.get("eta"), when.get("countdown")
     if expires is None and eta is None and countdown is None:  # most calls: the TTL alone
         return min(0.0 + queue_ttl, MAX_LEASE_SECONDS)
     until_expiry = seconds_until(expires)
@@ -78,8 +77,7 @@ class PublishMode(RunMode):
     ) -> Any:
         """``apply_async``: take the job's lock for the new task id and send, or send nothing
         and return (or raise) the holder's."""
-        locking = task.locking
-        app = task.app
+        locking, app = task.locking, task.app
         # A retry sends its run's id (reading the current request costs more than this test).
         retry = bool(task_id) and task_id == task.request.id
         task_id = task_id or str(uuid.uuid4())
@@ -87,12 +85,7 @@ class PublishMode(RunMode):
         self.check_rate(task, name, args, kwargs)
         if self.debounce is not None:
             self.debounce.delay(task, task_id, options)
-        lease = queue_lease(
-            locking.queue_ttl(app),
-            options.get("expires"),
-            options.get("eta"),
-            options.get("countdown"),
-        )
+        lease = queue_lease(locking.queue_ttl(app), options)
         info = holder_info(task.name, task_id, self.message_permits)
         # A retry's hold is ``requeued`` (what acts on waiting messages by state must see it),
         # but a queued copy's fallback re-enters the queued lock of a copy that never ran: it
@@ -195,20 +188,15 @@ class PublishMode(RunMode):
     ) -> None:
         """The lock of a message sent by name (``before_task_publish``): taken when free and
         named in its headers; a duplicate is only logged (the worker's check skips it)."""
-        locking = task.locking
-        app = task.app
+        locking, app = task.locking, task.app
         try:
             name = self.message_lock(locking.lock_name(task.name, args, kwargs))
             self.check_rate(task, name, args, kwargs)
-            lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
+            lease = queue_lease(locking.queue_ttl(app), headers)
             bound = locking.bound(app)
             job = bound.space.named(name, self.message_permits)
-            reply = job.take(
-                task_id,
-                lease,
-                info=holder_info(task.name, task_id, self.message_permits),
-                state=AT_PUBLISH,
-            )
+            info = holder_info(task.name, task_id, self.message_permits)
+            reply = job.take(task_id, lease, info=info, state=AT_PUBLISH)
         except (LockBackendError, MisconfiguredError, TypeError, ValueError) as exc:
             log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)
             return

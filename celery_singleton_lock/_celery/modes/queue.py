@@ -109,7 +109,7 @@ class QueueMode(PublishMode):
         def after_end(cooldown: float) -> None:
             # After the release (or the cooldown's park): a copy that checked the lock before
             # saw it held, and so wrote its wait record before this read.
-            wake_waiting(task, job, task_id, wait, countdown=cooldown)
+            wake_waiting(task, job, task_id, wait, cooldown)
 
         def after_park() -> None:
             # A woken copy that retries: its retry waits for nothing, so its claim ends here.
@@ -154,4 +154,4 @@ class QueueMode(PublishMode):
         self, task: Any, job: NamedLock, task_id: str, freed: bool, wait: Any, cooldown: float = 0.0
     ) -> None:
         if freed or wait is not None:
-            wake_waiting(task, job, task_id, wait, wake=freed, countdown=cooldown)
+            wake_waiting(task, job, task_id, wait, cooldown, wake=freed)

@@ -188,19 +188,14 @@ def wait_for_run(
     """The job runs: wait beside its lock for the run to end, as the job's one queued copy:
     store ``RETRY``, send the fallback, write the wait record and end the message (``Ignore``).
     Returns the lock's reply instead when a slot was found free meanwhile and taken."""
-    locking = task.locking
-    options = locking.options
-    app = task.app
-    lease = locking.bound(app).ttl
-    retries = request.retries + 1
+    locking, app, retries = task.locking, task.app, request.retries + 1
     headers = {k: v for k, v in (request.headers or {}).items() if k != WAIT_HEADER}
     token = uuid.uuid4().hex
     record = f"{token}\n{_payload(task, request, retries, headers)}"
-    if options.lock_retry_countdown:
-        countdown = options.lock_retry_countdown
-    else:
-        left = lease if refusal.lease_left < 0 else min(refusal.lease_left, lease)
-        countdown = left + FALLBACK_MARGIN
+    countdown = locking.options.lock_retry_countdown
+    if not countdown:
+        lease, left = locking.bound(app).ttl, refusal.lease_left
+        countdown = (lease if left < 0 else min(left, lease)) + FALLBACK_MARGIN
     headers[WAIT_HEADER] = _header(token, uuid.uuid4().hex, retries)
     # RETRY first: a wake may run the copy elsewhere at once, and its SUCCESS must be last.
     store_retry(task, request)
@@ -240,13 +235,7 @@ def wait_for_run(
 
 
 def wake_waiting(
-    task: Any,
-    job: NamedLock,
-    task_id: str = "",
-    wait: Wait | None = None,
-    *,
-    wake: bool = True,
-    countdown: float = 0.0,
+    task: Any, job: NamedLock, task_id: str, wait: Wait | None, countdown: float, wake: bool = True
 ) -> None:
     """A run of ``job`` let its lock (or slot) go just before: send every waiting copy's message
     again (``wake``), in ``countdown`` seconds (a cooldown), and drop ``task_id``'s own record
