@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, NoReturn
 
 from celery import states
 from celery.exceptions import Ignore
@@ -110,7 +110,7 @@ class RunMode:
         limiter = self.limiter_of(at)
         if not self.holds_lock:  # lock_rate alone: no lock, the limiter only
             assert limiter is not None, "lock_limit=None is refused without lock_rate"
-            return TaskRun(task, None, turn=self.admit(at, None, limiter), start=(bound, message))
+            return TaskRun(task, None, turn=self.admit(at, None, limiter))
         # owned by the task id, with a run token of its own
         info = holder_info(task.name, request.id, self.limit)
         ttl, owner, token = bound.ttl, request.id, new_run_token()
@@ -155,67 +155,50 @@ class RunMode:
         assert held is not None, "an acquired semaphore holds a slot"
         turn = None if limiter is None else self.admit(at, held, limiter)
         run = self.entered(at, held)
-        run.turn, run.start = turn, (at.bound, at.message)
+        run.turn = turn
         return run
 
-    def admit(
-        self,
-        at: Attempt,
-        held: ReentrantLock | None,
-        limiter: RateLimiter,
-        run: TaskRun | None = None,
-        pause: float = 0.0,
-    ) -> Turn:
-        """Take the call's ``lock_rate`` turn, or come back for it (``run``: after its body
-        paused the limiter for ``pause`` seconds), its hold as :meth:`yield_hold` says. When the
-        limiter fails (Redis) before the body, what the run took is let go first."""
-        rate = self.rate
-        assert rate is not None
+    def admit(self, at: Attempt, held: ReentrantLock | None, limiter: RateLimiter) -> Turn:
+        """Take the call's ``lock_rate`` turn, or (it raises) come back for it: meanwhile a
+        run-time lock is let go; publish and queue modes keep the job's place for the comeback,
+        as for a retry. When the limiter fails (Redis), what the run took is let go first."""
+        assert self.rate is not None
         gave_up = False
 
         def let_go(countdown: float | None) -> None:
             nonlocal gave_up
             gave_up = True
-            if held is not None:
-                self.yield_hold(at, held, countdown, run)
+            if held is None:
+                return
+            if countdown is not None and self.at_publish:
+                self.park_place(at, held, countdown + at.task.locking.queue_ttl(at.task.app))
+            else:
+                held.release_all()
+                self.release_queued(at.task, at.bound, at.message, at.request.id)
 
         try:
-            if run is not None:
-                assert run.turn is not None
-                rate.paused(at.task, at.request, run.turn, pause, self.conflict, let_go)
-            return rate.admit(at.task, at.request, limiter, self.conflict, let_go)
+            return self.rate.admit(at.task, at.request, limiter, self.conflict, let_go)
         except LockBackendError:
-            if held is not None and run is None and not gave_up:
+            if held is not None and not gave_up:
                 with suppress(Exception):  # resent in the background when Redis fails
                     held.release_all()
             raise
 
-    def rate_paused(self, task: Any, request: Any, run: TaskRun, seconds: float) -> Turn:
-        """The body of ``run`` raised a rate limit of ``seconds``: come back after it."""
-        assert run.turn is not None and run.start is not None
-        at = Attempt(task, request, *run.start)
-        return self.admit(at, run.lock, run.turn.limiter, run, seconds)
+    def rate_paused(self, task: Any, request: Any, run: TaskRun, seconds: float) -> NoReturn:
+        """The body of ``run`` raised a rate limit of ``seconds``: come back after it, the hold
+        parked as for a retry (publish and queue modes) or let go."""
+        assert run.turn is not None and self.rate is not None
 
-    def yield_hold(
-        self, at: Attempt, held: ReentrantLock, countdown: float | None, run: TaskRun | None = None
-    ) -> None:
-        """What the job's hold does while a call waits for its ``lock_rate`` turn, before its
-        body or (``run``) after the body paused the limiter: the call comes back in
-        ``countdown`` seconds, or never (``None``). A run-time lock is let go; publish and queue
-        modes keep the job's place for the comeback, as for a retry."""
-        if countdown is not None and self.at_publish:
-            if run is not None:
+        def let_go(countdown: float | None) -> None:
+            if countdown is not None and self.at_publish:
                 run.park(countdown)
             else:
-                self.park_place(at, held, countdown + at.task.locking.queue_ttl(at.task.app))
-        elif run is not None:
-            # After a park for a comeback that was not sent, the hold is taken back first; let
-            # go as a run's end is (a copy that waits for the run is woken), with no cooldown.
-            run.unpark()
-            run.finish("a rate limit", failed=False, cooldown=False)
-        else:
-            held.release_all()
-            self.release_queued(at.task, at.bound, at.message, at.request.id)
+                # After a park for a comeback that was not sent, the hold is taken back first;
+                # let go as a run's end is (a copy that waits for the run is woken), no cooldown.
+                run.unpark()
+                run.finish("a rate limit", failed=False, cooldown=False)
+
+        self.rate.paused(task, request, run.turn, seconds, self.conflict, let_go)
 
     def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:
         """Keep the job's hold for the call that comes back for its turn."""
