@@ -163,12 +163,10 @@ TABLE: tuple[Step, ...] = (
 
 
 def written(event: Event, when: str = "") -> HoldState:
-    """The hold state ``event`` writes (the row whose condition contains ``when``)."""
-    found = {s.after for s in TABLE if s.event == event and when in s.when}
-    states = [HoldState(s) for s in found if s in HoldState.__members__.values()]
-    if len(states) != 1:
-        raise LookupError(f"the table writes {sorted(found)} for {event} ({when!r})")
-    return states[0]
+    """The hold state ``event`` writes: that of its one row whose condition contains ``when``
+    and that writes one."""
+    (state,) = {s.after for s in TABLE if s.event == event and when in s.when} & set(HoldState)
+    return HoldState(state)
 
 
 def _held_before(event: Event) -> tuple[HoldState, ...]:

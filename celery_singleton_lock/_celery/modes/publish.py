@@ -33,7 +33,6 @@ from .base import Attempt, RunMode, free_revoked_holder, proceed_without_lock
 from .wake import WAIT_HEADER, wait_of
 
 log = logging.getLogger("celery_singleton_lock.publish")
-log_release = logging.getLogger("celery_singleton_lock.release")
 
 #: ``send(task_id, options)``: the plain ``Task.apply_async`` with the other arguments bound
 Send = Callable[[str, dict[str, Any]], Any]

@@ -140,10 +140,7 @@ def wait_of(value: Any, retries: Any) -> Wait | None:
 
 def request_wait(request: Any) -> Wait | None:
     """The wait the message of ``request`` (a task's request Context) carries."""
-    get = getattr(request, "get", None)
-    if get is None:
-        return None
-    return wait_of(get(WAIT_HEADER), getattr(request, "retries", 0))
+    return wait_of(request.get(WAIT_HEADER), getattr(request, "retries", 0))
 
 
 def claim_wait(task: Any, request: Any, job: NamedLock, queued_key: str, wait: Wait) -> bool:
