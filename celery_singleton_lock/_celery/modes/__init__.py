@@ -10,9 +10,8 @@ from .queue import QueueMode
 
 __all__ = ["PublishMode", "RunMode", "mode_for"]
 
-_MODES: dict[str, type[RunMode]] = {"run": RunMode, "publish": PublishMode, "queue": QueueMode}
-
 
 def mode_for(options: LockOptions) -> RunMode:
     """The mode of a task class with these (validated) options."""
-    return _MODES[options.lock_at](options)
+    modes = {"run": RunMode, "publish": PublishMode, "queue": QueueMode}
+    return modes[options.lock_at](options)

@@ -19,7 +19,7 @@ from ..conflict import Conflict, conflict_for
 from ..hold import MessageLock, holder_info, release_if_in
 from ..lifecycle import AT_COMEBACK, AT_COOLDOWN, AT_REDELIVERY, AT_RUN, REVOCABLE
 from ..options import LockOptions
-from ..parts import Cooldown, refusal_reason
+from ..parts import REPLACED, Cooldown, Debounce, refusal_reason, skip_replaced
 from ..rate import TaskRate, Turn
 from ..run import TaskRun
 
@@ -59,6 +59,7 @@ class RunMode:
             else Cooldown(options.lock_cooldown, options.lock_cooldown_on_failure)
         )
         self.rate = None if options.lock_rate is None else TaskRate(options)
+        self.debounce = None if options.lock_debounce is None else Debounce(options.lock_debounce)
 
     def message_lock(self, name: str) -> str:
         """The lock a queued message of the job ``name`` holds."""
@@ -88,7 +89,7 @@ class RunMode:
         try:
             return self.take(Attempt(task, request, bound, message))
         except LockBackendError as exc:
-            proceed_without_lock(log, bound, task, "going on", exc)
+            proceed_without_lock(log, task, "going on", exc)
             return TaskRun(task, None)
 
     def check_rate(self, task: Any, name: str, args: Any, kwargs: Any) -> None:
@@ -212,8 +213,18 @@ class RunMode:
         self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
     ) -> TaskRun:
         """A run-time duplicate: ``lock_on_locked``'s choice (it raises)."""
+        # a later call may have taken its publish hold over since the run looked
+        self.skip_if_replaced(at)
         reason = refusal_reason(at.task, self.cooldown, job, reply.holder)
         self.conflict.refused(at.task, at.request, lock.key, reply, reason)
+
+    def skip_if_replaced(self, at: Attempt) -> None:
+        """With ``lock_debounce``: end the run (SKIPPED) if a later call replaced its message."""
+        if self.debounce is not None:
+            job = at.bound.space.named(at.message)
+            by = job.note(REPLACED, at.request.id)
+            if by is not None:
+                skip_replaced(at.task, at.request, job.keys[0].lock, by)
 
     def failed_before_body(
         self, task: Any, request: Any, args: Any, kwargs: Any, exc: BaseException
@@ -309,12 +320,10 @@ def free_revoked_holder(task: Any, job: NamedLock, holder: str) -> bool:
     return freed
 
 
-def proceed_without_lock(
-    logger: logging.Logger, bound: Bound, task: Any, doing: str, exc: Exception
-) -> None:
+def proceed_without_lock(logger: logging.Logger, task: Any, doing: str, exc: Exception) -> None:
     """Redis failed for the lock of ``task``: raise, or (``singleton_lock_on_backend_error=
     'proceed'``) log that the call is ``doing`` without it."""
-    if not bound.config.proceed_on_backend_error:
+    if not task.locking.bound(task.app).config.proceed_on_backend_error:
         raise exc
     logger.error(
         "Redis failed for the lock of task %s; %s WITHOUT the lock "

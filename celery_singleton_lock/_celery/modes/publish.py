@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..._errors import AlreadyQueuedError, LockBackendError, MisconfiguredError
-from ..._lock import MAX_LEASE_SECONDS, AcquireReply, NamedLock, ReentrantLock, Semaphore
+from ..._lock import MAX_LEASE_SECONDS, AcquireReply, NamedLock
 from ..canvas import (
     canvas_member,
     chord_member_of,
@@ -26,8 +26,7 @@ from ..canvas import (
 from ..config import Bound
 from ..hold import MessageLock, holder_info, report_duplicate
 from ..lifecycle import AT_PUBLISH, AT_RETRY
-from ..options import LockOptions
-from ..parts import REPLACED, Debounce, refusal_reason, skip_replaced
+from ..parts import refusal_reason, skip_replaced
 from ..run import TaskRun, seconds_until
 from .base import Attempt, RunMode, free_revoked_holder, proceed_without_lock
 from .wake import WAIT_HEADER, wait_of
@@ -59,10 +58,6 @@ class PublishMode(RunMode):
     """``lock_at="publish"``: taken at publish, held through the end of the run."""
 
     at_publish = True
-
-    def __init__(self, options: LockOptions) -> None:
-        super().__init__(options)
-        self.debounce = None if options.lock_debounce is None else Debounce(options.lock_debounce)
 
     def publish(
         self,
@@ -106,7 +101,7 @@ class PublishMode(RunMode):
             ):
                 reply = job.take(task_id, lease, info=info, state=state)
         except LockBackendError as exc:
-            proceed_without_lock(log, bound, task, "publishing", exc)
+            proceed_without_lock(log, task, "publishing", exc)
             # the header marks the message as handled (install()'s receiver must not try again)
             return send(task_id, _with_lock(options, MessageLock(name)))
         if not reply.acquired and retry:
@@ -229,21 +224,6 @@ class PublishMode(RunMode):
             if holder and holder != request.id:
                 skip_replaced(task, request, job.keys[0].lock, holder)
         return TaskRun(task, None)
-
-    def refused(
-        self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
-    ) -> TaskRun:
-        # a later call may have taken its publish hold over since the run looked
-        self.skip_if_replaced(at)
-        return super().refused(at, job, lock, reply)
-
-    def skip_if_replaced(self, at: Attempt) -> None:
-        """With ``lock_debounce``: end the run (SKIPPED) if a later call replaced its message."""
-        if self.debounce is not None:
-            job = at.bound.space.named(at.message)
-            by = job.note(REPLACED, at.request.id)
-            if by is not None:
-                skip_replaced(at.task, at.request, job.keys[0].lock, by)
 
 
 def _sent_prefix(bound: Bound) -> str | None:

@@ -18,7 +18,7 @@ from ..hold import holder_info, report_duplicate, store_skipped
 from ..lifecycle import AT_COMEBACK, AT_PUBLISH
 from ..rate import Waited
 from ..run import TaskRun
-from .base import Attempt, RunMode
+from .base import Attempt
 from .publish import PublishMode
 from .wake import claim_wait, end_claim, replace_waiter, request_wait, wait_for_run, wake_waiting
 
@@ -134,7 +134,7 @@ class QueueMode(PublishMode):
         if request.is_eager:
             # its queued lock goes first: nothing of the call is left to wait
             self.release_queued(task, bound, message, request.id)
-            return RunMode.refused(self, at, job, lock, reply)
+            return super().refused(at, job, lock, reply)
         wait_for_run(task, request, job, lock, reply)  # raises its retry, or a slot came free:
         return self.started(at, lock, self.limiter_of(at))
 
