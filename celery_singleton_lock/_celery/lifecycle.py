@@ -191,10 +191,7 @@ PURGEABLE = _held_before(Event.OPERATOR_PURGE)
 
 def lifecycle_table() -> str:
     """The table as Markdown (``docs/lifecycle.md``)."""
-    rows = [
-        "| state | event | when | next state | Redis | answer |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = ["| state | event | when | next state | Redis | answer |", "| --- " * 6 + "|"]
     for s in TABLE:
         cells = (
             ", ".join(f"`{b}`" for b in s.before),

@@ -216,14 +216,12 @@ class PublishMode(RunMode):
         hold go), once its message is known to be the job's."""
         if not self.options.lock_release_on_start:
             return super().take(at)
-        task, request = at.task, at.request
         job = self.job_of(at)
-        released = job.release(request.id)
-        if not released.owned and self.debounce is not None:
+        if not job.release(at.request.id).owned and self.debounce is not None:
             holder = job.holder()
-            if holder and holder != request.id:
-                skip_replaced(task, request, job.keys[0].lock, holder)
-        return TaskRun(task, None)
+            if holder and holder != at.request.id:
+                skip_replaced(at.task, at.request, job.keys[0].lock, holder)
+        return TaskRun(at.task, None)
 
 
 def _sent_prefix(bound: Bound) -> str | None:

@@ -7,6 +7,7 @@ its lock, with no pool process, until the run's end wakes it (:mod:`.wake`).
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from celery.exceptions import Ignore
@@ -103,19 +104,12 @@ class QueueMode(PublishMode):
                 bound.space.keys(message).lock,
                 exc,
             )
-        job = self.job_of(at)
-        wait = request_wait(request)
-
-        def after_end(cooldown: float) -> None:
-            # After the release (or the cooldown's park): a copy that checked the lock before
-            # saw it held, and so wrote its wait record before this read.
-            wake_waiting(task, job, task_id, wait, cooldown)
-
-        def after_park() -> None:
-            # A woken copy that retries: its retry waits for nothing, so its claim ends here.
-            if wait is not None:
-                end_claim(job, task_id, wait)
-
+        job, wait = self.job_of(at), request_wait(request)
+        # After the release (or the cooldown's park): a copy that checked the lock before saw it
+        # held, and so wrote its wait record before this read.
+        after_end = partial(wake_waiting, task, job, task_id, wait)
+        # A woken copy that retries: its retry waits for nothing, so its claim ends as it parks.
+        after_park = None if wait is None else partial(end_claim, job, task_id, wait)
         return TaskRun(task, lock, after_end, after_park)
 
     def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:

@@ -181,10 +181,10 @@ def _payload(task: Any, request: Any, retries: int, headers: dict[str, Any]) -> 
 
 def wait_for_run(
     task: Any, request: Any, job: NamedLock, lock: ReentrantLock | Semaphore, refusal: AcquireReply
-) -> AcquireReply:
+) -> None:
     """The job runs: wait beside its lock for the run to end, as the job's one queued copy:
     store ``RETRY``, send the fallback, write the wait record and end the message (``Ignore``).
-    Returns the lock's reply instead when a slot was found free meanwhile and taken."""
+    Returns instead when a slot was found free meanwhile and taken."""
     locking, app, retries = task.locking, task.app, request.retries + 1
     headers = {k: v for k, v in (request.headers or {}).items() if k != WAIT_HEADER}
     token = uuid.uuid4().hex
@@ -217,9 +217,8 @@ def wait_for_run(
                 # written although a slot is free: woken now, to try again from the queue
                 _send_wake(task, job.name, record)
             break
-        reply = lock.try_acquire()  # the run ended just now: try again at once
-        if reply.acquired:
-            return reply
+        if lock.try_acquire().acquired:  # the run ended just now: try again at once
+            return
     log.info(
         "%s[%s] waits for the run of its job (lock %s) to end; it comes back then, or in "
         "%.1f s at the latest",
