@@ -53,11 +53,9 @@ class RunMode:
         #: its run's; queue mode's is the one copy that waits
         self.message_permits = 1 if self.suffix else self.limit
         self.conflict: Conflict = conflict_for(options)
-        self.cooldown = (
-            None
-            if options.lock_cooldown is None
-            else Cooldown(options.lock_cooldown, options.lock_cooldown_on_failure)
-        )
+        self.cooldown: Cooldown | None = None
+        if options.lock_cooldown is not None:
+            self.cooldown = Cooldown(options.lock_cooldown, options.lock_cooldown_on_failure)
         self.rate = None if options.lock_rate is None else TaskRate(options)
         self.debounce = None if options.lock_debounce is None else Debounce(options.lock_debounce)
 
@@ -293,7 +291,10 @@ class RunMode:
         """A debounced call ``by`` replaced the message of ``holder`` holding ``job``."""
 
     def release_queued(self, task: Any, bound: Bound, message: str, task_id: str) -> None:
-        """Free the run's message lock, when it is another lock than the run's (queue mode)."""
+        """Free the run's message lock, when it is another lock than the run's (queue mode):
+        resent in the background for as long as the queued hold may live."""
+        if self.suffix:
+            bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
 
     def released(
         self, task: Any, job: NamedLock, task_id: str, freed: bool, wait: Any, cooldown: float = 0.0

@@ -14,7 +14,6 @@ from celery.exceptions import Ignore
 
 from ..._errors import LockBackendError
 from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
-from ..config import Bound
 from ..hold import holder_info, report_duplicate, store_skipped
 from ..lifecycle import AT_COMEBACK, AT_PUBLISH
 from ..rate import Waited
@@ -139,10 +138,6 @@ class QueueMode(PublishMode):
             replace_waiter(bound.space.named(self.run_lock(job.name), self.limit), holder, by)
         except LockBackendError as exc:  # its message finds its queued lock gone instead
             log.warning("could not mark task %s as replaced by %s: %s", holder, by, exc)
-
-    def release_queued(self, task: Any, bound: Bound, message: str, task_id: str) -> None:
-        # resent in the background for as long as the queued hold may live
-        bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
 
     def released(
         self, task: Any, job: NamedLock, task_id: str, freed: bool, wait: Any, cooldown: float = 0.0
