@@ -5,7 +5,6 @@ is handled as ``lock_on_locked`` says. :mod:`.publish` and :mod:`.queue` extend 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import Any, ClassVar, NamedTuple, NoReturn
 
@@ -78,9 +77,7 @@ class RunMode:
             return lock.name
         return self.message_lock(task.locking.lock_name(task.name, args, kwargs))
 
-    def enter(
-        self, task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> TaskRun:
+    def enter(self, task: Any, request: Any, args: Any, kwargs: Any) -> TaskRun:
         """Take the job's lock for this run, or handle the run as a duplicate (raises)."""
         message = self.message_lock_of(task, request, args, kwargs)
         bound = task.locking.bound(task.app)
@@ -153,9 +150,7 @@ class RunMode:
         held = lock.held if isinstance(lock, Semaphore) else lock
         assert held is not None, "an acquired semaphore holds a slot"
         turn = None if limiter is None else self.admit(at, held, limiter)
-        run = self.entered(at, held)
-        run.turn = turn
-        return run
+        return TaskRun(at.task, held, turn=turn)
 
     def admit(self, at: Attempt, held: ReentrantLock | None, limiter: RateLimiter) -> Turn:
         """Take the call's ``lock_rate`` turn, or (it raises) come back for it: meanwhile a
@@ -202,10 +197,6 @@ class RunMode:
     def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:
         """Keep the job's hold for the call that comes back for its turn."""
         held.park(lease, holder_info(at.task.name, at.request.id), AT_COMEBACK)
-
-    def entered(self, at: Attempt, lock: ReentrantLock) -> TaskRun:
-        """The run holds its job's lock."""
-        return TaskRun(at.task, lock)
 
     def refused(
         self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply

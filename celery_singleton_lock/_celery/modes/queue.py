@@ -13,7 +13,7 @@ from typing import Any
 from celery.exceptions import Ignore
 
 from ..._errors import LockBackendError
-from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
+from ..._lock import AcquireReply, NamedLock, RateLimiter, ReentrantLock, Semaphore
 from ..hold import holder_info, report_duplicate, store_skipped
 from ..lifecycle import AT_COMEBACK, AT_PUBLISH
 from ..rate import Waited
@@ -87,9 +87,12 @@ class QueueMode(PublishMode):
             return True
         return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 
-    def entered(self, at: Attempt, lock: ReentrantLock) -> TaskRun:
-        """The run has the job's lock: free the queued lock for the next copy; the run's end
-        wakes the copy that waits for it."""
+    def started(
+        self, at: Attempt, lock: ReentrantLock | Semaphore, limiter: RateLimiter | None
+    ) -> TaskRun:
+        """The run has the job's lock (and its turn): free the queued lock for the next copy;
+        the run's end wakes the copy that waits for it."""
+        run = super().started(at, lock, limiter)
         task, request, bound, message = at
         task_id = request.id
         try:
@@ -106,10 +109,10 @@ class QueueMode(PublishMode):
         job, wait = self.job_of(at), request_wait(request)
         # After the release (or the cooldown's park): a copy that checked the lock before saw it
         # held, and so wrote its wait record before this read.
-        after_end = partial(wake_waiting, task, job, task_id, wait)
+        run.after_end = partial(wake_waiting, task, job, task_id, wait)
         # A woken copy that retries: its retry waits for nothing, so its claim ends as it parks.
-        after_park = None if wait is None else partial(end_claim, job, task_id, wait)
-        return TaskRun(task, lock, after_end, after_park)
+        run.after_park = None if wait is None else partial(end_claim, job, task_id, wait)
+        return run
 
     def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:
         """The copy stays the job's queued copy (its queued lock kept, as for a retry: never
