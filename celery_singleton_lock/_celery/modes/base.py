@@ -140,7 +140,7 @@ class RunMode:
                 lock.key,
             )
             raise Ignore()
-        return self.refused(at, self.job_of(at), lock, reply)
+        return self.refused(at, lock, reply)
 
     def started(
         self, at: Attempt, lock: ReentrantLock | Semaphore, limiter: RateLimiter | None
@@ -198,13 +198,11 @@ class RunMode:
         """Keep the job's hold for the call that comes back for its turn."""
         held.park(lease, holder_info(at.task.name, at.request.id), AT_COMEBACK)
 
-    def refused(
-        self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
-    ) -> TaskRun:
+    def refused(self, at: Attempt, lock: ReentrantLock | Semaphore, reply: AcquireReply) -> TaskRun:
         """A run-time duplicate: ``lock_on_locked``'s choice (it raises)."""
         # a later call may have taken its publish hold over since the run looked
         self.skip_if_replaced(at)
-        reason = refusal_reason(at.task, self.cooldown, job, reply.holder)
+        reason = refusal_reason(at.task, self.cooldown, self.job_of(at), reply.holder)
         self.conflict.refused(at.task, at.request, lock.key, reply, reason)
 
     def skip_if_replaced(self, at: Attempt) -> None:

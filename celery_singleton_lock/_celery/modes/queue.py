@@ -121,17 +121,15 @@ class QueueMode(PublishMode):
         info = holder_info(at.task.name, at.request.id)
         at.bound.space.named(at.message).park(at.request.id, lease, info=info, state=AT_COMEBACK)
 
-    def refused(
-        self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
-    ) -> TaskRun:
+    def refused(self, at: Attempt, lock: ReentrantLock | Semaphore, reply: AcquireReply) -> TaskRun:
         """The job runs: wait beside its lock for the run to end (never dropped). An eager call
         cannot wait in a queue: it ends as an eager duplicate does in the other modes."""
         task, request, bound, message = at
         if request.is_eager:
             # its queued lock goes first: nothing of the call is left to wait
             self.release_queued(task, bound, message, request.id)
-            return super().refused(at, job, lock, reply)
-        wait_for_run(task, request, job, lock, reply)  # raises its retry, or a slot came free:
+            return super().refused(at, lock, reply)
+        wait_for_run(task, request, self.job_of(at), lock, reply)  # raises, or a slot came free
         return self.started(at, lock, self.limiter_of(at))
 
     def replaced(self, task: Any, job: NamedLock, holder: str, by: str) -> None:
