@@ -258,8 +258,7 @@ class RunMode:
         job = bound.space.named(self.run_lock(message), self.limit)
         key, info = job.keys[0].lock, holder_info(task.name, task_id)
         if requeued:
-            lease = task.locking.queue_ttl(task.app)
-            if job.park(task_id, lease, info=info, state=AT_REDELIVERY):
+            if job.park(task_id, task.locking.queue_ttl(task.app), info=info, state=AT_REDELIVERY):
                 log_release.info(
                     "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
                 )

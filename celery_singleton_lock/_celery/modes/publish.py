@@ -33,9 +33,6 @@ from .wake import WAIT_HEADER, wait_of
 
 log = logging.getLogger("celery_singleton_lock.publish")
 
-#: ``send(task_id, options)``: the plain ``Task.apply_async`` with the other arguments bound
-Send = Callable[[str, dict[str, Any]], Any]
-
 
 def queue_lease(queue_ttl: float, when: Mapping[str, Any]) -> float:
     """How long a message's lock is held while it waits: until it ``expires`` (at least 1 s),
@@ -62,7 +59,7 @@ class PublishMode(RunMode):
     def publish(
         self,
         task: Any,
-        send: Send,
+        send: Callable[[str, dict[str, Any]], Any],
         args: Sequence[Any] | None,
         kwargs: Mapping[str, Any] | None,
         task_id: str | None,
@@ -70,7 +67,8 @@ class PublishMode(RunMode):
         has_callbacks: bool,
     ) -> Any:
         """``apply_async``: take the job's lock for the new task id and send, or send nothing
-        and return (or raise) the holder's."""
+        and return (or raise) the holder's. ``send(task_id, options)``: the plain
+        ``Task.apply_async`` with the other arguments bound."""
         locking, app = task.locking, task.app
         # A retry sends its run's id (reading the current request costs more than this test).
         retry = bool(task_id) and task_id == task.request.id
