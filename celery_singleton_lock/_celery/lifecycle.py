@@ -163,10 +163,11 @@ TABLE: tuple[Step, ...] = (
 
 
 def written(event: Event, when: str = "") -> HoldState:
-    """The hold state ``event`` writes: that of its one row whose condition contains ``when``
-    and that writes one."""
-    (state,) = {s.after for s in TABLE if s.event == event and when in s.when} & set(HoldState)
-    return HoldState(state)
+    """The hold state ``event`` writes (the row whose condition contains ``when``)."""
+    found = {s.after for s in TABLE if s.event == event and when in s.when} & set(HoldState)
+    if len(found) != 1:
+        raise LookupError(f"the table writes {sorted(found)} for {event} ({when!r})")
+    return HoldState(found.pop())
 
 
 def _held_before(event: Event) -> tuple[HoldState, ...]:
