@@ -10,17 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = [
-    "FREE",
-    "STATES",
-    "TABLE",
-    "Event",
-    "HoldState",
-    "Step",
-    "lifecycle_table",
-    "written",
-]
-
 
 class HoldState(StrEnum):
     """The state of a task's hold (the label Redis keeps; ``locks list`` shows it)."""
@@ -175,11 +164,10 @@ TABLE: tuple[Step, ...] = (
 
 def written(event: Event, when: str = "") -> HoldState:
     """The hold state ``event`` writes (the row whose condition contains ``when``)."""
-    found = {s.after for s in TABLE if s.event == event and when in s.when}
-    states = [HoldState(s) for s in found if s in HoldState.__members__.values()]
-    if len(states) != 1:
+    found = {s.after for s in TABLE if s.event == event and when in s.when} & set(HoldState)
+    if len(found) != 1:
         raise LookupError(f"the table writes {sorted(found)} for {event} ({when!r})")
-    return states[0]
+    return HoldState(found.pop())
 
 
 def _held_before(event: Event) -> tuple[HoldState, ...]:
@@ -204,10 +192,7 @@ PURGEABLE = _held_before(Event.OPERATOR_PURGE)
 
 def lifecycle_table() -> str:
     """The table as Markdown (``docs/lifecycle.md``)."""
-    rows = [
-        "| state | event | when | next state | Redis | answer |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = ["| state | event | when | next state | Redis | answer |", "| --- " * 6 + "|"]
     for s in TABLE:
         cells = (
             ", ".join(f"`{b}`" for b in s.before),

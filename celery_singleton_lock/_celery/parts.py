@@ -21,8 +21,6 @@ from .._lock import NamedLock, ReentrantLock
 from .hold import holder_info, release_if_in, report_duplicate, report_refusal, store_skipped
 from .lifecycle import AT_COOLDOWN, REPLACEABLE
 
-__all__ = ["REPLACED", "Cooldown", "Debounce"]
-
 log_cooldown = logging.getLogger("celery_singleton_lock.cooldown")
 log_debounce = logging.getLogger("celery_singleton_lock.debounce")
 
@@ -63,19 +61,17 @@ class Cooldown:
             )
         return kept
 
-    @staticmethod
-    def holds(job: NamedLock, holder: str) -> bool:
-        """Whether ``holder`` holds ``job`` for a cooldown (a read that fails says no)."""
-        try:
-            return any(s.holder == holder and s.state == AT_COOLDOWN for s in job.inspect())
-        except Exception:
-            return False
-
 
 def refusal_reason(task: Any, cooldown: Cooldown | None, job: NamedLock, holder: str) -> str:
     """Why a duplicate was refused ``job`` held by ``holder``: ``"cooldown"``, ``"limit"``
     (every slot taken) or ``"locked"``; the first two are counted (``refusals_total``)."""
-    if cooldown is not None and cooldown.holds(job, holder):
+    try:
+        cooling = cooldown is not None and any(
+            s.holder == holder and s.state == AT_COOLDOWN for s in job.inspect()
+        )
+    except Exception:  # a read that fails says no
+        cooling = False
+    if cooling:
         reason = "cooldown"
     elif job.permits > 1:
         reason = "limit"

@@ -31,7 +31,7 @@ RATE_HEADER = "singleton_lock_rate"
 #: instead of coming back: about what a comeback itself takes on a busy worker
 NEAR_TURN = 0.25
 
-#: the mode's ``yield_hold``: ``let_go(countdown)`` for a comeback, ``let_go(None)`` for none
+#: what the mode does with the hold: ``let_go(countdown)`` for a comeback, ``let_go(None)``: none
 LetGo = Callable[[float | None], None]
 
 

@@ -22,7 +22,6 @@ from .hold import holder_info
 from .lifecycle import AT_RETRY
 
 if TYPE_CHECKING:
-    from .config import Bound
     from .rate import Turn
 
 __all__ = ["TaskRun", "current_run", "retry_keeping_lock", "run_locked", "seconds_until"]
@@ -48,10 +47,8 @@ class TaskRun:
     parked: bool = False
     #: the body was reached: a call of the task from now on is a nested call inside its run
     body_started: bool = False
-    #: its ``lock_rate`` turn, and its bound config and message lock for a pause (never its
-    #: request: a run is kept by its request weakly)
+    #: its ``lock_rate`` turn
     turn: Turn | None = None
-    start: tuple[Bound, str] | None = None
 
     @property
     def held_lock(self) -> ReentrantLock | None:

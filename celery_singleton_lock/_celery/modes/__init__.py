@@ -6,13 +6,12 @@ from __future__ import annotations
 from ..options import LockOptions
 from .base import RunMode
 from .publish import PublishMode
-from .queue import QUEUED, QueueMode
+from .queue import QueueMode
 
-__all__ = ["QUEUED", "PublishMode", "QueueMode", "RunMode", "mode_for"]
-
-_MODES: dict[str, type[RunMode]] = {"run": RunMode, "publish": PublishMode, "queue": QueueMode}
+__all__ = ["PublishMode", "RunMode", "mode_for"]
 
 
 def mode_for(options: LockOptions) -> RunMode:
     """The mode of a task class with these (validated) options."""
-    return _MODES[options.lock_at](options)
+    modes = {"run": RunMode, "publish": PublishMode, "queue": QueueMode}
+    return modes[options.lock_at](options)

@@ -5,32 +5,22 @@ is handled as ``lock_on_locked`` says. :mod:`.publish` and :mod:`.queue` extend 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, NoReturn
 
 from celery import states
 from celery.exceptions import Ignore
 
 from ..._errors import LockBackendError
-from ..._lock import (
-    AcquireReply,
-    NamedLock,
-    RateLimiter,
-    ReentrantLock,
-    Semaphore,
-    new_run_token,
-)
+from ..._lock import AcquireReply, NamedLock, RateLimiter, ReentrantLock, Semaphore, new_run_token
 from ..config import Bound
 from ..conflict import Conflict, conflict_for
 from ..hold import MessageLock, holder_info, release_if_in
 from ..lifecycle import AT_COMEBACK, AT_COOLDOWN, AT_REDELIVERY, AT_RUN, REVOCABLE
 from ..options import LockOptions
-from ..parts import Cooldown, refusal_reason
+from ..parts import REPLACED, Cooldown, Debounce, refusal_reason, skip_replaced
 from ..rate import TaskRate, Turn
 from ..run import TaskRun
-
-__all__ = ["Attempt", "RunMode", "free_revoked_holder"]
 
 log = logging.getLogger("celery_singleton_lock.run")
 log_release = logging.getLogger("celery_singleton_lock.release")
@@ -49,34 +39,32 @@ class Attempt(NamedTuple):
 class RunMode:
     """``lock_at="run"``: held while the task runs."""
 
-    name: ClassVar[str] = "run"
     at_publish: ClassVar[bool] = False
+    #: a job's message lock is its name with this after it (queue mode: the queued lock)
+    suffix: ClassVar[str] = ""
 
     def __init__(self, options: LockOptions) -> None:
         self.options = options
         #: ``False`` with ``lock_rate`` alone (``lock_limit=None``): a run takes no lock
         self.holds_lock = options.lock_limit is not None
         self.limit = options.lock_limit or 1
+        #: how many messages of one job may hold its message lock at once: a publish's hold is
+        #: its run's; queue mode's is the one copy that waits
+        self.message_permits = 1 if self.suffix else self.limit
         self.conflict: Conflict = conflict_for(options)
-        self.cooldown = (
-            None
-            if options.lock_cooldown is None
-            else Cooldown(options.lock_cooldown, options.lock_cooldown_on_failure)
-        )
+        self.cooldown: Cooldown | None = None
+        if options.lock_cooldown is not None:
+            self.cooldown = Cooldown(options.lock_cooldown, options.lock_cooldown_on_failure)
         self.rate = None if options.lock_rate is None else TaskRate(options)
-
-    @property
-    def message_permits(self) -> int:
-        """How many messages of one job may hold its message lock at once."""
-        return 1
+        self.debounce = None if options.lock_debounce is None else Debounce(options.lock_debounce)
 
     def message_lock(self, name: str) -> str:
         """The lock a queued message of the job ``name`` holds."""
-        return name
+        return name + self.suffix
 
     def run_lock(self, message_lock: str) -> str:
         """The lock a run takes, from the lock its message holds."""
-        return message_lock
+        return message_lock.removesuffix(self.suffix)
 
     def job_of(self, at: Attempt) -> NamedLock:
         return at.bound.space.named(self.run_lock(at.message), self.limit)
@@ -89,23 +77,14 @@ class RunMode:
             return lock.name
         return self.message_lock(task.locking.lock_name(task.name, args, kwargs))
 
-    def enter(
-        self, task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> TaskRun:
+    def enter(self, task: Any, request: Any, args: Any, kwargs: Any) -> TaskRun:
         """Take the job's lock for this run, or handle the run as a duplicate (raises)."""
         message = self.message_lock_of(task, request, args, kwargs)
         bound = task.locking.bound(task.app)
         try:
             return self.take(Attempt(task, request, bound, message))
         except LockBackendError as exc:
-            if not bound.config.proceed_on_backend_error:
-                raise
-            log.error(
-                "Redis failed for the lock of task %s; going on WITHOUT the lock "
-                "(singleton_lock_on_backend_error='proceed'): %s",
-                task.name,
-                exc,
-            )
+            proceed_without_lock(log, task, "going on", exc)
             return TaskRun(task, None)
 
     def check_rate(self, task: Any, name: str, args: Any, kwargs: Any) -> None:
@@ -127,7 +106,7 @@ class RunMode:
         limiter = self.limiter_of(at)
         if not self.holds_lock:  # lock_rate alone: no lock, the limiter only
             assert limiter is not None, "lock_limit=None is refused without lock_rate"
-            return TaskRun(task, None, turn=self.admit(at, None, limiter), start=(bound, message))
+            return TaskRun(task, None, turn=self.admit(at, None, limiter))
         # owned by the task id, with a run token of its own
         info = holder_info(task.name, request.id, self.limit)
         ttl, owner, token = bound.ttl, request.id, new_run_token()
@@ -161,7 +140,7 @@ class RunMode:
                 lock.key,
             )
             raise Ignore()
-        return self.refused(at, self.job_of(at), lock, reply)
+        return self.refused(at, lock, reply)
 
     def started(
         self, at: Attempt, lock: ReentrantLock | Semaphore, limiter: RateLimiter | None
@@ -171,83 +150,68 @@ class RunMode:
         held = lock.held if isinstance(lock, Semaphore) else lock
         assert held is not None, "an acquired semaphore holds a slot"
         turn = None if limiter is None else self.admit(at, held, limiter)
-        run = self.entered(at, held)
-        run.turn, run.start = turn, (at.bound, at.message)
-        return run
+        return TaskRun(at.task, held, turn=turn)
 
-    def admit(
-        self,
-        at: Attempt,
-        held: ReentrantLock | None,
-        limiter: RateLimiter,
-        run: TaskRun | None = None,
-        pause: float = 0.0,
-    ) -> Turn:
-        """Take the call's ``lock_rate`` turn, or come back for it (``run``: after its body
-        paused the limiter for ``pause`` seconds), its hold as :meth:`yield_hold` says. When the
-        limiter fails (Redis) before the body, what the run took is let go first."""
-        rate = self.rate
-        assert rate is not None
+    def admit(self, at: Attempt, held: ReentrantLock | None, limiter: RateLimiter) -> Turn:
+        """Take the call's ``lock_rate`` turn, or (it raises) come back for it: meanwhile a
+        run-time lock is let go; publish and queue modes keep the job's place for the comeback,
+        as for a retry. When the limiter fails (Redis), what the run took is let go first."""
+        assert self.rate is not None
         gave_up = False
 
         def let_go(countdown: float | None) -> None:
             nonlocal gave_up
             gave_up = True
-            if held is not None:
-                self.yield_hold(at, held, countdown, run)
+            if held is None:
+                return
+            if countdown is not None and self.at_publish:
+                self.park_place(at, held, countdown + at.task.locking.queue_ttl(at.task.app))
+            else:
+                held.release_all()
+                self.release_queued(at.task, at.bound, at.message, at.request.id)
 
         try:
-            if run is not None:
-                assert run.turn is not None
-                rate.paused(at.task, at.request, run.turn, pause, self.conflict, let_go)
-            return rate.admit(at.task, at.request, limiter, self.conflict, let_go)
+            return self.rate.admit(at.task, at.request, limiter, self.conflict, let_go)
         except LockBackendError:
-            if held is not None and run is None and not gave_up:
+            if held is not None and not gave_up:
                 with suppress(Exception):  # resent in the background when Redis fails
                     held.release_all()
             raise
 
-    def rate_paused(self, task: Any, request: Any, run: TaskRun, seconds: float) -> Turn:
-        """The body of ``run`` raised a rate limit of ``seconds``: come back after it."""
-        assert run.turn is not None and run.start is not None
-        at = Attempt(task, request, *run.start)
-        return self.admit(at, run.lock, run.turn.limiter, run, seconds)
+    def rate_paused(self, task: Any, request: Any, run: TaskRun, seconds: float) -> NoReturn:
+        """The body of ``run`` raised a rate limit of ``seconds``: come back after it, the hold
+        parked as for a retry (publish and queue modes) or let go."""
+        assert run.turn is not None and self.rate is not None
 
-    def yield_hold(
-        self, at: Attempt, held: ReentrantLock, countdown: float | None, run: TaskRun | None = None
-    ) -> None:
-        """What the job's hold does while a call waits for its ``lock_rate`` turn, before its
-        body or (``run``) after the body paused the limiter: the call comes back in
-        ``countdown`` seconds, or never (``None``). A run-time lock is let go; publish and queue
-        modes keep the job's place for the comeback, as for a retry."""
-        if countdown is not None and self.at_publish:
-            if run is not None:
+        def let_go(countdown: float | None) -> None:
+            if countdown is not None and self.at_publish:
                 run.park(countdown)
             else:
-                self.park_place(at, held, countdown + at.task.locking.queue_ttl(at.task.app))
-        elif run is not None:
-            # After a park for a comeback that was not sent, the hold is taken back first; let
-            # go as a run's end is (a copy that waits for the run is woken), with no cooldown.
-            run.unpark()
-            run.finish("a rate limit", failed=False, cooldown=False)
-        else:
-            held.release_all()
-            self.release_queued(at.task, at.bound, at.message, at.request.id)
+                # After a park for a comeback that was not sent, the hold is taken back first;
+                # let go as a run's end is (a copy that waits for the run is woken), no cooldown.
+                run.unpark()
+                run.finish("a rate limit", failed=False, cooldown=False)
+
+        self.rate.paused(task, request, run.turn, seconds, self.conflict, let_go)
 
     def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:
         """Keep the job's hold for the call that comes back for its turn."""
         held.park(lease, holder_info(at.task.name, at.request.id), AT_COMEBACK)
 
-    def entered(self, at: Attempt, lock: ReentrantLock) -> TaskRun:
-        """The run holds its job's lock."""
-        return TaskRun(at.task, lock)
-
-    def refused(
-        self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
-    ) -> TaskRun:
+    def refused(self, at: Attempt, lock: ReentrantLock | Semaphore, reply: AcquireReply) -> TaskRun:
         """A run-time duplicate: ``lock_on_locked``'s choice (it raises)."""
-        reason = refusal_reason(at.task, self.cooldown, job, reply.holder)
+        # a later call may have taken its publish hold over since the run looked
+        self.skip_if_replaced(at)
+        reason = refusal_reason(at.task, self.cooldown, self.job_of(at), reply.holder)
         self.conflict.refused(at.task, at.request, lock.key, reply, reason)
+
+    def skip_if_replaced(self, at: Attempt) -> None:
+        """With ``lock_debounce``: end the run (SKIPPED) if a later call replaced its message."""
+        if self.debounce is not None:
+            job = at.bound.space.named(at.message)
+            by = job.note(REPLACED, at.request.id)
+            if by is not None:
+                skip_replaced(at.task, at.request, job.keys[0].lock, by)
 
     def failed_before_body(
         self, task: Any, request: Any, args: Any, kwargs: Any, exc: BaseException
@@ -290,15 +254,11 @@ class RunMode:
         failed: its cooldown, if a failure starts one, parks it."""
         if not self.holds_lock:
             return  # lock_rate alone: the run held no lock
-        app = task.app
-        bound = task.locking.bound(app)
-        name = self.run_lock(message)
-        job = bound.space.named(name, self.limit)
-        key = job.keys[0].lock
-        info = holder_info(task.name, task_id)
+        bound = task.locking.bound(task.app)
+        job = bound.space.named(self.run_lock(message), self.limit)
+        key, info = job.keys[0].lock, holder_info(task.name, task_id)
         if requeued:
-            lease = task.locking.queue_ttl(app)
-            if job.park(task_id, lease, info=info, state=AT_REDELIVERY):
+            if job.park(task_id, task.locking.queue_ttl(task.app), info=info, state=AT_REDELIVERY):
                 log_release.info(
                     "kept %s of %s[%s] for its redelivery after %s", key, task.name, task_id, why
                 )
@@ -319,7 +279,10 @@ class RunMode:
         """A debounced call ``by`` replaced the message of ``holder`` holding ``job``."""
 
     def release_queued(self, task: Any, bound: Bound, message: str, task_id: str) -> None:
-        """Free the run's message lock, when it is another lock than the run's (queue mode)."""
+        """Free the run's message lock, when it is another lock than the run's (queue mode):
+        resent in the background for as long as the queued hold may live."""
+        if self.suffix:
+            bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
 
     def released(
         self, task: Any, job: NamedLock, task_id: str, freed: bool, wait: Any, cooldown: float = 0.0
@@ -334,10 +297,7 @@ def free_revoked_holder(task: Any, job: NamedLock, holder: str) -> bool:
     releases. On any error the holder is taken to be alive."""
     try:
         freed = release_if_in(
-            job,
-            holder,
-            REVOCABLE,
-            lambda: task.backend.get_state(holder) == states.REVOKED,
+            job, holder, REVOCABLE, lambda: task.backend.get_state(holder) == states.REVOKED
         )
     except Exception as exc:
         log_release.debug("not freeing %s of revoked task %s: %r", job.name, holder, exc)
@@ -347,3 +307,17 @@ def free_revoked_holder(task: Any, job: NamedLock, holder: str) -> bool:
             "released %s: its holder, task %s, was revoked while queued", job.keys[0].lock, holder
         )
     return freed
+
+
+def proceed_without_lock(logger: logging.Logger, task: Any, doing: str, exc: Exception) -> None:
+    """Redis failed for the lock of ``task``: raise, or (``singleton_lock_on_backend_error=
+    'proceed'``) log that the call is ``doing`` without it."""
+    if not task.locking.bound(task.app).config.proceed_on_backend_error:
+        raise exc
+    logger.error(
+        "Redis failed for the lock of task %s; %s WITHOUT the lock "
+        "(singleton_lock_on_backend_error='proceed'): %s",
+        task.name,
+        doing,
+        exc,
+    )

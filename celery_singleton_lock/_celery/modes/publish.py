@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..._errors import AlreadyQueuedError, LockBackendError, MisconfiguredError
-from ..._lock import MAX_LEASE_SECONDS, AcquireReply, NamedLock, ReentrantLock, Semaphore
+from ..._lock import MAX_LEASE_SECONDS, AcquireReply, NamedLock
 from ..canvas import (
     canvas_member,
     chord_member_of,
@@ -24,27 +24,20 @@ from ..canvas import (
     sent_by_worker,
 )
 from ..config import Bound
-from ..hold import HoldState, MessageLock, holder_info, report_duplicate
+from ..hold import MessageLock, holder_info, report_duplicate
 from ..lifecycle import AT_PUBLISH, AT_RETRY
-from ..options import LockOptions
-from ..parts import REPLACED, Debounce, refusal_reason, skip_replaced
+from ..parts import refusal_reason, skip_replaced
 from ..run import TaskRun, seconds_until
-from .base import Attempt, RunMode, free_revoked_holder
-
-__all__ = ["PublishMode", "queue_lease"]
+from .base import Attempt, RunMode, free_revoked_holder, proceed_without_lock
+from .wake import WAIT_HEADER, wait_of
 
 log = logging.getLogger("celery_singleton_lock.publish")
-log_release = logging.getLogger("celery_singleton_lock.release")
-
-#: ``send(task_id, options)``: the plain ``Task.apply_async`` with the other arguments bound
-Send = Callable[[str, dict[str, Any]], Any]
 
 
-def queue_lease(
-    queue_ttl: float, expires: Any = None, eta: Any = None, countdown: Any = None
-) -> float:
-    """How long a message's lock is held while it waits: until it expires (at least 1 s), or
-    its delay plus ``queue_ttl``; at most the longest lease."""
+def queue_lease(queue_ttl: float, when: Mapping[str, Any]) -> float:
+    """How long a message's lock is held while it waits: until it ``expires`` (at least 1 s),
+    or its delay (``eta``, ``countdown``) plus ``queue_ttl``; at most the longest lease."""
+    expires, eta, countdown = when.get("expires"), when.get("eta"), when.get("countdown")
     if expires is None and eta is None and countdown is None:  # most calls: the TTL alone
         return min(0.0 + queue_ttl, MAX_LEASE_SECONDS)
     until_expiry = seconds_until(expires)
@@ -61,21 +54,12 @@ def queue_lease(
 class PublishMode(RunMode):
     """``lock_at="publish"``: taken at publish, held through the end of the run."""
 
-    name = "publish"
     at_publish = True
-
-    def __init__(self, options: LockOptions) -> None:
-        super().__init__(options)
-        self.debounce = None if options.lock_debounce is None else Debounce(options.lock_debounce)
-
-    @property
-    def message_permits(self) -> int:
-        return self.limit  # a message's hold is its run's
 
     def publish(
         self,
         task: Any,
-        send: Send,
+        send: Callable[[str, dict[str, Any]], Any],
         args: Sequence[Any] | None,
         kwargs: Mapping[str, Any] | None,
         task_id: str | None,
@@ -83,9 +67,9 @@ class PublishMode(RunMode):
         has_callbacks: bool,
     ) -> Any:
         """``apply_async``: take the job's lock for the new task id and send, or send nothing
-        and return (or raise) the holder's."""
-        locking = task.locking
-        app = task.app
+        and return (or raise) the holder's. ``send(task_id, options)``: the plain
+        ``Task.apply_async`` with the other arguments bound."""
+        locking, app = task.locking, task.app
         # A retry sends its run's id (reading the current request costs more than this test).
         retry = bool(task_id) and task_id == task.request.id
         task_id = task_id or str(uuid.uuid4())
@@ -93,14 +77,14 @@ class PublishMode(RunMode):
         self.check_rate(task, name, args, kwargs)
         if self.debounce is not None:
             self.debounce.delay(task, task_id, options)
-        lease = queue_lease(
-            locking.queue_ttl(app),
-            options.get("expires"),
-            options.get("eta"),
-            options.get("countdown"),
-        )
+        lease = queue_lease(locking.queue_ttl(app), options)
         info = holder_info(task.name, task_id, self.message_permits)
-        state = self.retry_state(options) if retry else AT_PUBLISH
+        # A retry's hold is ``requeued`` (what acts on waiting messages by state must see it),
+        # but a queued copy's fallback re-enters the queued lock of a copy that never ran: it
+        # stays ``queued`` (a debounced call may still replace it).
+        headers = options.get("headers") or {}
+        fallback = wait_of(headers.get(WAIT_HEADER), options.get("retries")) is not None
+        state = AT_RETRY if retry and not fallback else AT_PUBLISH
         bound = locking.bound(app)
         job = bound.space.named(name, self.message_permits)
         try:
@@ -115,14 +99,7 @@ class PublishMode(RunMode):
             ):
                 reply = job.take(task_id, lease, info=info, state=state)
         except LockBackendError as exc:
-            if not bound.config.proceed_on_backend_error:
-                raise
-            log.error(
-                "Redis failed for the lock of task %s; publishing WITHOUT the lock "
-                "(singleton_lock_on_backend_error='proceed'): %s",
-                task.name,
-                exc,
-            )
+            proceed_without_lock(log, task, "publishing", exc)
             # the header marks the message as handled (install()'s receiver must not try again)
             return send(task_id, _with_lock(options, MessageLock(name)))
         if not reply.acquired and retry:
@@ -145,11 +122,6 @@ class PublishMode(RunMode):
                     exc,
                 )
             raise
-
-    def retry_state(self, options: dict[str, Any]) -> HoldState:
-        """The state a retry's publish writes on the hold it re-enters or takes afresh:
-        ``requeued``, never empty (what acts on waiting messages by state must see it)."""
-        return AT_RETRY
 
     def duplicate_publish(
         self,
@@ -208,20 +180,15 @@ class PublishMode(RunMode):
     ) -> None:
         """The lock of a message sent by name (``before_task_publish``): taken when free and
         named in its headers; a duplicate is only logged (the worker's check skips it)."""
-        locking = task.locking
-        app = task.app
+        locking, app = task.locking, task.app
         try:
             name = self.message_lock(locking.lock_name(task.name, args, kwargs))
             self.check_rate(task, name, args, kwargs)
-            lease = queue_lease(locking.queue_ttl(app), headers.get("expires"), headers.get("eta"))
+            lease = queue_lease(locking.queue_ttl(app), headers)
             bound = locking.bound(app)
             job = bound.space.named(name, self.message_permits)
-            reply = job.take(
-                task_id,
-                lease,
-                info=holder_info(task.name, task_id, self.message_permits),
-                state=AT_PUBLISH,
-            )
+            info = holder_info(task.name, task_id, self.message_permits)
+            reply = job.take(task_id, lease, info=info, state=AT_PUBLISH)
         except (LockBackendError, MisconfiguredError, TypeError, ValueError) as exc:
             log.error("could not take the publish lock of %s[%s]: %s", task.name, task_id, exc)
             return
@@ -247,29 +214,12 @@ class PublishMode(RunMode):
         hold go), once its message is known to be the job's."""
         if not self.options.lock_release_on_start:
             return super().take(at)
-        task, request = at.task, at.request
         job = self.job_of(at)
-        released = job.release(request.id)
-        if not released.owned and self.debounce is not None:
+        if not job.release(at.request.id).owned and self.debounce is not None:
             holder = job.holder()
-            if holder and holder != request.id:
-                skip_replaced(task, request, job.keys[0].lock, holder)
-        return TaskRun(task, None)
-
-    def refused(
-        self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
-    ) -> TaskRun:
-        # a later call may have taken its publish hold over since the run looked
-        self.skip_if_replaced(at)
-        return super().refused(at, job, lock, reply)
-
-    def skip_if_replaced(self, at: Attempt) -> None:
-        """With ``lock_debounce``: end the run (SKIPPED) if a later call replaced its message."""
-        if self.debounce is not None:
-            job = at.bound.space.named(at.message)
-            by = job.note(REPLACED, at.request.id)
-            if by is not None:
-                skip_replaced(at.task, at.request, job.keys[0].lock, by)
+            if holder and holder != at.request.id:
+                skip_replaced(at.task, at.request, job.keys[0].lock, holder)
+        return TaskRun(at.task, None)
 
 
 def _sent_prefix(bound: Bound) -> str | None:

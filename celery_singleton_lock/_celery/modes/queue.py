@@ -7,32 +7,20 @@ its lock, with no pool process, until the run's end wakes it (:mod:`.wake`).
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from celery.exceptions import Ignore
 
 from ..._errors import LockBackendError
-from ..._lock import AcquireReply, NamedLock, ReentrantLock, Semaphore
-from ..config import Bound
-from ..hold import HoldState, holder_info, report_duplicate, store_skipped
-from ..lifecycle import AT_COMEBACK, AT_PUBLISH, AT_RETRY
+from ..._lock import AcquireReply, NamedLock, RateLimiter, ReentrantLock, Semaphore
+from ..hold import holder_info, report_duplicate, store_skipped
+from ..lifecycle import AT_COMEBACK, AT_PUBLISH
 from ..rate import Waited
 from ..run import TaskRun
-from .base import Attempt, RunMode
+from .base import Attempt
 from .publish import PublishMode
-from .wake import (
-    WAIT_HEADER,
-    Wait,
-    claim_wait,
-    end_claim,
-    replace_waiter,
-    request_wait,
-    wait_for_run,
-    wait_of,
-    wake_waiting,
-)
-
-__all__ = ["QUEUED", "QueueMode"]
+from .wake import claim_wait, end_claim, replace_waiter, request_wait, wait_for_run, wake_waiting
 
 log = logging.getLogger("celery_singleton_lock.run")
 
@@ -43,60 +31,33 @@ QUEUED = ":queued"
 class QueueMode(PublishMode):
     """``lock_at="queue"``: one copy queued and one running."""
 
-    name = "queue"
-
-    @property
-    def message_permits(self) -> int:
-        return 1  # the one copy that waits
-
-    def message_lock(self, name: str) -> str:
-        return name + QUEUED
-
-    def run_lock(self, message_lock: str) -> str:
-        return message_lock[: -len(QUEUED)] if message_lock.endswith(QUEUED) else message_lock
-
-    def retry_state(self, options: dict[str, Any]) -> HoldState:
-        """A waiting copy's fallback re-enters the queued lock of a copy that never ran: it stays
-        ``queued`` (a debounced call may still replace it)."""
-        headers = options.get("headers") or {}
-        if wait_of(headers.get(WAIT_HEADER), options.get("retries")) is not None:
-            return AT_PUBLISH
-        return AT_RETRY
+    suffix = QUEUED
 
     def take(self, at: Attempt) -> TaskRun:
+        """Make sure this message is the job's one queued copy: re-enter its queued lock (or
+        take it, its hold gone), then take the job's lock. Held by another task, this message
+        is skipped: a later call replaced it (``lock_debounce``), or it duplicates a copy
+        published by name."""
         task, request, bound, message = at
         self.check_rate(task, message, request.args, request.kwargs)
-        wait = request_wait(request)
-        # a wake or a fallback: only the first of them runs the copy
-        again = wait is not None and claim_wait(
-            task, request, self.job_of(at), bound.space.keys(message).lock, wait
-        )
-        self.still_queued(at, wait, again)
-        return self.take_run(at)
-
-    def still_queued(self, at: Attempt, wait: Wait | None, again: bool) -> None:
-        """Make sure this message is the job's one queued copy: re-enter its queued lock (or
-        take it, its hold gone). Held by another task, this message is skipped: a later call
-        replaced it (``lock_debounce``), or it duplicates a copy published by name."""
-        task, request, bound, message = at
-        queued = bound.space.named(message)
+        queued, wait = bound.space.named(message), request_wait(request)
+        key, lease = queued.keys[0].lock, task.locking.queue_ttl(task.app)
+        info = holder_info(task.name, request.id)
         if wait is None:
             # (a replaced copy's wake or fallback learns it from its wait record instead)
             self.skip_if_replaced(at)
-        lease = task.locking.queue_ttl(task.app)
-        info = holder_info(task.name, request.id)
-        if wait is not None and self.debounce is not None and not again:
+        # a wake or a fallback: only the first of them runs the copy (again: it had claimed it)
+        elif (
+            not claim_wait(task, request, self.job_of(at), key, wait) and self.debounce is not None
+        ):
             # A copy that waited: its queued lock is still its own, or a later call replaced it
             # (and may have run already, leaving it free: the note says so), or it ran out.
             if queued.park(request.id, lease, info=info, state=AT_PUBLISH):
-                return
+                return self.take_run(at)
             self.skip_if_replaced(at)
         reply = queued.take(request.id, lease, info=info, state=AT_PUBLISH)
-        if reply.acquired:
-            return
-        key = queued.keys[0].lock
-        if wait is None and self.has_place(at):
-            return
+        if reply.acquired or (wait is None and self.has_place(at)):
+            return self.take_run(at)
         if wait is not None:
             end_claim(self.job_of(at), request.id, wait)
         # replaced by a later call since it looked; else a duplicate of the queued copy
@@ -126,9 +87,12 @@ class QueueMode(PublishMode):
             return True
         return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 
-    def entered(self, at: Attempt, lock: ReentrantLock) -> TaskRun:
-        """The run has the job's lock: free the queued lock for the next copy; the run's end
-        wakes the copy that waits for it."""
+    def started(
+        self, at: Attempt, lock: ReentrantLock | Semaphore, limiter: RateLimiter | None
+    ) -> TaskRun:
+        """The run has the job's lock (and its turn): free the queued lock for the next copy;
+        the run's end wakes the copy that waits for it."""
+        run = super().started(at, lock, limiter)
         task, request, bound, message = at
         task_id = request.id
         try:
@@ -142,20 +106,13 @@ class QueueMode(PublishMode):
                 bound.space.keys(message).lock,
                 exc,
             )
-        job = self.job_of(at)
-        wait = request_wait(request)
-
-        def after_end(cooldown: float) -> None:
-            # After the release (or the cooldown's park): a copy that checked the lock before
-            # saw it held, and so wrote its wait record before this read.
-            wake_waiting(task, job, task_id, wait, countdown=cooldown)
-
-        def after_park() -> None:
-            # A woken copy that retries: its retry waits for nothing, so its claim ends here.
-            if wait is not None:
-                end_claim(job, task_id, wait)
-
-        return TaskRun(task, lock, after_end, after_park)
+        job, wait = self.job_of(at), request_wait(request)
+        # After the release (or the cooldown's park): a copy that checked the lock before saw it
+        # held, and so wrote its wait record before this read.
+        run.after_end = partial(wake_waiting, task, job, task_id, wait)
+        # A woken copy that retries: its retry waits for nothing, so its claim ends as it parks.
+        run.after_park = None if wait is None else partial(end_claim, job, task_id, wait)
+        return run
 
     def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:
         """The copy stays the job's queued copy (its queued lock kept, as for a retry: never
@@ -164,17 +121,15 @@ class QueueMode(PublishMode):
         info = holder_info(at.task.name, at.request.id)
         at.bound.space.named(at.message).park(at.request.id, lease, info=info, state=AT_COMEBACK)
 
-    def refused(
-        self, at: Attempt, job: NamedLock, lock: ReentrantLock | Semaphore, reply: AcquireReply
-    ) -> TaskRun:
+    def refused(self, at: Attempt, lock: ReentrantLock | Semaphore, reply: AcquireReply) -> TaskRun:
         """The job runs: wait beside its lock for the run to end (never dropped). An eager call
         cannot wait in a queue: it ends as an eager duplicate does in the other modes."""
         task, request, bound, message = at
         if request.is_eager:
             # its queued lock goes first: nothing of the call is left to wait
             self.release_queued(task, bound, message, request.id)
-            return RunMode.refused(self, at, job, lock, reply)
-        wait_for_run(task, request, job, lock, reply)  # raises its retry, or a slot came free:
+            return super().refused(at, lock, reply)
+        wait_for_run(task, request, self.job_of(at), lock, reply)  # raises, or a slot came free
         return self.started(at, lock, self.limiter_of(at))
 
     def replaced(self, task: Any, job: NamedLock, holder: str, by: str) -> None:
@@ -185,12 +140,8 @@ class QueueMode(PublishMode):
         except LockBackendError as exc:  # its message finds its queued lock gone instead
             log.warning("could not mark task %s as replaced by %s: %s", holder, by, exc)
 
-    def release_queued(self, task: Any, bound: Bound, message: str, task_id: str) -> None:
-        # resent in the background for as long as the queued hold may live
-        bound.space.named(message).release(task_id, retry_for=task.locking.queue_ttl(task.app))
-
     def released(
         self, task: Any, job: NamedLock, task_id: str, freed: bool, wait: Any, cooldown: float = 0.0
     ) -> None:
         if freed or wait is not None:
-            wake_waiting(task, job, task_id, wait, wake=freed, countdown=cooldown)
+            wake_waiting(task, job, task_id, wait, cooldown, wake=freed)

@@ -31,18 +31,6 @@ from ..._lock import (
 from ..hold import HEADER, store_retry
 from ..parts import skip_replaced
 
-__all__ = [
-    "WAIT_HEADER",
-    "Wait",
-    "claim_wait",
-    "end_claim",
-    "replace_waiter",
-    "request_wait",
-    "wait_for_run",
-    "wait_of",
-    "wake_waiting",
-]
-
 log = logging.getLogger("celery_singleton_lock.run")
 
 #: the message header of a queued copy's wake and fallback: ``token.mark.retries``
@@ -152,10 +140,7 @@ def wait_of(value: Any, retries: Any) -> Wait | None:
 
 def request_wait(request: Any) -> Wait | None:
     """The wait the message of ``request`` (a task's request Context) carries."""
-    get = getattr(request, "get", None)
-    if get is None:
-        return None
-    return wait_of(get(WAIT_HEADER), getattr(request, "retries", 0))
+    return wait_of(request.get(WAIT_HEADER), getattr(request, "retries", 0))
 
 
 def claim_wait(task: Any, request: Any, job: NamedLock, queued_key: str, wait: Wait) -> bool:
@@ -195,28 +180,19 @@ def _payload(task: Any, request: Any, retries: int, headers: dict[str, Any]) -> 
 
 
 def wait_for_run(
-    task: Any,
-    request: Any,
-    job: NamedLock,
-    lock: ReentrantLock | Semaphore,
-    refusal: AcquireReply,
-) -> AcquireReply:
+    task: Any, request: Any, job: NamedLock, lock: ReentrantLock | Semaphore, refusal: AcquireReply
+) -> None:
     """The job runs: wait beside its lock for the run to end, as the job's one queued copy:
     store ``RETRY``, send the fallback, write the wait record and end the message (``Ignore``).
-    Returns the lock's reply instead when a slot was found free meanwhile and taken."""
-    locking = task.locking
-    options = locking.options
-    app = task.app
-    lease = locking.bound(app).ttl
-    retries = request.retries + 1
+    Returns instead when a slot was found free meanwhile and taken."""
+    locking, app, retries = task.locking, task.app, request.retries + 1
     headers = {k: v for k, v in (request.headers or {}).items() if k != WAIT_HEADER}
     token = uuid.uuid4().hex
     record = f"{token}\n{_payload(task, request, retries, headers)}"
-    if options.lock_retry_countdown:
-        countdown = options.lock_retry_countdown
-    else:
-        left = lease if refusal.lease_left < 0 else min(refusal.lease_left, lease)
-        countdown = left + FALLBACK_MARGIN
+    countdown = locking.options.lock_retry_countdown
+    if not countdown:
+        lease, left = locking.bound(app).ttl, refusal.lease_left
+        countdown = (lease if left < 0 else min(left, lease)) + FALLBACK_MARGIN
     headers[WAIT_HEADER] = _header(token, uuid.uuid4().hex, retries)
     # RETRY first: a wake may run the copy elsewhere at once, and its SUCCESS must be last.
     store_retry(task, request)
@@ -241,9 +217,8 @@ def wait_for_run(
                 # written although a slot is free: woken now, to try again from the queue
                 _send_wake(task, job.name, record)
             break
-        reply = lock.try_acquire()  # the run ended just now: try again at once
-        if reply.acquired:
-            return reply
+        if lock.try_acquire().acquired:  # the run ended just now: try again at once
+            return
     log.info(
         "%s[%s] waits for the run of its job (lock %s) to end; it comes back then, or in "
         "%.1f s at the latest",
@@ -256,13 +231,7 @@ def wait_for_run(
 
 
 def wake_waiting(
-    task: Any,
-    job: NamedLock,
-    task_id: str = "",
-    wait: Wait | None = None,
-    *,
-    wake: bool = True,
-    countdown: float = 0.0,
+    task: Any, job: NamedLock, task_id: str, wait: Wait | None, countdown: float, wake: bool = True
 ) -> None:
     """A run of ``job`` let its lock (or slot) go just before: send every waiting copy's message
     again (``wake``), in ``countdown`` seconds (a cooldown), and drop ``task_id``'s own record
