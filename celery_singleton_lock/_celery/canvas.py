@@ -17,16 +17,8 @@ from celery.app.task import Context
 
 from .._errors import AlreadyQueuedError, ChordDuplicateError
 from .config import LockConfig
-from .hold import HoldState, MessageLock
-
-__all__ = [
-    "canvas_member",
-    "chord_member_of",
-    "fail_member",
-    "note_chord_member",
-    "refuse_chord_member",
-    "sent_by_worker",
-]
+from .hold import MessageLock
+from .lifecycle import HoldState
 
 log = logging.getLogger("celery_singleton_lock.publish")
 

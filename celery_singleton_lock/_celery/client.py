@@ -14,8 +14,6 @@ from .settings import REDIS_SCHEMES, parse_sentinel_url, scheme_of
 if TYPE_CHECKING:
     from .config import LockConfig
 
-__all__ = ["SOCKET_TIMEOUT", "make_client"]
-
 
 def _resolve_url(config: LockConfig, conf: Any) -> tuple[str, str]:
     """The URL of the locks' Redis, and the setting it came from (for errors)."""

@@ -15,8 +15,6 @@ import time
 from collections import Counter
 from typing import Any
 
-__all__ = ["FLUSH_INTERVAL", "LOST", "RETENTION_S", "RecentCounter", "count", "counts_key"]
-
 log = logging.getLogger("celery_singleton_lock.counts")
 
 #: seconds between two writes of a process's counts (while it has some)

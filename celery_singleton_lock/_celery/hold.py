@@ -19,24 +19,6 @@ from .._lock import NamedLock
 from .counts import count
 from .lifecycle import HoldState
 
-__all__ = [
-    "HEADER",
-    "PERMITS_HEADER",
-    "PREFIX_HEADER",
-    "SKIPPED",
-    "HoldState",
-    "JobObserver",
-    "MessageLock",
-    "holder_info",
-    "observer",
-    "release_if_in",
-    "report_duplicate",
-    "report_refusal",
-    "set_job_observer",
-    "store_retry",
-    "store_skipped",
-]
-
 log = logging.getLogger("celery_singleton_lock.run")
 
 #: the state a skipped duplicate records (not a ready state: ``.get()`` on it waits)

@@ -14,8 +14,6 @@ from .modes import RunMode, mode_for
 from .options import OPTION_NAMES, LockOptions, check_option_names, validate_options
 from .taskkey import positional_names, task_lock_name
 
-__all__ = ["Bound", "TaskLocking", "run_signature"]
-
 
 def run_signature(cls: type) -> inspect.Signature | None:
     """The signature the task's arguments bind to, without ``self`` of a bound task."""

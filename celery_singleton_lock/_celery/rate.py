@@ -20,8 +20,6 @@ from .config import Bound
 from .hold import report_refusal, store_retry
 from .options import LockOptions
 
-__all__ = ["RATE_HEADER", "TaskRate", "Turn", "Waited"]
-
 log = logging.getLogger("celery_singleton_lock.rate")
 
 #: the message header of a call that comes back for its turn: ``[comebacks, since, retries]``

@@ -24,7 +24,6 @@ from .lifecycle import AT_RETRY
 if TYPE_CHECKING:
     from .rate import Turn
 
-__all__ = ["TaskRun", "current_run", "retry_keeping_lock", "run_locked", "seconds_until"]
 
 log = logging.getLogger("celery_singleton_lock.release")
 

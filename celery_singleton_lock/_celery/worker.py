@@ -19,16 +19,6 @@ from .lifecycle import AT_RETRY, DROPPABLE
 from .modes.queue import QUEUED
 from .modes.wake import WAIT_HEADER, request_wait, wait_of
 
-__all__ = [
-    "LOCKED_REQUEST",
-    "LockedRequest",
-    "on_task_rejected",
-    "on_task_revoked",
-    "on_task_unknown",
-    "release_for_request",
-    "with_locked_request",
-]
-
 log = logging.getLogger("celery_singleton_lock.release")
 
 _CHILD_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, KeyboardInterrupt)

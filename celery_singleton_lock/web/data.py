@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._celery.hold import HoldState
+from .._celery.lifecycle import HoldState
 from .._celery.task import LockedTask
 from .._errors import LockBackendError
 from .._lock import (
