@@ -56,8 +56,8 @@ class TaskRun:
     def finish(self, why: str, failed: bool, cooldown: bool = True) -> None:
         """Release every hold of the task id, or park it for the task's cooldown (not with
         ``cooldown=False``); ``failed``: the run raised. Idempotent."""
-        lock = self.lock
-        if self.finished or self.parked or lock is None:
+        lock = self.held_lock
+        if lock is None:
             return
         self.finished = True
         task = self.task
@@ -199,7 +199,7 @@ def retry_keeping_lock(
     run = _runs.get(request)
     limit = task.max_retries if max_retries is None else max_retries
     exhausted = limit is not None and request.retries + 1 > limit
-    if run is None or run.lock is None or run.finished or run.parked or exhausted:
+    if run is None or run.held_lock is None or exhausted:
         return send_retry()
     if eta is not None:
         countdown = seconds_until(eta)
