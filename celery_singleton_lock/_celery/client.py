@@ -45,31 +45,15 @@ _SSL_KEYS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 SOCKET_TIMEOUT = 5
 
 
-def _bounded(options: dict[str, Any], config: LockConfig) -> float:
-    """Default the timeouts in ``options`` to :data:`SOCKET_TIMEOUT` or the backend timeout
-    when shorter (only the socket timeout bounds one wait for a reply), and the resends to 3
-    within about a second (scripts are idempotent), none past the operation's deadline."""
-    from redis.backoff import ExponentialBackoff
-
-    timeout = min(SOCKET_TIMEOUT, config.backend_timeout)
-    options.setdefault("socket_timeout", timeout)
-    options.setdefault("socket_connect_timeout", timeout)
-    options.setdefault("retry", DeadlineRetry(ExponentialBackoff(cap=0.5, base=0.05), 3))
-    return timeout
-
-
-def _sentinel_client(
-    url: str, where: str, options: dict[str, Any], config: LockConfig, conf: Any
-) -> Any:
+def _sentinel_client(url: str, where: str, opts: dict[str, Any], timeout: float, conf: Any) -> Any:
     """A client of the master of the ``sentinel://`` list ``url`` (from setting ``where``),
     with ``master_name``, ``sentinel_kwargs``, ``min_other_sentinels`` from ``options`` or
-    else the broker's transport options."""
+    else the broker's transport options; ``timeout``: the master's."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
     from redis.sentinel import Sentinel
 
     parsed = parse_sentinel_url(url, where)
-    opts = dict(options)
     transport = conf.broker_transport_options or {}
     master = opts.pop("master_name", None) or transport.get("master_name")
     if not master:
@@ -88,7 +72,6 @@ def _sentinel_client(
     min_other = opts.pop("min_other_sentinels", None)
     if min_other is None:
         min_other = transport.get("min_other_sentinels", 0)
-    timeout = _bounded(opts, config)
     if parsed.username and "username" not in opts:
         opts["username"] = parsed.username
     if parsed.password and "password" not in opts:
@@ -135,10 +118,19 @@ def make_client(config: LockConfig, conf: Any) -> Any:
     if where == "broker_url" and url.lower().startswith("rediss:") and isinstance(use_ssl, Mapping):
         # the broker's TLS options, for a client sharing its URL (a private CA)
         options = {**{k: use_ssl[k] for k in _SSL_KEYS if k in use_ssl}, **options}
+    # A lock call fails within the backend timeout, never hangs: the timeouts default to
+    # SOCKET_TIMEOUT or the backend timeout when shorter (only the socket timeout bounds one wait
+    # for a reply), the resends to 3 within about a second (scripts are idempotent), none past
+    # the operation's deadline.
+    from redis.backoff import ExponentialBackoff
+
+    timeout = min(SOCKET_TIMEOUT, config.backend_timeout)
+    options.setdefault("socket_timeout", timeout)
+    options.setdefault("socket_connect_timeout", timeout)
+    options.setdefault("retry", DeadlineRetry(ExponentialBackoff(cap=0.5, base=0.05), 3))
     if url.split(":", 1)[0].lower() == "sentinel":
-        return _sentinel_client(url, where, options, config, conf)
+        return _sentinel_client(url, where, options, timeout, conf)
     cluster = options.pop("cluster", False)
-    _bounded(options, config)  # a lock call fails within the backend timeout, never hangs
     try:
         if cluster:
             from redis.cluster import RedisCluster
