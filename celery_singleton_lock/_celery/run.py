@@ -142,10 +142,6 @@ def current_run(request: Any) -> TaskRun | None:
     return _runs.get(request)
 
 
-#: what a run raises before its body on purpose; anything else is a run that failed
-_NOT_A_FAILURE = (Ignore, Retry, Reject, TaskLockedError)
-
-
 def run_locked(
     task: Any,
     request: Any,
@@ -160,7 +156,7 @@ def run_locked(
     mode = task.locking.mode
     try:
         run = _runs[request] = mode.enter(task, request, args, kwargs)
-    except _NOT_A_FAILURE:
+    except (Ignore, Retry, Reject, TaskLockedError):  # on purpose: not a run that failed
         raise
     except BaseException as exc:
         mode.failed_before_body(task, request, args, kwargs, exc)
