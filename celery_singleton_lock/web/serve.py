@@ -66,13 +66,9 @@ class Hosts(NamedTuple):
         hosts = [f"{name}:{port}" for name in names]
         origins = [f"http://{name}:{port}" for name in names]
         for value in allowed:
-            checked = check_allowed_host(value)
-            if "://" in checked:
-                hosts.append(checked.split("://", 1)[1])
-                origins.append(checked)
-            else:
-                hosts.append(checked)
-                origins.extend((f"http://{checked}", f"https://{checked}"))
+            scheme, _, name = check_allowed_host(value).rpartition("://")
+            hosts.append(name)
+            origins += [f"{scheme}://{name}"] if scheme else [f"http://{name}", f"https://{name}"]
         return cls(frozenset(h.lower() for h in hosts), frozenset(o.lower() for o in origins))
 
 
