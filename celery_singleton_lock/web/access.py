@@ -48,9 +48,8 @@ BANNERS = {
 class Access(Protocol):
     """What the page asks before it shows or changes anything."""
 
-    @property
-    def needs_token(self) -> bool:
-        """Whether a change needs a token typed into the confirm form."""
+    needs_token: bool
+    """Whether a change needs a token typed into the confirm form."""
 
     def can_view(self, environ: Environ) -> bool:
         """Whether this request may see the locks."""

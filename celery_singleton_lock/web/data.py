@@ -186,9 +186,7 @@ class Listing:
     complete: bool = True
     counts: RecentCounts | None = None
     #: each filter's rows, picked once: a shared read serves many views of few filters
-    picked: dict[tuple[str, str, bool], list[LockView]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+    picked: dict[tuple[str, str, bool], list[LockView]] = field(default_factory=dict)
 
     def pick(self, q: str, state: str, newest_first: bool) -> list[LockView]:
         """The locks the filter lets through, oldest (or newest) first, of no known age last."""
@@ -214,21 +212,17 @@ class Source:
         self.prefixes = list(prefixes)
         self.celery_app = celery_app
         self.max_locks = max_locks
-        self._debounced: dict[str, bool] = {}
         self._limiter_scans = {prefix: LimiterScan(prefix) for prefix in self.prefixes}
         self.shared = Shared(self._read_list)
 
     def _labelled(self, view: LockView) -> LockView:
         """``view``, "debounced" when queued for a task of the app with ``lock_debounce``."""
-        task = view.task
-        if view.state != HoldState.QUEUED or task is None or self.celery_app is None:
+        if view.state != HoldState.QUEUED or view.task is None or self.celery_app is None:
             return view
-        if task not in self._debounced:
-            found = self.celery_app.tasks.get(task)
-            self._debounced[task] = (
-                isinstance(found, LockedTask) and found.locking.options.lock_debounce is not None
-            )
-        return replace(view, state=DEBOUNCED) if self._debounced[task] else view
+        found = self.celery_app.tasks.get(view.task)
+        if isinstance(found, LockedTask) and found.locking.options.lock_debounce is not None:
+            return replace(view, state=DEBOUNCED)
+        return view
 
     def _read_locks(self, name_pattern: str = "*") -> Listing:
         """At most ``max_locks`` locks whose names match ``name_pattern`` (a SCAN glob), beat
@@ -289,7 +283,8 @@ class Source:
 
     def key_of_digest(self, short: str) -> str | None:
         """The key of a held lock or limiter in use whose :func:`digest` is ``short``."""
-        for listing in (self.shared.get(), self._read_locks()):
+        for read in (self.shared.get, self._read_locks):  # a fresh read only if needed
+            listing = read()
             keys = [v.key for v in (*listing.locks, *listing.leaders)]
             keys += [RateKeys.for_name(p, r.name).log for p, r in listing.limiters]
             found = next((k for k in keys if digest(k) == short), None)

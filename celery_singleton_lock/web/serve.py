@@ -6,6 +6,7 @@ with the locks page by the browser's rules."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -138,8 +139,7 @@ def web(
     ctx = click.get_current_context()
     try:  # before anything is read: a short token or a wrong name is refused at start
         access = TokenAccess(os.environ.get(TOKEN_ENV))
-        for name in allowed_hosts:
-            check_allowed_host(name)
+        Hosts.of_server(host, port, allowed_hosts)  # each --allowed-host checked
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     with target(ctx, url, prefix) as (_client, prefixes):
@@ -160,9 +160,5 @@ def web(
         )
     if not made.access.needs_token:
         log.info("read-only: set %s to allow releases with that token", TOKEN_ENV)
-    try:
+    with server, contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()

@@ -104,7 +104,6 @@ class Request:
 
 
 def filters(query: dict[str, str]) -> tuple[str, str]:
-    """The list's filter: a text and a state."""
     q, state = query.get("q", "").strip(), query.get("state", "")
     if state and state not in STATES:
         raise BadRequest(f"state must be one of {', '.join(STATES)} (or empty), got {state!r}")
