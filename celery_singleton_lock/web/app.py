@@ -31,17 +31,14 @@ log = logging.getLogger("celery_singleton_lock.web")
 
 #: on every answer: no script, style or form target of another origin, no framing, no
 #: sniffing, no Referer to other sites (a lock page's URL carries its key), no caching
-HEADERS = (
-    (
-        "Content-Security-Policy",
-        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'",
-    ),
-    ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "same-origin"),
-    ("Cache-Control", "no-store"),
-    ("X-Frame-Options", "DENY"),
-)
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+}
 
 
 class LocksWeb:
@@ -125,7 +122,7 @@ class LocksWeb:
                 )
             finally:
                 self._at_once.release()
-        response.headers.extend(HEADERS)
+        response.headers.extend(HEADERS.items())
         if fresh:
             csrf_cookie = guard.cookie(guard.CSRF_COOKIE, token, request.mount, request.secure)
             response.headers.append(("Set-Cookie", csrf_cookie))

@@ -87,15 +87,6 @@ def own_client(client: Any) -> Any:
     return redis.Redis(connection_pool=own)
 
 
-def text_pattern(q: str) -> str:
-    """A SCAN glob of the lock names that contain ``q`` in any case."""
-    out = []
-    for c in q:
-        low, up = c.lower(), c.upper()
-        out.append(f"[{low}{up}]" if low != up and len(low) == len(up) == 1 else glob_escape(c))
-    return "*" + "".join(out) + "*"
-
-
 class LimiterScan:
     """The rate limiters under ``prefix``: a SCAN that goes on where the last read left it,
     a few calls per read; those of the last whole pass and those the one under way found."""
@@ -134,10 +125,11 @@ class Shared:
     seconds, doubled to twice the read's time at least): Redis is read once a period at most,
     however many look. An error is not kept."""
 
+    _value: Listing  # set once _until is (it starts at 0.0: nothing kept)
+
     def __init__(self, read: Callable[[], Listing], fresh: float = 1.0) -> None:
         self._read, self.fresh = read, fresh
         self._lock = threading.Lock()
-        self._value: Listing | None = None
         self._until = 0.0
         self.took = 0.0  # seconds the last read took
 
@@ -146,26 +138,24 @@ class Shared:
         self._until = 0.0
 
     def get(self) -> Listing:
-        value = self._value
-        if value is not None and time.monotonic() < self._until:
-            return value
+        if time.monotonic() < self._until:
+            return self._value
         left = time_left()
         if not self._lock.acquire(timeout=-1 if left is None else max(left, 0.0)):
             raise LockBackendError(
                 "another request's read of Redis did not end in time: Redis is slow or hung"
             )
         try:
-            if self._value is not None and time.monotonic() < self._until:
+            if time.monotonic() < self._until:
                 return self._value  # read by the request this one waited for
             started = time.monotonic()
-            value = self._read()
+            self._value = self._read()
             self.took = time.monotonic() - started
-            self._value = value
             period = self.fresh
             while period < 2 * self.took:
                 period *= 2
             self._until = (math.floor(time.monotonic() / period) + 1) * period
-            return value
+            return self._value
         finally:
             self._lock.release()
 
@@ -196,9 +186,7 @@ class Listing:
     complete: bool = True
     counts: RecentCounts | None = None
     #: each filter's rows, picked once: a shared read serves many views of few filters
-    picked: dict[tuple[str, str, bool], list[LockView]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+    picked: dict[tuple[str, str, bool], list[LockView]] = field(default_factory=dict)
 
     def pick(self, q: str, state: str, newest_first: bool) -> list[LockView]:
         """The locks the filter lets through, oldest (or newest) first, of no known age last."""
@@ -224,21 +212,17 @@ class Source:
         self.prefixes = list(prefixes)
         self.celery_app = celery_app
         self.max_locks = max_locks
-        self._debounced: dict[str, bool] = {}
         self._limiter_scans = {prefix: LimiterScan(prefix) for prefix in self.prefixes}
         self.shared = Shared(self._read_list)
 
     def _labelled(self, view: LockView) -> LockView:
         """``view``, "debounced" when queued for a task of the app with ``lock_debounce``."""
-        task = view.task
-        if view.state != HoldState.QUEUED or task is None or self.celery_app is None:
+        if view.state != HoldState.QUEUED or view.task is None or self.celery_app is None:
             return view
-        if task not in self._debounced:
-            found = self.celery_app.tasks.get(task)
-            self._debounced[task] = (
-                isinstance(found, LockedTask) and found.locking.options.lock_debounce is not None
-            )
-        return replace(view, state=DEBOUNCED) if self._debounced[task] else view
+        found = self.celery_app.tasks.get(view.task)
+        if isinstance(found, LockedTask) and found.locking.options.lock_debounce is not None:
+            return replace(view, state=DEBOUNCED)
+        return view
 
     def _read_locks(self, name_pattern: str = "*") -> Listing:
         """At most ``max_locks`` locks whose names match ``name_pattern`` (a SCAN glob), beat
@@ -262,13 +246,9 @@ class Source:
             check_time("read the locks")
             chunk = every[start : start + BATCH]
             states += LockSpace(self.client, chunk[0].prefix).inspect_many(chunk)
-        locks: list[LockView] = []
-        leaders: list[LockView] = []
-        for view in ops.views_of(states, now):
-            if view.name.startswith(BEAT):  # held too, as `celery locks list` shows it
-                leaders.append(view)
-            locks.append(self._labelled(view))
-        return Listing(locks, leaders, [], complete)
+        held = ops.views_of(states, now)
+        leaders = [v for v in held if v.name.startswith(BEAT)]  # in locks too, as the CLI shows
+        return Listing([self._labelled(v) for v in held], leaders, [], complete)
 
     def _read_list(self) -> Listing:
         """The locks, the limiters in use and the last hour's counts, summed over prefixes."""
@@ -293,13 +273,18 @@ class Source:
         """The shared read (``fresh``: one of its own, as a change needs), or when it was cut
         at ``max_locks``, a read of the locks whose names contain ``q``."""
         listing = self._read_locks() if fresh else self.shared.get()
-        if q and not listing.complete:
-            return self._read_locks(text_pattern(q))
-        return listing
+        if not q or listing.complete:
+            return listing
+        out = []  # a SCAN glob of the lock names that contain q in any case
+        for c in q:
+            low, up = c.lower(), c.upper()
+            out.append(f"[{low}{up}]" if low != up and len(low) == len(up) == 1 else glob_escape(c))
+        return self._read_locks("*" + "".join(out) + "*")
 
     def key_of_digest(self, short: str) -> str | None:
         """The key of a held lock or limiter in use whose :func:`digest` is ``short``."""
-        for listing in (self.shared.get(), self._read_locks()):
+        for read in (self.shared.get, self._read_locks):  # a fresh read only if needed
+            listing = read()
             keys = [v.key for v in (*listing.locks, *listing.leaders)]
             keys += [RateKeys.for_name(p, r.name).log for p, r in listing.limiters]
             found = next((k for k in keys if digest(k) == short), None)

@@ -31,23 +31,6 @@ def is_staff(request: Any) -> bool:
     return bool(user is not None and user.is_active and user.is_staff)
 
 
-def _celery_app() -> Any:
-    from django.conf import settings
-
-    where = getattr(settings, "CELERY_SINGLETON_LOCK_WEB_APP", None)
-    if where is None:
-        from celery import current_app
-
-        return current_app._get_current_object()  # noqa: SLF001 - the app, not its proxy
-    module, _, attribute = str(where).partition(":")
-    if not attribute:
-        raise ValueError(
-            f"CELERY_SINGLETON_LOCK_WEB_APP must be 'module:attribute', such as "
-            f"'proj.celery:app', got {where!r}"
-        )
-    return getattr(importlib.import_module(module), attribute)
-
-
 def login_url() -> str:
     """Where a visitor not logged in is sent: ``settings.LOGIN_URL`` when it is another site's
     or this project serves it, else the admin's login if mounted (``startproject`` makes the
@@ -88,7 +71,20 @@ def make_urlpatterns(
 
         options = dict(getattr(settings, "CELERY_SINGLETON_LOCK_WEB_OPTIONS", {}))
         options.update(make_app_options)
-        return make_app(_celery_app(), access=access, **options)
+        where = getattr(settings, "CELERY_SINGLETON_LOCK_WEB_APP", None)
+        if where is None:
+            from celery import current_app
+
+            app = current_app._get_current_object()  # noqa: SLF001 - the app, not its proxy
+        else:
+            module, _, attribute = str(where).partition(":")
+            if not attribute:
+                raise ValueError(
+                    f"CELERY_SINGLETON_LOCK_WEB_APP must be 'module:attribute', such as "
+                    f"'proj.celery:app', got {where!r}"
+                )
+            app = getattr(importlib.import_module(module), attribute)
+        return make_app(app, access=access, **options)
 
     # the page's own CSRF check applies, not Django's middleware
     @csrf_exempt  # type: ignore[untyped-decorator]  # django: unannotated

@@ -6,6 +6,7 @@ with the locks page by the browser's rules."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -66,13 +67,9 @@ class Hosts(NamedTuple):
         hosts = [f"{name}:{port}" for name in names]
         origins = [f"http://{name}:{port}" for name in names]
         for value in allowed:
-            checked = check_allowed_host(value)
-            if "://" in checked:
-                hosts.append(checked.split("://", 1)[1])
-                origins.append(checked)
-            else:
-                hosts.append(checked)
-                origins.extend((f"http://{checked}", f"https://{checked}"))
+            scheme, _, name = check_allowed_host(value).rpartition("://")
+            hosts.append(name)
+            origins += [f"{scheme}://{name}"] if scheme else [f"http://{name}", f"https://{name}"]
         return cls(frozenset(h.lower() for h in hosts), frozenset(o.lower() for o in origins))
 
 
@@ -142,8 +139,7 @@ def web(
     ctx = click.get_current_context()
     try:  # before anything is read: a short token or a wrong name is refused at start
         access = TokenAccess(os.environ.get(TOKEN_ENV))
-        for name in allowed_hosts:
-            check_allowed_host(name)
+        Hosts.of_server(host, port, allowed_hosts)  # each --allowed-host checked
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     with target(ctx, url, prefix) as (_client, prefixes):
@@ -164,9 +160,5 @@ def web(
         )
     if not made.access.needs_token:
         log.info("read-only: set %s to allow releases with that token", TOKEN_ENV)
-    try:
+    with server, contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()

@@ -104,25 +104,10 @@ class Request:
 
 
 def filters(query: dict[str, str]) -> tuple[str, str]:
-    """The list's filter: a text and a state."""
     q, state = query.get("q", "").strip(), query.get("state", "")
     if state and state not in STATES:
         raise BadRequest(f"state must be one of {', '.join(STATES)} (or empty), got {state!r}")
     return q, state
-
-
-def paging(query: dict[str, str]) -> tuple[int, bool]:
-    """The page number asked for, and whether newest first."""
-    page_text, sort = query.get("page", "1") or "1", query.get("sort", "age") or "age"
-    # (int() of thousands of digits is refused by Python itself: a 500 before this check)
-    whole = page_text.isascii() and page_text.isdecimal() and len(page_text) <= 9
-    if not whole or int(page_text) < 1:
-        raise BadRequest(f"page must be a whole number >= 1, got {page_text[:20]!r}")
-    if sort not in ("age", "-age"):
-        raise BadRequest(
-            f"sort must be 'age' (oldest first) or '-age' (newest first), got {sort!r}"
-        )
-    return int(page_text), sort == "-age"
 
 
 def duration(seconds: float | None) -> str:
@@ -200,7 +185,17 @@ def _confirm(web: LocksWeb, token: str, hidden: dict[str, str], **context: Any) 
 def listing(web: LocksWeb, request: Request, token: str) -> Response:
     """``GET ./``: a page of the locks, filtered and sorted; limiters, beat leaders, counts."""
     q, state = filters(request.query)
-    page, newest_first = paging(request.query)
+    page_text = request.query.get("page", "1") or "1"
+    sort = request.query.get("sort", "age") or "age"
+    # (int() of thousands of digits is refused by Python itself: a 500 before this check)
+    whole = page_text.isascii() and page_text.isdecimal() and len(page_text) <= 9
+    if not whole or int(page_text) < 1:
+        raise BadRequest(f"page must be a whole number >= 1, got {page_text[:20]!r}")
+    if sort not in ("age", "-age"):
+        raise BadRequest(
+            f"sort must be 'age' (oldest first) or '-age' (newest first), got {sort!r}"
+        )
+    page, newest_first = int(page_text), sort == "-age"
     shared = web.source.shared.get()
     found = web.source.read(q) if state != LIMITER else shared
     views = [] if state == LIMITER else found.pick(q, state, newest_first)
@@ -232,7 +227,7 @@ def listing(web: LocksWeb, request: Request, token: str) -> Response:
         next_href="./?" + urlencode({**keep, "page": page + 1}) if page < pages else None,
         q=q,
         state=state,
-        sort="-age" if newest_first else "age",
+        sort=sort,
         states=STATES,
         can_change=web.access.can_change(request.environ),
         purge_href="purge?" + urlencode(keep) if keep else "purge",
