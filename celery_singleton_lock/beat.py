@@ -9,6 +9,7 @@ sends it twice. A new leader starts from the records. No Redis error ends the be
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -81,10 +82,6 @@ def records(space: LockSpace, name: str, kind: str) -> dict[str, str]:
 
 class _NotNow(Exception):
     """Too little lease left to send on: the tick is tried again a moment later."""
-
-
-#: (leader scheduler class, wrapped scheduler class) -> the class made of both
-_combined: dict[tuple[type, type], type] = {}
 
 
 class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type information
@@ -271,13 +268,11 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         leader = self._leader
         try:
             interval: float = super().tick(*args, **kwargs)
-        except _NotNow as exc:
+        except (_NotNow, LockError, RedisError) as exc:
             self._heap = None  # the entry that was popped goes back in
-            self._say(INFO, "holds a send back: %s", exc)
-            return self._retry_interval()
-        except (LockError, RedisError) as exc:
-            self._heap = None
-            if isinstance(exc, LockLostError) and leader is not None:
+            if isinstance(exc, _NotNow):
+                self._say(INFO, "holds a send back: %s", exc)
+            elif isinstance(exc, LockLostError) and leader is not None:
                 self._step_down(leader, exc)
             else:
                 self._failed("could not send", exc)
@@ -367,11 +362,11 @@ def _combine(cls: type, inner: Any) -> type:
             "singleton_lock_beat_scheduler must name a celery.beat.Scheduler subclass other "
             f"than LeaderScheduler, got {inner!r}"
         )
-    combined = _combined.get((cls, found))
-    if combined is None:
-        name = f"Leader{found.__name__}" if cls is LeaderScheduler else cls.__name__
-        # between the two: what fits a scheduler's own ways to the leader lock (RedBeat's)
-        combined = _combined[(cls, found)] = type(
-            name, (cls, *seams_for(found), found), {"_leader_wraps": found}
-        )
-    return combined
+    return _combined(cls, found)
+
+
+@functools.cache
+def _combined(cls: type, found: type) -> type:
+    name = f"Leader{found.__name__}" if cls is LeaderScheduler else cls.__name__
+    # between the two: what fits a scheduler's own ways to the leader lock (RedBeat's)
+    return type(name, (cls, *seams_for(found), found), {"_leader_wraps": found})
