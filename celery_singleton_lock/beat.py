@@ -241,16 +241,13 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             )
         dirty = getattr(self, "_dirty", None)  # django-celery-beat's entries to write back
         for name, entry in list(self.schedule.items()):
-            when = found.get(name, floor)
-            last = entry.last_run_at
+            when, last = found.get(name, floor), entry.last_run_at
             if when is None:
                 continue
-            if last is not None:  # naive means UTC to Celery
-                when = (
-                    when.astimezone(last.tzinfo)
-                    if last.tzinfo
-                    else when.astimezone(UTC).replace(tzinfo=None)
-                )
+            if last is not None:
+                when = when.astimezone(last.tzinfo or UTC)
+                if not last.tzinfo:  # naive means UTC to Celery
+                    when = when.replace(tzinfo=None)
                 if when <= last:
                     continue
             entry.last_run_at = when
