@@ -49,9 +49,6 @@ class RecordReply(NamedTuple):
     held: bool
     lease_left: float = 0.0
 
-    def __bool__(self) -> bool:
-        return self.recorded
-
 
 def record_if_held(
     space: LockSpace,
