@@ -72,7 +72,7 @@ def take_locks(client: Any, prefix: str, n: int) -> None:
 def one_by_one(client: Any, prefix: str = "lock", pattern: str = "*") -> list[locks.LockView]:
     """``find_locks`` as it was: one inspect round trip per lock found."""
     space = LockSpace(client, prefix)
-    now = locks.raw_clock(client)
+    now = locks.server_clock(client)
     return locks.views_of((space.inspect(keys.lock) for keys in space.find(pattern)), now)
 
 

@@ -79,14 +79,10 @@ class AlreadyQueuedError(LockError):
 
     def __str__(self) -> str:
         if self.cooldown:
-            return (
-                f"task {self.task_id} ran last and its lock {self.key!r} cools down for "
-                f"{self.ttl:.1f} s more; not publishing a duplicate"
-            )
-        return (
-            f"task {self.task_id} already holds lock {self.key!r} "
-            f"({self.ttl:.1f} s left on its lease); not publishing a duplicate"
-        )
+            held = f"ran last and its lock {self.key!r} cools down for {self.ttl:.1f} s more"
+        else:
+            held = f"already holds lock {self.key!r} ({self.ttl:.1f} s left on its lease)"
+        return f"task {self.task_id} {held}; not publishing a duplicate"
 
 
 class ChordDuplicateError(AlreadyQueuedError):

@@ -9,6 +9,7 @@ sends it twice. A new leader starts from the records. No Redis error ends the be
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -48,9 +49,6 @@ class RecordReply(NamedTuple):
     held: bool
     lease_left: float = 0.0
 
-    def __bool__(self) -> bool:
-        return self.recorded
-
 
 def record_if_held(
     space: LockSpace,
@@ -81,10 +79,6 @@ def records(space: LockSpace, name: str, kind: str) -> dict[str, str]:
 
 class _NotNow(Exception):
     """Too little lease left to send on: the tick is tried again a moment later."""
-
-
-#: (leader scheduler class, wrapped scheduler class) -> the class made of both
-_combined: dict[tuple[type, type], type] = {}
 
 
 class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type information
@@ -244,16 +238,13 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             )
         dirty = getattr(self, "_dirty", None)  # django-celery-beat's entries to write back
         for name, entry in list(self.schedule.items()):
-            when = found.get(name, floor)
-            last = entry.last_run_at
+            when, last = found.get(name, floor), entry.last_run_at
             if when is None:
                 continue
-            if last is not None:  # naive means UTC to Celery
-                when = (
-                    when.astimezone(last.tzinfo)
-                    if last.tzinfo
-                    else when.astimezone(UTC).replace(tzinfo=None)
-                )
+            if last is not None:
+                when = when.astimezone(last.tzinfo or UTC)
+                if not last.tzinfo:  # naive means UTC to Celery
+                    when = when.replace(tzinfo=None)
                 if when <= last:
                     continue
             entry.last_run_at = when
@@ -271,13 +262,11 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
         leader = self._leader
         try:
             interval: float = super().tick(*args, **kwargs)
-        except _NotNow as exc:
+        except (_NotNow, LockError, RedisError) as exc:
             self._heap = None  # the entry that was popped goes back in
-            self._say(INFO, "holds a send back: %s", exc)
-            return self._retry_interval()
-        except (LockError, RedisError) as exc:
-            self._heap = None
-            if isinstance(exc, LockLostError) and leader is not None:
+            if isinstance(exc, _NotNow):
+                self._say(INFO, "holds a send back: %s", exc)
+            elif isinstance(exc, LockLostError) and leader is not None:
                 self._step_down(leader, exc)
             else:
                 self._failed("could not send", exc)
@@ -367,11 +356,11 @@ def _combine(cls: type, inner: Any) -> type:
             "singleton_lock_beat_scheduler must name a celery.beat.Scheduler subclass other "
             f"than LeaderScheduler, got {inner!r}"
         )
-    combined = _combined.get((cls, found))
-    if combined is None:
-        name = f"Leader{found.__name__}" if cls is LeaderScheduler else cls.__name__
-        # between the two: what fits a scheduler's own ways to the leader lock (RedBeat's)
-        combined = _combined[(cls, found)] = type(
-            name, (cls, *seams_for(found), found), {"_leader_wraps": found}
-        )
-    return combined
+    return _combined(cls, found)
+
+
+@functools.cache
+def _combined(cls: type, found: type) -> type:
+    name = f"Leader{found.__name__}" if cls is LeaderScheduler else cls.__name__
+    # between the two: what fits a scheduler's own ways to the leader lock (RedBeat's)
+    return type(name, (cls, *seams_for(found), found), {"_leader_wraps": found})

@@ -7,12 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .._celery.counts import LOST, RETENTION_S, counts_key
-from .._errors import LockBackendError
-from .._lock import check_prefix, text
-from .locks import raw_clock
+from .._lock import backend_errors, check_prefix, text
+from .locks import server_clock
 
 #: what was done with a duplicate: at run time, at publish, or a debounce's replacement
 DUPLICATE_ACTIONS = ("skipped", "retried", "raised", "returned", "replaced")
@@ -49,17 +46,13 @@ def recent_counts(client: Any, prefix: str = "lock", minutes: int = 60) -> Recen
             f"minutes must be an int from 1 to {MAX_MINUTES} (the counts are kept "
             f"{MAX_MINUTES} minutes), got {minutes!r}"
         )
-    try:
-        now = int(raw_clock(client) // 60)
+    subject = f"the counts under prefix {prefix!r}"
+    now = int(server_clock(client, subject) // 60)
+    with backend_errors("read", "", subject):
         pipe = client.pipeline(transaction=False)
         for minute in range(now - minutes + 1, now + 1):
             pipe.hgetall(counts_key(prefix, minute))
         hashes = pipe.execute()
-    except RedisError as exc:
-        raise LockBackendError(
-            f"Redis failed to read the counts under prefix {prefix!r}: {type(exc).__name__}: "
-            f"{exc}. Check that Redis is reachable at the configured URL."
-        ) from exc
     total: Counter[str] = Counter()
     for fields in hashes:
         for name, value in fields.items():

@@ -77,19 +77,15 @@ def _view(state: LockState, info: dict[str, Any], now: float) -> LockView:
     )
 
 
-def server_clock(client: Any) -> float:
+def server_clock(client: Any, subject: str = "the server's clock (TIME)") -> float:
     """The server's clock in Unix seconds (local on a Cluster). Unlike
-    :meth:`LockSpace.server_time`, a failing Redis raises :class:`LockBackendError` at once,
-    rather than an operator's read waiting again on each of its next commands."""
-    with backend_errors("read", "", "the server's clock (TIME)"):
-        return raw_clock(client)
-
-
-def raw_clock(client: Any) -> float:
-    """:func:`server_clock`, a redis-py error raised as it is."""
+    :meth:`LockSpace.server_time`, a failing Redis raises :class:`LockBackendError` (about
+    ``subject``) at once, rather than an operator's read waiting again on each of its next
+    commands."""
     if is_cluster(client):  # its nodes answer one by one
         return time.time()
-    unix, micros = client.time()
+    with backend_errors("read", "", subject):
+        unix, micros = client.time()
     return float(unix) + float(micros) / 1e6
 
 
