@@ -871,6 +871,7 @@ def model_app() -> Any:
         install(app)
         app.finalize()
         yield app, server
+        gc.collect()  # the results the machines' cycles keep unsubscribe while Redis runs
         app.close()
 
 
