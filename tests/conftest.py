@@ -23,10 +23,10 @@ Tests reach the package through its public names (the CLI through its entry poin
 ``celery_fixtures.locks_command`` and ``cli_main``; an app's lock client through
 ``celery_fixtures.lock_space``). The lock layer's own white-box tests may import its private
 modules, and so may the checks of the package against its own definitions (its import rules,
-the docs' tables); they, and the tests not yet moved to public names, are listed in
-``tests/test_package.py`` (``LOCK_WHITE_BOX``, ``DEFINITIONS_WHITE_BOX``, ``NOT_YET_PUBLIC``),
-which fails a test that imports a private module without being listed. Marks and warning
-filters shared by every module live in ``pyproject.toml``'s pytest configuration.
+the docs' tables); they are listed in ``tests/test_package.py`` (``LOCK_WHITE_BOX``,
+``DEFINITIONS_WHITE_BOX``), which fails a test that imports a private module without being
+listed. Marks and warning filters shared by every module live in ``pyproject.toml``'s pytest
+configuration.
 Every test ends with the apps the tests made closed (``celery_fixtures.close_apps``), before its
 fixtures stop or empty a server: what an app counted is written by then, and never after into
 the next test's data.

@@ -2,9 +2,9 @@
 that the class check admits, through the package's real code on a real Redis.
 
 For each admitted combination of ``lock_at`` x ``lock_limit`` x ``lock_cooldown`` x
-``lock_debounce`` x ``lock_rate`` x ``lock_on_locked`` x ``lock_release_on_start`` (those that
-:func:`validate_options` refuses drop out by themselves), a hypothesis state machine drives
-random interleavings of the table's events against one job:
+``lock_debounce`` x ``lock_rate`` x ``lock_on_locked`` x ``lock_release_on_start`` (those whose
+``LockedTask`` class the class check refuses drop out by themselves), a hypothesis state machine
+drives random interleavings of the table's events against one job:
 
 * publish (``apply_async`` to a real Redis broker; every publish after the first is a
   duplicate, a debounce replace with ``lock_debounce``), publish by name (``send_task`` through
@@ -13,10 +13,12 @@ random interleavings of the table's events against one job:
   (``build_tracer``, the message's headers as the request, as the worker's ``Request`` does) in
   a thread, whose body blocks until the machine ends it: success, failure, ``self.retry()`` or
   :class:`RateLimited`; a redelivery (the same message again while its run lives);
-* worker lost: the hook the worker's main process calls (``release_for_request``), with or
-  without the redelivery; whole worker killed: nothing releases, and the run's lease ends;
-* revoke (``mark_as_revoked``, as the worker stores it; the worker's ``task_revoked`` receiver
-  when the message is reached), message dropped (``task_rejected``'s receiver), operator release
+* worker lost: the worker's main process fails the task's ``Request`` with
+  ``WorkerLostError``, with or without the redelivery (``reject_on_worker_lost``); whole worker
+  killed: nothing releases, and the run's lease ends (each delivery runs in a process of its
+  own: a lock client of its own, which a killed process's run reaches Redis through no more);
+* revoke (``mark_as_revoked``, as the worker stores it; ``task_revoked`` sent as the worker
+  sends it when it reaches the message), message dropped (``task_rejected`` sent), operator release
   of a waiting hold (``locks release KEY --holder``) and ``celery purge`` + ``locks purge
   --queued``, lease expiry (``PEXPIRE`` of an unrenewed hold's key: Redis expires it), an eager
   call (``task.apply()``).
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import gc
+import io
 import itertools
 import json
 import os
@@ -48,14 +51,18 @@ import sys
 import threading
 import time
 import uuid
+from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pytest
 import redis
-from celery import Celery, states
+from billiard.einfo import ExceptionInfo
+from billiard.exceptions import WorkerLostError
+from celery import Celery, signals, states
+from celery.app.task import Context
 from celery.app.trace import build_tracer
-from celery_fixtures import DB_BROKER, DB_LOCKS, configure
+from celery_fixtures import DB_BROKER, DB_LOCKS, cli_main, configure
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -65,24 +72,18 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from kombu.utils.imports import symbol_by_name
 from lock_helpers import wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from celery_singleton_lock import LockedTask, RateLimited, install
-from celery_singleton_lock._celery.hold import SKIPPED
-from celery_singleton_lock._celery.lifecycle import HoldState
-from celery_singleton_lock._celery.modes.wake import WAIT_HEADER, wait_of
-from celery_singleton_lock._celery.options import validate_options
-from celery_singleton_lock._celery.run import current_run
-from celery_singleton_lock._celery.worker import (
-    on_task_rejected,
-    on_task_revoked,
-    release_for_request,
-)
-from celery_singleton_lock._lock import LockSpace
-from celery_singleton_lock._lock.runtime import LockRuntime
-from celery_singleton_lock._ops import locks as ops
+from celery_singleton_lock import LockedTask, LockSpace, RateLimited, install, reload_settings
 from celery_singleton_lock.testing import RedisServer
 
+#: a hold's states: the table's (docs/lifecycle.md; tests/test_lifecycle.py holds the code to it)
+HOLD_STATES = ("queued", "running", "requeued", "cooldown")
+#: the Celery state of a call that a lock skipped
+SKIPPED = "SKIPPED"
 #: the job every call of a combination is (one argument: every publish after the first is a
 #: duplicate of it)
 KEY = 7
@@ -110,7 +111,8 @@ RANDOM = os.environ.get("MODEL_RANDOM") == "1"
 
 
 def admitted() -> list[dict[str, Any]]:
-    """Every combination of the options under test that the class check admits."""
+    """Every combination of the options under test that the class check admits (a locked task
+    class of a combination it refuses is not made)."""
     found = []
     for at, limit, cooldown, debounce, rate, on_locked, on_start in itertools.product(
         ("run", "publish", "queue"),
@@ -135,7 +137,7 @@ def admitted() -> list[dict[str, Any]]:
             if value is not None:
                 raw[name] = value
         try:
-            validate_options("model.job", raw)
+            type("Probe", (LockedTask,), dict(raw))
         except ValueError:
             continue
         found.append(raw)
@@ -192,6 +194,10 @@ class Msg:
         return str(self.headers["id"])
 
     @property
+    def delivery_info(self) -> dict[str, Any]:
+        return dict(self.properties.get("delivery_info") or {})
+
+    @property
     def due(self) -> float:
         eta = self.headers.get("eta")
         if not eta:
@@ -222,6 +228,48 @@ class Msg:
         req.update(self.embed)
         return req
 
+    def context(self) -> Any:
+        """The request Celery's worker sends with ``task_revoked`` (its ``Request``'s
+        ``Context``)."""
+        return Context(self.request())
+
+
+class _ProcessConnection(redis.Connection):
+    """A connection of one :class:`Process`'s lock client: none once the process is killed."""
+
+    killed: ClassVar[bool] = False
+
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        if self.killed:
+            raise redis.ConnectionError("its process was killed")
+        super().connect_check_health(*args, **kwargs)
+
+
+class Process:
+    """A worker process, as the lock sees it: a lock client of its own (the lock keeps its holds,
+    their renewal and its wake-ups per client and process). :meth:`kill`: the process is gone;
+    what of it still runs reaches Redis no more (no release, no renewal), and what it kept in
+    memory is no other process's."""
+
+    def __init__(self, port: int) -> None:
+        self.connection: type[_ProcessConnection] = type(
+            "Connection", (_ProcessConnection,), {"killed": False}
+        )
+        pool = redis.ConnectionPool(
+            connection_class=self.connection,
+            host="127.0.0.1",
+            port=port,
+            db=DB_LOCKS,
+            socket_timeout=5,
+            socket_connect_timeout=5,
+            retry=Retry(NoBackoff(), 0),  # a killed process's calls fail at once
+        )
+        self.client = redis.Redis(connection_pool=pool)
+
+    def kill(self) -> None:
+        self.connection.killed = True
+        self.client.connection_pool.disconnect()
+
 
 @dataclass
 class Delivery:
@@ -235,6 +283,8 @@ class Delivery:
     ctx: Any = None
     trace: Any = None
     error: BaseException | None = None
+    #: the worker process it runs in (one per delivery)
+    process: Process | None = None
     #: its body runs now (a body that ended, or whose process died, does not)
     in_body: bool = False
     thread: threading.Thread | None = None
@@ -284,7 +334,18 @@ class JobMachine(RuleBasedStateMachine):
         self.calls: dict[str, Call] = {}
         self.violations: list[str] = []
         self.mutex = threading.Lock()
+        self.processes: list[Process] = []
+        self.new_process()
         JobMachine.current = self
+
+    def new_process(self) -> Process:
+        """What acts on the locks from now on (a delivery, the worker's main process, a
+        publisher) is a process of its own: the app's lock client is a new one."""
+        process = Process(self.server.port)
+        self.processes.append(process)
+        self.app.conf.singleton_lock_client = process.client
+        reload_settings(self.app)
+        return process
 
     # -- what the machine sees -------------------------------------------------------------
 
@@ -384,7 +445,7 @@ class JobMachine(RuleBasedStateMachine):
         if "lock_debounce" in self.raw:
             after = self.holders()
             for holder, state in before.items():
-                if state == HoldState.QUEUED and holder not in after and task_id in after:
+                if state == "queued" and holder not in after and task_id in after:
                     self.calls[holder].replaced_by = task_id
 
     @rule()
@@ -400,14 +461,19 @@ class JobMachine(RuleBasedStateMachine):
             return
         msg = self.pending.pop(pick % len(self.pending))
         if msg.revoked:
-            # the worker reaches a revoked message: it drops it and sends task_revoked
-            on_task_revoked(sender=self.task, request=_Revoked(msg))
-            self.call(msg.id).answers.append("revoked")
+            self.reach_revoked(msg)
             return
         self.start_delivery(msg)
 
+    def reach_revoked(self, msg: Msg) -> None:
+        """The worker reaches a revoked message: it drops it and sends ``task_revoked``."""
+        signals.task_revoked.send(
+            sender=self.task, request=msg.context(), terminated=False, signum=None, expired=False
+        )
+        self.call(msg.id).answers.append("revoked")
+
     def start_delivery(self, msg: Msg) -> Delivery:
-        delivery = Delivery(msg)
+        delivery = Delivery(msg, process=self.new_process())
         self.live.append(delivery)
         delivery.thread = threading.Thread(target=self.run_delivery, args=(delivery,))
         delivery.thread.start()
@@ -467,7 +533,7 @@ class JobMachine(RuleBasedStateMachine):
         state = self.space.inspect(str(key))
         if holder not in state.owners:
             self.violate(f"{task_id} skipped ({reason}): {holder} does not hold {key} now")
-        elif reason == "cooldown" and state.state != HoldState.COOLDOWN:
+        elif reason == "cooldown" and state.state != "cooldown":
             self.violate(f"{task_id} skipped for a cooldown, {key} is {state.state!r}")
 
     def check_raised(self, task_id: str, exc: Any) -> None:
@@ -519,19 +585,30 @@ class JobMachine(RuleBasedStateMachine):
             return
         delivery = inside[pick % len(inside)]
         self.kill(delivery)
-        req = delivery.msg.request()
-        release_for_request(
-            self.task,
-            delivery.msg.id,
-            delivery.msg.args,
-            delivery.msg.kwargs,
-            req,
-            "its pool process ended (WorkerLostError)",
-            requeued=requeued,
-            ran=True,
-            wait=wait_of(req.get(WAIT_HEADER), req.get("retries")),
+        # The main process fails the message's Request (the task's class, as the worker
+        # makes it) with WorkerLostError; reject_on_worker_lost says whether it is requeued.
+        msg = delivery.msg
+        request_class = symbol_by_name(self.task.Request)  # type: ignore[no-untyped-call]  # kombu: unannotated
+        request = request_class(
+            msg,
+            app=self.app,
+            task=self.task,
+            hostname="model@host",
+            headers=msg.headers,
+            body=(msg.args, msg.kwargs, msg.embed),
+            decoded=True,
         )
-        call = self.call(delivery.msg.id)
+        try:
+            raise WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL).")
+        except WorkerLostError:
+            lost = ExceptionInfo()
+        setting = self.task.reject_on_worker_lost
+        self.task.reject_on_worker_lost = requeued
+        try:
+            request.on_failure(lost)
+        finally:
+            self.task.reject_on_worker_lost = setting
+        call = self.call(msg.id)
         if requeued:
             call.comes_back = True
             self.pending.append(delivery.msg)
@@ -540,19 +617,12 @@ class JobMachine(RuleBasedStateMachine):
         self.collect()
 
     def kill(self, delivery: Delivery) -> None:
-        """The process of ``delivery`` is gone: nothing of its run acts again."""
-        run = current_run(delivery.ctx)
-        assert run is not None
+        """The process of ``delivery`` is gone: nothing of its run acts again (what its thread
+        still runs reaches no lock), and what acts next is another process."""
+        assert delivery.process is not None
+        self.new_process()
+        delivery.process.kill()
         delivery.in_body = False
-        run.finished = True
-        if run.lock is not None:
-            # Its process and what it kept in memory are gone: no renewal, and no hold that a
-            # later delivery in this process (standing in for another process) would find.
-            hold = run.lock._last_hold  # noqa: SLF001
-            if hold is not None:
-                runtime = LockRuntime.of(hold.client)
-                runtime.lane.remove(hold)
-                runtime.holds.forget(hold)
         self.finish(delivery, "killed")
 
     @rule(pick=PICK)
@@ -566,7 +636,7 @@ class JobMachine(RuleBasedStateMachine):
         self.kill(delivery)
         task_id = delivery.msg.id
         for state in self.holds():
-            if task_id in state.owners and state.state == HoldState.RUNNING:
+            if task_id in state.owners and state.state == "running":
                 self.expire(state.keys.lock)
         call = self.call(task_id)
         call.comes_back = call.hold_taken = True
@@ -590,7 +660,7 @@ class JobMachine(RuleBasedStateMachine):
         if not self.pending:
             return
         msg = self.pending.pop(pick % len(self.pending))
-        on_task_rejected(sender=_Consumer(self.app), message=msg, exc=None)
+        signals.task_rejected.send(sender=_Consumer(self.app), message=msg, exc=None)
         self.call(msg.id).answers.append("dropped")
 
     @rule(pick=PICK)
@@ -611,7 +681,12 @@ class JobMachine(RuleBasedStateMachine):
             self.call(msg.id).answers.append("purged")
             self.call(msg.id).hold_taken = True
         self.pending.clear()
-        ops.purge(self.locks, self.task.key_prefix(self.app), queued_only=True)
+        url = f"redis://127.0.0.1:{self.server.port}/{DB_LOCKS}"
+        prefix = self.task.key_prefix(self.app)
+        out = io.StringIO()
+        with redirect_stdout(out), pytest.raises(SystemExit) as exited:
+            cli_main(["purge", "--url", url, "--prefix", prefix, "--queued", "--yes"])
+        assert exited.value.code == 0, out.getvalue()
 
     @rule(pick=PICK)
     def lease_expiry(self, pick: int) -> None:
@@ -652,7 +727,7 @@ class JobMachine(RuleBasedStateMachine):
     @invariant()
     def every_hold_is_in_one_of_the_table_s_states(self) -> None:
         for state in self.holds():
-            assert state.state in HoldState.__members__.values(), (
+            assert state.state in HOLD_STATES, (
                 f"{state.keys.lock} held by {list(state.owners)} in state {state.state!r}"
             )
 
@@ -697,9 +772,9 @@ class JobMachine(RuleBasedStateMachine):
                 # end; a run's is renewed while it runs
                 running = {d.msg.id for d in self.live if d.in_body}
                 for state in self.holds():
-                    if state.state == HoldState.RUNNING and set(state.owners) & running:
+                    if state.state == "running" and set(state.owners) & running:
                         continue  # renewed while its run lives
-                    if state.state == HoldState.RUNNING:
+                    if state.state == "running":
                         self.violate(f"{state.keys.lock} is held running by {state.owners}, no run")
                     self.expire(state.keys.lock)
                 idle = 0
@@ -707,8 +782,7 @@ class JobMachine(RuleBasedStateMachine):
                 time.sleep(wait)  # the clock the ETA waits for (not a sync point)
             idle += 1
             if msg.revoked:
-                on_task_revoked(sender=self.task, request=_Revoked(msg))
-                self.call(msg.id).answers.append("revoked")
+                self.reach_revoked(msg)
                 continue
             self.start_delivery(msg)
         self.violate(f"messages still waiting after the drain: {[m.id for m in self.pending]}")
@@ -724,7 +798,7 @@ class JobMachine(RuleBasedStateMachine):
                     delivery.thread.join(10)
             JobMachine.current = None
         for state in self.holds():
-            if state.state == HoldState.RUNNING:
+            if state.state == "running":
                 self.violate(f"{state.keys.lock} still running for {list(state.owners)}")
         for call in self.calls.values():
             if not call.ran and not call.answers:
@@ -740,6 +814,8 @@ class JobMachine(RuleBasedStateMachine):
                     self.violate(f"call {call.id} came back and was lost: {call.answers}")
         self.broker.close()
         self.locks.close()
+        for process in self.processes:
+            process.client.close()
         assert not self.violations, self.violations
 
 
@@ -780,19 +856,6 @@ class _Consumer:
         self.app = app
 
 
-class _Revoked:
-    """What ``task_revoked`` sends as its request: the worker's ``Request`` of the message."""
-
-    def __init__(self, msg: Msg) -> None:
-        self.id = msg.id
-        self.args = msg.args
-        self.kwargs = msg.kwargs
-        self._req = msg.request()
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self._req.get(name, default)
-
-
 @pytest.fixture(scope="module")
 def model_app() -> Any:
     with RedisServer() as server:
@@ -808,6 +871,7 @@ def model_app() -> Any:
         install(app)
         app.finalize()
         yield app, server
+        gc.collect()  # the results the machines' cycles keep unsubscribe while Redis runs
         app.close()
 
 

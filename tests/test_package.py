@@ -476,14 +476,6 @@ DEFINITIONS_WHITE_BOX = {
     "the plain-arguments text before it is hashed",
 }
 
-#: the other tests that still import a private module: each is to move to public names (or to
-#: a fixture of the tests' own); none may join the list
-NOT_YET_PUBLIC = frozenset(
-    {
-        "test_job_model.py",
-    }
-)
-
 _PRIVATE_IMPORT = re.compile(
     r"^\s*(?:from celery_singleton_lock(?:\.\w+)*\._\w*|import celery_singleton_lock(?:\.\w+)*\._"
     r"|from celery_singleton_lock(?:\.\w+)* import _)",
@@ -493,13 +485,12 @@ _PRIVATE_IMPORT = re.compile(
 
 def test_tests_import_private_modules_only_where_listed() -> None:
     """A test reaches the package through its public names, as a user does; the lock layer's
-    white-box tests and the checks of the package's own definitions are the exceptions, and
-    the tests not yet moved are listed."""
+    white-box tests and the checks of the package's own definitions are the exceptions."""
     tests = ROOT / "tests"
     found = {
         path.relative_to(tests).as_posix()
         for path in tests.rglob("*.py")
         if _PRIVATE_IMPORT.search(path.read_text(encoding="utf-8"))
     }
-    allowed = LOCK_WHITE_BOX | DEFINITIONS_WHITE_BOX.keys() | NOT_YET_PUBLIC
+    allowed = LOCK_WHITE_BOX | DEFINITIONS_WHITE_BOX.keys()
     assert found <= allowed, sorted(found - allowed)
