@@ -171,7 +171,7 @@ class ReentrantLock:
                     if observe.observer is not None:
                         observe.observer.acquired(True)
                     return hold
-                hold.set_lease(self._ttl, self._renew)  # nobody holds it: this object's lease
+                hold.ttl, hold.renew = self._ttl, self._renew  # nobody holds it: this object's
                 try:
                     attempt = self._attempt(runtime, hold)
                     if wait == 0.0:  # one try (a run's start): wait_for without its loop
