@@ -124,9 +124,7 @@ class HoldRegistry:
 
     def find(self, lock_key: str, owner: str) -> Hold | None:
         hold = self._holds.get((lock_key, owner))
-        if hold is None or hold.count <= 0:
-            return None
-        return hold
+        return hold if hold is not None and hold.count > 0 else None
 
     def hold_for(self, client: Any, keys: LockKeys, owner: str, ttl: float, renew: bool) -> Hold:
         """The registered hold of ``owner`` on the lock, registered now if none."""
