@@ -13,8 +13,8 @@ from .commands import AcquireReply, LockState, ReleaseReply, backend_errors, tex
 from .commands import seconds as lease_seconds  # (what a script's milliseconds left are)
 from .deadline import DeadlineRetry, time_left
 from .deadline import deadline as operation_deadline  # (the module has the same name)
-from .keys import LockKeys, RateKeys, check_prefix, escape_name, glob_escape
-from .observe import LockObserver, set_observer
+from .keys import LockKeys, RateKeys, check_prefix, glob_escape
+from .observe import set_observer
 from .owner import new_run_token
 from .rate import Rate, RateLimiter, RateReply, RateState, inspect_rate
 from .reentrant import ReentrantLock
@@ -27,7 +27,6 @@ __all__ = [
     "AcquireReply",
     "DeadlineRetry",
     "LockKeys",
-    "LockObserver",
     "LockSpace",
     "LockState",
     "NamedLock",
@@ -44,7 +43,6 @@ __all__ = [
     "check_duration",
     "check_lease_ms",
     "check_prefix",
-    "escape_name",
     "glob_escape",
     "inspect_rate",
     "is_cluster",

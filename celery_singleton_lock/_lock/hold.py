@@ -66,7 +66,6 @@ class Hold:
     owner: str
     ttl: float
     renew: bool
-    lease_ms: int = field(init=False)
     #: nesting depth in this process; Redis counts this whole hold as one
     count: int = 0
     fence: int | None = None
@@ -84,9 +83,6 @@ class Hold:
     #: the run token it was taken with: another run of the owner here is refused as in Redis
     run_token: str = ""
 
-    def __post_init__(self) -> None:
-        self.set_lease(self.ttl, self.renew)
-
     @property
     def lost(self) -> threading.Event:
         lost = self._lost
@@ -97,11 +93,9 @@ class Hold:
                     lost = self._lost = LeaseLost(self)
         return lost
 
-    def set_lease(self, ttl: float, renew: bool) -> None:
-        """The lease and renewal of the lock object about to take this (unheld) hold."""
-        self.ttl = ttl
-        self.lease_ms = max(1, round(ttl * 1000))
-        self.renew = renew
+    @property
+    def lease_ms(self) -> int:
+        return max(1, round(self.ttl * 1000))
 
     def lease_left(self) -> float:
         return self.valid_until - time.monotonic()
@@ -130,9 +124,7 @@ class HoldRegistry:
 
     def find(self, lock_key: str, owner: str) -> Hold | None:
         hold = self._holds.get((lock_key, owner))
-        if hold is None or hold.count <= 0:
-            return None
-        return hold
+        return hold if hold is not None and hold.count > 0 else None
 
     def hold_for(self, client: Any, keys: LockKeys, owner: str, ttl: float, renew: bool) -> Hold:
         """The registered hold of ``owner`` on the lock, registered now if none."""

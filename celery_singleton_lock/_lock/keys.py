@@ -25,14 +25,10 @@ def check_name(name: object) -> str:
 
 def escape_name(name: str) -> str:
     """``name`` inside the braces of its keys: ``%`` and ``}`` percent-escaped."""
-    if "}" not in name and "%" not in name:
-        return name
     return name.replace("%", "%25").replace("}", "%7D")
 
 
 def unescape_name(escaped: str) -> str:
-    if "%" not in escaped:
-        return escaped
     return escaped.replace("%7D", "}").replace("%25", "%")
 
 

@@ -171,7 +171,7 @@ class ReentrantLock:
                     if observe.observer is not None:
                         observe.observer.acquired(True)
                     return hold
-                hold.set_lease(self._ttl, self._renew)  # nobody holds it: this object's lease
+                hold.ttl, hold.renew = self._ttl, self._renew  # nobody holds it: this object's
                 try:
                     attempt = self._attempt(runtime, hold)
                     if wait == 0.0:  # one try (a run's start): wait_for without its loop
@@ -243,18 +243,7 @@ class ReentrantLock:
             hold.count = 0  # stop renewing first: a lock is never renewed after its release
             runtime.lane.remove(hold)
             runtime.holds.forget(hold)
-            # A release whose reply is lost may not have run: resent in the background for
-            # up to a lease, unless this process took the lock again meanwhile.
-            with bounded(self._backend_timeout):
-                reply = commands.release(
-                    self._client,
-                    self._keys,
-                    hold.owner,
-                    retry_for=hold.ttl,
-                    retry_unless=lambda: (
-                        runtime.holds.find(self._keys.lock, hold.owner) is not None
-                    ),
-                )
+            reply = self._release(hold.owner, 1, hold.ttl)
         if not reply.owned:
             hold.lost.set()
             raise LockNotOwnedError(
@@ -263,6 +252,21 @@ class ReentrantLock:
             )
         if observe.observer is not None:
             observe.observer.released(time.monotonic() - hold.taken_at)
+
+    def _release(self, owner: str, drop: int, retry_for: float) -> ReleaseReply:
+        """Drop ``drop`` holds of ``owner`` in Redis. A release whose reply is lost may not have
+        run: resent in the background for up to ``retry_for`` seconds, unless this process took
+        the lock again meanwhile."""
+        holds = LockRuntime.of(self._client).holds
+        with bounded(self._backend_timeout):
+            return commands.release(
+                self._client,
+                self._keys,
+                owner,
+                drop,
+                retry_for=retry_for,
+                retry_unless=lambda: holds.find(self._keys.lock, owner) is not None,
+            )
 
     def _detach(self) -> Hold | None:
         """Forget this process's hold without telling Redis."""
@@ -282,17 +286,7 @@ class ReentrantLock:
         held any. When Redis fails, raises :class:`LockBackendError` and resends it in the
         background."""
         hold = self._detach()
-        owner = self.owner
-        holds = LockRuntime.of(self._client).holds
-        with bounded(self._backend_timeout):
-            reply = commands.release(
-                self._client,
-                self._keys,
-                owner,
-                ALL_HOLDS,
-                retry_for=self._ttl if hold is None else hold.ttl,
-                retry_unless=lambda: holds.find(self._keys.lock, owner) is not None,
-            )
+        reply = self._release(self.owner, ALL_HOLDS, self._ttl if hold is None else hold.ttl)
         if hold is not None:
             if not reply.owned:
                 hold.lost.set()  # held here, gone in Redis: the lease was lost on the way

@@ -65,19 +65,13 @@ class LockSpace:
         if ttl is not self._checked_ttl:
             check_lease_ms(ttl, "ttl")
             self._checked_ttl = ttl
-        if not (
-            type(name) is str
-            and name
-            and type(owner) is str
-            and owner
-            and isinstance(info, str)
-            and isinstance(run_token, str)
-            and isinstance(state, str)  # (a StrEnum label too)
-        ):
+        texts = (info, run_token, state)
+        strings = all(isinstance(value, str) for value in texts)  # (a StrEnum label too)
+        if not (strings and type(name) is str and name and type(owner) is str and owner):
             return self.lock(
                 name, ttl=ttl, owner=owner, info=info, run_token=run_token, state=state
             )
-        keys, texts = LockKeys.for_name(self.prefix, name), (info, run_token, state)
+        keys = LockKeys.for_name(self.prefix, name)
         return ReentrantLock.checked(
             self.client, keys, float(ttl), owner, texts, self.backend_timeout
         )
