@@ -72,12 +72,12 @@ class Subscription:
                         continue
                     self._reading = True
                     cond.release()
+                    message = None
                     try:
                         message = self.hub.read(self.pubsub, left)
                     except Exception as exc:
                         _poll_by_lease("wake-up subscription to %s failed", self.channel, exc)
                         self.broken = True
-                        message = None
                     finally:
                         cond.acquire()
                         self._reading = False
