@@ -43,11 +43,11 @@ def _await_waiters(client: Any, key: str, count: int = 1) -> None:
     channel = key + ":wake"
 
     def waiting() -> int:
-        sub = hub.subscription(channel)
+        sub = hub.subscriptions.get(channel)
         return 0 if sub is None else sub.waiters
 
     def asleep() -> int:
-        sub = hub.subscription(channel)
+        sub = hub.subscriptions.get(channel)
         return 0 if sub is None else sub.sleeping
 
     wait_until(lambda: waiting() == count, 5)
@@ -225,7 +225,7 @@ def _wait_in_child(port: int, name: str, prefix: str, asleep: Any, results: Any)
     def watch() -> None:
         """Tell the parent once this process's waiter sleeps in its wait."""
         channel = lock.key + ":wake"
-        wait_until(lambda: getattr(hub.subscription(channel), "sleeping", 0) >= 1, 20)
+        wait_until(lambda: getattr(hub.subscriptions.get(channel), "sleeping", 0) >= 1, 20)
         asleep.set()
 
     threading.Thread(target=watch, daemon=True).start()
@@ -373,7 +373,7 @@ def test_a_waiter_hears_nothing_of_other_locks_and_nothing_is_subscribed_after(
     assert received[0] == 1
     # the wait is over: no channel of this process is subscribed any more (the UNSUBSCRIBE
     # goes from the heartbeat lane, a moment after the waiter returned)
-    assert hub.channels == []
+    assert hub.subscriptions == {}
     wait_until(lambda: redis_client.pubsub_channels(f"{prefix}:*") == [], 2)
 
 

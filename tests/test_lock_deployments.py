@@ -59,7 +59,7 @@ def _handoff(client: Any, name: str, lease: float = 5.0, **options: Any) -> floa
     wait_until(lambda: wake_subscribers(client, holder.key) >= 1, 5, "the waiter to subscribe")
     hub = LockRuntime.of(client).hub
     wait_until(  # and to try once more and fall asleep: the release is then pushed to it
-        lambda: getattr(hub.subscription(holder.key + ":wake"), "sleeping", 0) >= 1,
+        lambda: getattr(hub.subscriptions.get(holder.key + ":wake"), "sleeping", 0) >= 1,
         5,
         "the waiter to wait for the push",
     )

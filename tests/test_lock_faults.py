@@ -162,7 +162,7 @@ def test_a_waiter_gets_an_error_not_a_hang_when_redis_dies(make_redis_server: An
     assert outcome["at"] - killed < 2.0  # at most the holder's lease, plus the failing call
     assert holder.lost.wait(3)
     # The waiter left: the process keeps no subscription to the dead server.
-    assert LockRuntime.of(client).hub.channels == []
+    assert LockRuntime.of(client).hub.subscriptions == {}
 
 
 def test_the_heartbeat_survives_an_outage_and_sets_lost(

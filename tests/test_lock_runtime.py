@@ -30,7 +30,7 @@ def _subscribers(client: Any, channel: str) -> int:
 
 
 def _subscription(client: Any, channel: str) -> Subscription | None:
-    return LockRuntime.of(client).hub.subscription(channel)
+    return LockRuntime.of(client).hub.subscriptions.get(channel)
 
 
 def _asleep(client: Any, channel: str) -> int:

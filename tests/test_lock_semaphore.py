@@ -258,7 +258,7 @@ def test_a_blocked_acquire_is_woken_by_the_release_of_another_permit(redis_clien
     # Asleep on the subscription, after the look that follows subscribing: only a wake-up
     # (or the end of a 30 s lease) gets it out now.
     hub = LockRuntime.of(redis_client).hub
-    sub = wait_until(lambda: hub.subscription("lock:{wake}:wake"), 5, "the subscription")
+    sub = wait_until(lambda: hub.subscriptions.get("lock:{wake}:wake"), 5, "the subscription")
     wait_until(lambda: sub.sleeping >= 1, 5, "the waiter asleep")
     assert "at" not in got
     released_key = releaser.key

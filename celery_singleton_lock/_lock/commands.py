@@ -63,8 +63,7 @@ def _raise_backend_error(
 
 @contextmanager
 def backend_errors(operation: str, name: str, subject: str | None = None) -> Iterator[None]:
-    """A redis-py error in the block as :class:`LockBackendError` about lock ``name`` (or
-    ``subject``)."""
+    """A redis-py error in the block as :class:`LockBackendError` about ``subject`` or lock."""
     try:
         yield
     except RedisError as exc:

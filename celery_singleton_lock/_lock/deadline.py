@@ -7,15 +7,12 @@ loop. One wait for a reply is bounded by the client's ``socket_timeout`` only.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar, Token
 from typing import Any, TypeVar
 
-from redis.backoff import AbstractBackoff, NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -77,76 +74,39 @@ class DeadlineRetry(Retry):
     :class:`redis.exceptions.TimeoutError` unsent. Without a deadline, as
     ``Retry(backoff, retries)``."""
 
-    def __init__(
-        self,
-        backoff: AbstractBackoff,
-        retries: int,
-        supported_errors: tuple[type[Exception], ...] = (
-            RedisConnectionError,
-            RedisTimeoutError,
-            socket.timeout,
-        ),
-    ) -> None:
-        super().__init__(NoBackoff(), retries, supported_errors)
-        self.backoff: Any = backoff  # (not annotated in every redis-py version)
-
-    def __eq__(self, other: Any) -> bool:
-        if not isinstance(other, DeadlineRetry):
-            return NotImplemented
-        errors, others = set(self._supported_errors), set(other._supported_errors)
-        return (self._retries, self.backoff, errors) == (other._retries, other.backoff, others)
-
-    def __hash__(self) -> int:
-        return hash((type(self), self._retries, frozenset(self._supported_errors)))
-
     def call_with_retry(
-        self, do: Callable[[], T], fail: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> T:
-        # The hot path (twice per command): the retry machinery is entered on an error only.
-        current = _current.get()
-        at = None if current is None else current[0]
-        if at is not None and time.monotonic() >= at:
-            raise expired()
-        try:
-            return do()
-        # Retry's own tuple: a client's retry_on_error / retry_on_timeout widen it.
-        except self._supported_errors as error:
-            return self._retrying(do, fail, at, error, args, kwargs)
-
-    def _retrying(
         self,
         do: Callable[[], T],
         fail: Callable[..., Any],
-        at: float | None,
-        first: Exception,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
     ) -> T:
-        """Retry's loop with ``first`` as its first attempt's failure; no resend starts past
-        ``at``. (The backoff is slept in the failure handler: ``Retry`` would sleep it after,
-        where nothing could stop it at the deadline.)"""
-        self.backoff.reset()
-        retries = self._retries  # (negative: no limit)
+        """Retry's loop, with the deadline's checks (redis-py 5 passes ``do`` and ``fail``
+        only)."""
+        current = _current.get()
+        at = None if current is None else current[0]
         failures = 0
-
-        def fail_then_pause(error: Exception, *count: Any) -> None:
-            nonlocal failures
-            failures += 1
-            fail(error, *count)
-            if 0 <= retries < failures:
-                return  # Retry raises the error now
-            pause = self.backoff.compute(failures)
-            if at is not None and time.monotonic() + pause >= at:
-                raise error
-            if pause > 0:
-                time.sleep(pause)
-
-        pending = [first]
-
-        def attempt() -> T:
-            if pending:
-                raise pending.pop()  # the failure of the call sent before the loop
-            return do()
-
-        result: T = super().call_with_retry(attempt, fail_then_pause, *args, **kwargs)
-        return result
+        while True:
+            if at is not None and time.monotonic() >= at:
+                raise expired()
+            try:
+                return do()
+            # Retry's own tuple: a client's retry_on_error / retry_on_timeout widen it.
+            except self._supported_errors as error:
+                if is_retryable is not None and not is_retryable(error):
+                    raise
+                failures += 1
+                backoff: Any = self._backoff  # (not annotated in every redis-py version)
+                if failures == 1:
+                    backoff.reset()  # (on an error only: the hot path sends at once)
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)
+                if 0 <= self._retries < failures:
+                    raise
+                pause = backoff.compute(failures)
+                if at is not None and time.monotonic() + pause >= at:
+                    raise
+                if pause > 0:
+                    time.sleep(pause)

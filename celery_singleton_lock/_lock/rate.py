@@ -58,14 +58,11 @@ class Rate:
         if match is None:
             raise ValueError(f"{parameter} must be {_SHAPE}, got {value!r}")
         count, every, unit = match.groups()
-        limit, period = int(count), float(every or 1) * _UNITS[unit]
-        if limit < 1:
-            raise ValueError(f"{parameter} must allow at least 1 start ({_SHAPE}), got {value!r}")
-        if not 0.001 <= period <= MAX_RATE_PERIOD:
-            raise ValueError(
-                f"{parameter} must have a period from 1 ms to 30 days ({_SHAPE}), got {value!r}"
-            )
-        return cls(limit, period)
+        try:
+            return cls(int(count), float(every or 1) * _UNITS[unit])
+        except ValueError:  # (__post_init__'s words name no parameter)
+            bounds = "at least 1 start in a period from 1 ms to 30 days"
+            raise ValueError(f"{parameter} must allow {bounds} ({_SHAPE}), got {value!r}") from None
 
     @property
     def period_ms(self) -> int:

@@ -8,6 +8,7 @@ only its own locks; a lane never holds its client.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,10 +35,9 @@ IDLE_EXIT = 30.0
 
 @dataclass(eq=False, slots=True)
 class _Retry:
-    """A call to make again until it returns without raising, or until ``give_up_at``.
-    ``budget``: seconds per attempt (no longer than the operation that handed it over would
-    have waited). ``span``: an attempt that times out moves ``give_up_at`` to at least ``span``
-    s later (a server that does not answer may still run what it was sent)."""
+    """A call of :meth:`Lane.retry`: with ``span``, an attempt that times out moves
+    ``give_up_at`` to at least ``span`` s later (a server that does not answer may still run
+    what it was sent)."""
 
     call: Callable[[], None]
     what: str
@@ -102,7 +102,8 @@ class Lane:
     ) -> None:
         """Call ``call`` from this lane until it succeeds, for at most ``give_up_after`` s
         (``while_stalled``: counted from the last attempt that timed out), each attempt bounded
-        by ``budget`` s; ``gave_up()`` when the lane gives up on it."""
+        by ``budget`` s (the handing operation's deadline); ``gave_up()`` when the lane gives up
+        on it."""
         span = give_up_after if while_stalled else None
         job = _Retry(call, what, time.monotonic() + give_up_after, budget, span, gave_up)
         with self.cond:
@@ -139,21 +140,17 @@ class Lane:
         return True
 
     def _wait_for_work(self) -> tuple[list[Hold], list[_Retry]] | None:
-        idle_since: float | None = None
+        idle_since = math.inf
         with self.cond:
             while not self._stopped:
                 now = time.monotonic()
                 idle = not self.holds and not self._retries
-                if idle:
-                    idle_since = now if idle_since is None else idle_since
-                    wake_at = min(now + IDLE_WAKE, idle_since + IDLE_EXIT)
-                else:
-                    idle_since = None
-                    wake_at = min(
-                        [now + IDLE_WAKE]
-                        + [hold.next_renew for hold in self.holds.values()]
-                        + [job.next_try for job in self._retries]
-                    )
+                idle_since = min(idle_since, now) if idle else math.inf
+                wake_at = min(
+                    [now + IDLE_WAKE, idle_since + IDLE_EXIT]
+                    + [hold.next_renew for hold in self.holds.values()]
+                    + [job.next_try for job in self._retries]
+                )
                 if wake_at > now:
                     self._wake_at = wake_at
                     self.cond.wait(wake_at - now)
@@ -232,7 +229,7 @@ class Lane:
             self._failed(due, exc)
             return
         renewed = 0
-        for hold, ok in zip(due, results, strict=True):
+        for hold, ok in results:
             if isinstance(ok, Exception):
                 self._failed([hold], ok)
             elif ok:
@@ -281,8 +278,8 @@ class Lane:
                     left,
                 )
 
-    def _send(self, client: Any, holds: Sequence[Hold]) -> list[int | Exception]:
-        """One result per hold: 1 renewed, 0 gone, or its error; raises when a single server
+    def _send(self, client: Any, holds: Sequence[Hold]) -> list[tuple[Hold, int | Exception]]:
+        """Each hold with its result: 1 renewed, 0 gone, or its error; raises when a single server
         did not answer. On a Cluster, one pipeline per node of calls of one slot each; a call a
         node refuses (its slot moved) goes again through the cluster client."""
         cluster = is_cluster(client)
@@ -290,7 +287,7 @@ class Lane:
         for hold in holds:
             slots.setdefault(client.keyslot(hold.keys.lock) if cluster else 0, []).append(hold)
         batches = [s[i : i + BATCH] for s in slots.values() for i in range(0, len(s), BATCH)]
-        results: dict[int, int | Exception] = {}
+        results: list[tuple[Hold, int | Exception]] = []
         for node_client, indexes in by_node(client, [batch[0].keys.lock for batch in batches]):
             groups = [batches[i] for i in indexes]
             try:
@@ -308,9 +305,8 @@ class Lane:
                         reply = scripts.RENEW(client, *_renew_args(group))
                     except Exception as exc:
                         reply = [exc] * len(group)
-                for hold, ok in zip(group, reply, strict=True):
-                    results[id(hold)] = ok if isinstance(ok, Exception) else int(ok)
-        return [results[id(hold)] for hold in holds]
+                results += zip(group, reply, strict=True)
+        return results
 
 
 def _renew_args(group: Sequence[Hold]) -> tuple[list[str], list[Any]]:

@@ -72,12 +72,12 @@ class Subscription:
                         continue
                     self._reading = True
                     cond.release()
+                    message = None
                     try:
                         message = self.hub.read(self.pubsub, left)
                     except Exception as exc:
                         _poll_by_lease("wake-up subscription to %s failed", self.channel, exc)
                         self.broken = True
-                        message = None
                     finally:
                         cond.acquire()
                         self._reading = False
@@ -144,25 +144,18 @@ class WakeHub:
         self._keep_idle = 0 if hasattr(client, "get_nodes") else KEEP_IDLE
         # Reentrant: close() may run from the garbage collector on a thread that holds it.
         self._mutex = threading.RLock()
-        self._subscriptions: dict[str, Subscription] = {}
+        self.subscriptions: dict[str, Subscription] = {}
         self._idle: list[Any] = []
         self._closed = False
-
-    def subscription(self, channel: str) -> Subscription | None:
-        return self._subscriptions.get(channel)
-
-    @property
-    def channels(self) -> list[str]:
-        return list(self._subscriptions)  # (one step)
 
     def join(self, channel: str) -> Subscription:
         """Join the waiters of ``channel``; the first one subscribes (confirmed before it
         returns, so a release after this call is heard)."""
         with self._mutex:
-            sub = self._subscriptions.get(channel)
+            sub = self.subscriptions.get(channel)
             first, pubsub = sub is None, None
             if sub is None:
-                sub = self._subscriptions[channel] = Subscription(self, channel)
+                sub = self.subscriptions[channel] = Subscription(self, channel)
                 pubsub = self._idle.pop() if self._idle else None
             sub.waiters += 1
         if not first:
@@ -189,7 +182,7 @@ class WakeHub:
                 if woken:
                     sub.pass_on()
                 return
-            del self._subscriptions[sub.channel]
+            del self.subscriptions[sub.channel]
         pubsub = sub.pubsub
         if pubsub is not None and sub.broken:
             _close(pubsub)
@@ -204,7 +197,7 @@ class WakeHub:
         """Close every connection of the hub (its client is gone)."""
         with self._mutex:
             self._closed = True
-            pubsubs = self._idle + [s.pubsub for s in self._subscriptions.values()]
+            pubsubs = self._idle + [s.pubsub for s in self.subscriptions.values()]
             self._idle = []
         for pubsub in pubsubs:
             if pubsub is not None:
