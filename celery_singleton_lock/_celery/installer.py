@@ -122,38 +122,20 @@ def _task_for(name: str, reply_to: Any = None) -> Any:
             task = app.tasks.get(name)  # a task with the base class, sent by name
         if isinstance(task, LockedTask):
             return task
-        if options is not None:
-            stand_ins = _stand_ins.setdefault(app, {})
-            if name not in stand_ins:
-                stand_ins[name] = _new_stand_in(app, name, options)
-            return stand_ins[name]
+        if options is None:
+            continue
+        stand_ins = _stand_ins.setdefault(app, {})
+        if name not in stand_ins:
+            # a LockedTask with the configured options for a task this process only knows by
+            # name: Task.run's (*args, **kwargs) is not the task's, binding to it would name
+            # every call's lock after "args" and "kwargs", so it binds no signature
+            attrs = {**options, "name": name, "_singleton_lock_stand_in": True}
+            cls: type[LockedTask] = type(name.rsplit(".", 1)[-1], (LockedTask,), attrs)
+            cls.locking.signature = cls.locking.positional = None
+            stand_ins[name] = cls()
+            stand_ins[name].bind(app)
+        return stand_ins[name]
     return None
-
-
-def _new_stand_in(app: Any, name: str, options: Mapping[str, Any]) -> Any:
-    """A :class:`LockedTask` with the configured options for a task this process only knows
-    by name: it binds no signature (see :func:`_stand_in_knows_key`)."""
-    attrs = {**options, "name": name, "_singleton_lock_stand_in": True}
-    cls: type[LockedTask] = type(name.rsplit(".", 1)[-1], (LockedTask,), attrs)
-    # Task.run's (*args, **kwargs) is not the task's: binding to it would name every call's
-    # lock after "args" and "kwargs"
-    cls.locking.signature = cls.locking.positional = None
-    stand_in = cls()
-    stand_in.bind(app)
-    return stand_in
-
-
-def _stand_in_knows_key(task: Any, kwargs: Any) -> bool:
-    """Whether a stand-in names a call's lock as the worker does (which binds the arguments to
-    the task's unknown parameters): with ``lock_key``, or ``lock_unique_on`` all given by
-    keyword."""
-    options = task.locking.options
-    unique_on = options.lock_unique_on
-    return options.lock_key is not None or (
-        unique_on is not None
-        and isinstance(kwargs, Mapping)
-        and all(n in kwargs for n in unique_on)
-    )
 
 
 #: the stand-ins that said once that they leave a call's lock to the worker
@@ -192,9 +174,19 @@ def _before_publish(
     except (TypeError, IndexError, KeyError):
         return
     task_id = headers.get("id")
-    if getattr(task, "_singleton_lock_stand_in", False) and not _stand_in_knows_key(task, kw):
-        # A lock under another name than the worker's would refuse another job's call and
-        # miss a duplicate: without a lock in its headers, the worker checks the message.
+    options = task.locking.options
+    unique_on = options.lock_unique_on
+    if (
+        getattr(task, "_singleton_lock_stand_in", False)
+        and options.lock_key is None
+        and not (
+            isinstance(kw, Mapping) and unique_on is not None and all(n in kw for n in unique_on)
+        )
+    ):
+        # A stand-in names a call's lock as the worker does (which binds the arguments to the
+        # task's unknown parameters) only with lock_key, or lock_unique_on all given by
+        # keyword. A lock under another name than the worker's would refuse another job's
+        # call and miss a duplicate: without a lock in its headers, the worker checks it.
         _left_to_the_worker(task, task_id)
         return
     if isinstance(task_id, str):

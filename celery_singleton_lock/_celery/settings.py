@@ -132,14 +132,6 @@ def _client(name: str, value: Any) -> Any:
     return value
 
 
-def _prefix(name: str, value: Any) -> str:
-    return check_prefix(value, name)
-
-
-def _seconds(name: str, value: Any) -> float:
-    return check_duration(value, name)
-
-
 def _class_path(name: str, value: Any) -> Any:
     if isinstance(value, type):
         return value
@@ -179,6 +171,10 @@ def _app_path(name: str, value: Any) -> str:
 _dict = _of(dict, "a dict")
 
 
+def _seconds(name: str, value: Any) -> float:
+    return check_duration(value, name)
+
+
 @dataclass(frozen=True)
 class Setting:
     default: Any
@@ -211,7 +207,9 @@ SETTINGS: dict[str, Setting] = {
         "a ready redis-py client, or a callable returning one; wins over the URL",
         _client,
     ),
-    "singleton_lock_prefix": Setting("lock", '`"lock"`', "first part of every key", _prefix),
+    "singleton_lock_prefix": Setting(
+        "lock", '`"lock"`', "first part of every key", lambda n, v: check_prefix(v, n)
+    ),
     "singleton_lock_ttl": Setting(
         30.0,
         "`30` s",
