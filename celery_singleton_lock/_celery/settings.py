@@ -211,10 +211,7 @@ SETTINGS: dict[str, Setting] = {
         "lock", '`"lock"`', "first part of every key", lambda n, v: check_prefix(v, n)
     ),
     "singleton_lock_ttl": Setting(
-        30.0,
-        "`30` s",
-        "lease of a running lock, renewed about every ttl/3",
-        _seconds,
+        30.0, "`30` s", "lease of a running lock, renewed about every ttl/3", _seconds
     ),
     "singleton_lock_queue_ttl": Setting(
         3600.0,
@@ -261,10 +258,7 @@ SETTINGS: dict[str, Setting] = {
         _port,
     ),
     "singleton_lock_metrics_address": Setting(
-        "0.0.0.0",
-        '`"0.0.0.0"`',
-        "the address the metrics listen on",
-        _address,
+        "0.0.0.0", '`"0.0.0.0"`', "the address the metrics listen on", _address
     ),
     "singleton_lock_counts": Setting(
         True,
@@ -296,7 +290,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
         "unset: read-only",
         "environment variable, not a setting: the token that `celery locks web` asks for "
         "before a release or a purge (never on the command line, where `ps` shows it)",
-    ),
+    )
 }
 
 

@@ -79,17 +79,12 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         after = cls.__mro__[cls.__mro__.index(LockedTask) + 1 :]
         klass = next(k for k in after if "__call__" in vars(k))
         cls.next_call = None if klass is Task else vars(klass)["__call__"]
-        # a Request of a class of the MRO other than ours and Task's, unless composed already
-        own = next(
-            (
-                vars(k)["Request"]
-                for k in cls.__mro__
-                if k not in (LockedTask, Task) and "Request" in vars(k)
-            ),
-            None,
-        )
-        if own is not None and not getattr(own, "composes_locked_request", False):
-            cls.Request = with_locked_request(own, cls.__qualname__)
+        for klass in cls.__mro__:  # a Request of a class other than ours and Task's
+            own = None if klass in (LockedTask, Task) else vars(klass).get("Request")
+            if own is not None:
+                if not getattr(own, "composes_locked_request", False):  # not composed already
+                    cls.Request = with_locked_request(own, cls.__qualname__)
+                break
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
