@@ -92,22 +92,6 @@ def _lock_tasks(sender: Any, **_: Any) -> None:
         log.debug("locking task %s with %s", name, options)
 
 
-def _registered(app: Any, name: str) -> Any:
-    """The app's task ``name`` with the lock put in front of its class, or ``None``. A lazy
-    app whose task proxy is first used (``task.delay()`` at the end of a module) is finalized
-    as Celery does for ``app.tasks``, so its tasks are locked (and keyed by their own
-    signature, as the worker does) from this publish on; a task defined after finalization is
-    locked at its first publish."""
-    if not app.finalized:
-        if not app.autofinalize:
-            return None  # the app's owner finalizes it; until then, a stand-in
-        app.finalize(auto=True)  # locks its tasks (on_after_finalize)
-    task = app.tasks.get(name)
-    if task is not None and not isinstance(task, LockedTask):
-        _lock_tasks(app)
-    return task if isinstance(task, LockedTask) else None
-
-
 def _task_for(name: str, reply_to: Any = None) -> Any:
     """The task (or a stand-in) for a task name that the installed app publishing it locks:
     found by the ``reply_to`` Celery sets to its ``thread_oid`` (the signal names no app, and
@@ -117,9 +101,15 @@ def _task_for(name: str, reply_to: Any = None) -> Any:
     apps = [app for app in _configs if not reply_to or reply_to in (app.thread_oid, app.oid)]
     for app in apps:
         options = _configs.get(app, {}).get(name)
-        task = _registered(app, name) if options is not None else None
-        if task is None and app.finalized:
-            task = app.tasks.get(name)  # a task with the base class, sent by name
+        if options is not None and not app.finalized and app.autofinalize:
+            # A lazy app whose task proxy is first used (task.delay() at the end of a module) is
+            # finalized as Celery does for app.tasks, which locks its tasks (on_after_finalize)
+            # from this publish on, keyed by their own signature as the worker does. (An app
+            # its owner finalizes gets a stand-in until then.)
+            app.finalize(auto=True)
+        task = app.tasks.get(name) if app.finalized else None  # or one with the base class
+        if options is not None and task is not None and not isinstance(task, LockedTask):
+            _lock_tasks(app)  # a task defined after finalization is locked at its first publish
         if isinstance(task, LockedTask):
             return task
         if options is None:
