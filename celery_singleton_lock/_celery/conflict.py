@@ -28,8 +28,7 @@ RETRY_MIN_DELAY = 0.1
 
 
 class Conflict:
-    """``lock_on_locked="skip"``: the duplicate's body does not run; it ends ``SKIPPED`` (not a
-    ready state: ``.get()`` on its id waits out its timeout), the holder in its meta.
+    """``lock_on_locked="skip"``: the duplicate ends ``SKIPPED``, the holder in its meta.
     ``"wait"``: the same, after blocking up to ``lock_wait_timeout`` for the lock."""
 
     def __init__(self, options: LockOptions) -> None:

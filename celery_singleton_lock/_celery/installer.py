@@ -73,8 +73,7 @@ def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
         _lock_tasks(app)
 
 
-def _lock_tasks(sender: Any, **_: Any) -> None:
-    """Lock the installed tasks of the app ``sender`` (its ``on_after_finalize`` receiver)."""
+def _lock_tasks(sender: Any, **_: Any) -> None:  # the app's on_after_finalize receiver
     for name, options in _configs.get(sender, {}).items():
         task = sender.tasks.get(name)
         if task is None:
