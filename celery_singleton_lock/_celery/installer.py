@@ -131,23 +131,6 @@ def _task_for(name: str, reply_to: Any = None) -> Any:
 _told: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _left_to_the_worker(task: Any, task_id: Any) -> None:
-    if task in _told:
-        log.debug("%s[%s] sent by name: its lock is left to the worker", task.name, task_id)
-        return
-    _told.add(task)
-    log.warning(
-        "%s[%s] is sent by name from a process that does not import the task: its lock is "
-        "named after the arguments bound to the task's parameters, which are not known here, "
-        "so no lock is taken at publish and the worker checks the call as it starts (a "
-        "duplicate of a job that is queued or running is skipped there). For the lock at "
-        "publish, import the task's module in this process, pass lock_unique_on's arguments "
-        "by keyword, or give the task a lock_key",
-        task.name,
-        task_id,
-    )
-
-
 def _before_publish(
     sender: Any = None, body: Any = None, headers: Any = None, **kwargs: Any
 ) -> None:
@@ -176,7 +159,20 @@ def _before_publish(
         # task's unknown parameters) only with lock_key, or lock_unique_on all given by
         # keyword. A lock under another name than the worker's would refuse another job's
         # call and miss a duplicate: without a lock in its headers, the worker checks it.
-        _left_to_the_worker(task, task_id)
+        if task in _told:
+            log.debug("%s[%s] sent by name: its lock is left to the worker", task.name, task_id)
+            return
+        _told.add(task)
+        log.warning(
+            "%s[%s] is sent by name from a process that does not import the task: its lock is "
+            "named after the arguments bound to the task's parameters, which are not known here, "
+            "so no lock is taken at publish and the worker checks the call as it starts (a "
+            "duplicate of a job that is queued or running is skipped there). For the lock at "
+            "publish, import the task's module in this process, pass lock_unique_on's arguments "
+            "by keyword, or give the task a lock_key",
+            task.name,
+            task_id,
+        )
         return
     if isinstance(task_id, str):
         task.locking.mode.take_for_message(task, task_id, args, kw, headers)
