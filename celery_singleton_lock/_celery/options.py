@@ -91,11 +91,7 @@ def _rate_key(task: str, name: str, value: object) -> str | Callable[..., str] |
 def _names(task: str, name: str, value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
-    if (
-        isinstance(value, str)
-        or not isinstance(value, (list, tuple))
-        or not all(isinstance(n, str) for n in value)
-    ):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
         raise TypeError(f"task {task!r}: {name} must be a list of parameter names, got {value!r}")
     return tuple(value)
 
