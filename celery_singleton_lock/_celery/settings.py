@@ -312,21 +312,17 @@ def read(conf: Any) -> tuple[dict[str, Any], list[TypeError | ValueError]]:
     reads (a misspelling, or upper case without Django's ``CELERY`` namespace)."""
     values: dict[str, Any] = {}
     problems: list[TypeError | ValueError] = []
+    keys = list(conf.keys())
     for name, definition in SETTINGS.items():
         value = conf.get(name)
-        if value is None:
-            values[name] = definition.default
-            continue
-        try:
-            values[name] = definition.check(name, value)
-        except (TypeError, ValueError):
-            values[name] = definition.default
+        values[name] = definition.default
+        if value is not None:
+            spelt = next((key for key in keys if _ours(key) == name), name)
             try:
-                spelt = next((key for key in list(conf.keys()) if _ours(key) == name), name)
-                definition.check(spelt, value)
+                values[name] = definition.check(spelt, value)
             except (TypeError, ValueError) as exc:
                 problems.append(exc)
-    for key in list(conf.keys()):
+    for key in keys:
         meant = _ours(key)
         if meant is None or meant in _OTHER_PACKAGES_NAMES or conf.get(key) is None:
             continue
