@@ -105,11 +105,9 @@ class LockConfig:
         """The app's locks under ``prefix`` (``None``: ``singleton_lock_prefix``), every
         operation bounded by ``singleton_lock_backend_timeout``."""
         key = self.prefix if prefix is None else prefix
-        space = self._spaces.get(key)
-        if space is None:
-            space = LockSpace(self.client, key, backend_timeout=self.backend_timeout)
-            self._spaces[key] = space
-        return space
+        if key not in self._spaces:
+            self._spaces[key] = LockSpace(self.client, key, backend_timeout=self.backend_timeout)
+        return self._spaces[key]
 
     @classmethod
     def of(cls, app: Any) -> LockConfig:
@@ -165,12 +163,8 @@ def close(app: Any) -> bool:
     logged on ``celery_singleton_lock.counts``, its counts kept for the app's next count."""
     with _registry:
         configs = [_configs.get(app), _replaced.get(app)]
-    written = True
-    for config in configs:
-        counter = config.counter_if_made if config is not None else None
-        if counter is not None:
-            written = counter.close() and written
-    return written
+    counters = [c.counter_if_made for c in configs if c is not None]
+    return all([counter.close() for counter in counters if counter is not None])  # closes each
 
 
 def peek(app: Any, name: str) -> Any:

@@ -17,7 +17,7 @@ from .canvas import chord_member_of
 from .hold import report_duplicate, store_skipped
 from .options import LockOptions
 
-__all__ = ["Conflict", "conflict_for", "lock_retry_delay"]
+__all__ = ["Conflict", "conflict_for"]
 
 log = logging.getLogger("celery_singleton_lock.run")
 
@@ -27,17 +27,8 @@ RETRY_FIRST_DELAY = 1.0
 RETRY_MIN_DELAY = 0.1
 
 
-def lock_retry_delay(retries: int, holder_lease: float) -> float:
-    """A retried duplicate's default countdown: a backoff doubling with the retries, capped by
-    the holder's remaining lease, with equal jitter (duplicates refused together come apart)."""
-    backoff = RETRY_FIRST_DELAY * 2.0 ** min(max(retries, 0), 30)
-    ceiling = min(backoff, max(holder_lease, RETRY_MIN_DELAY))
-    return max(RETRY_MIN_DELAY, ceiling * random.uniform(0.5, 1.0))
-
-
 class Conflict:
-    """``lock_on_locked="skip"``: the duplicate's body does not run; it ends ``SKIPPED`` (not a
-    ready state: ``.get()`` on its id waits out its timeout), the holder in its meta.
+    """``lock_on_locked="skip"``: the duplicate ends ``SKIPPED``, the holder in its meta.
     ``"wait"``: the same, after blocking up to ``lock_wait_timeout`` for the lock."""
 
     def __init__(self, options: LockOptions) -> None:
@@ -119,24 +110,19 @@ class Retry(Conflict):
             super().refused(task, request, key, refusal, reason)
         report_duplicate(task, "retried")
         try:
-            # lock_retry_countdown, else the growing backoff
-            countdown = self.options.lock_retry_countdown or lock_retry_delay(
-                request.retries, refusal.lease_left
-            )
+            countdown = self.options.lock_retry_countdown
+            if not countdown:
+                # a backoff doubling with the retries, capped by the holder's remaining lease,
+                # with equal jitter (duplicates refused together come apart)
+                backoff = RETRY_FIRST_DELAY * 2.0 ** min(max(request.retries, 0), 30)
+                ceiling = min(backoff, max(refusal.lease_left, RETRY_MIN_DELAY))
+                countdown = max(RETRY_MIN_DELAY, ceiling * random.uniform(0.5, 1.0))
             raise task.retry(countdown=countdown)
         except MaxRetriesExceededError:
             log.info("%s[%s] ran out of retries waiting for lock %s", task.name, request.id, key)
         super().refused(task, request, key, refusal, reason)
 
 
-_BY_CHOICE: dict[str, type[Conflict]] = {
-    "skip": Conflict,
-    "wait": Conflict,
-    "raise": Raise,
-    "retry": Retry,
-}
-
-
 def conflict_for(options: LockOptions) -> Conflict:
-    """The class's ``lock_on_locked`` choice."""
-    return _BY_CHOICE[options.lock_on_locked](options)
+    """The class's ``lock_on_locked`` choice (``"wait"`` and ``"skip"`` are one class)."""
+    return {"raise": Raise, "retry": Retry}.get(options.lock_on_locked, Conflict)(options)

@@ -73,8 +73,7 @@ def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
         _lock_tasks(app)
 
 
-def _lock_tasks(sender: Any, **_: Any) -> None:
-    """Lock the installed tasks of the app ``sender`` (its ``on_after_finalize`` receiver)."""
+def _lock_tasks(sender: Any, **_: Any) -> None:  # the app's on_after_finalize receiver
     for name, options in _configs.get(sender, {}).items():
         task = sender.tasks.get(name)
         if task is None:
@@ -92,22 +91,6 @@ def _lock_tasks(sender: Any, **_: Any) -> None:
         log.debug("locking task %s with %s", name, options)
 
 
-def _registered(app: Any, name: str) -> Any:
-    """The app's task ``name`` with the lock put in front of its class, or ``None``. A lazy
-    app whose task proxy is first used (``task.delay()`` at the end of a module) is finalized
-    as Celery does for ``app.tasks``, so its tasks are locked (and keyed by their own
-    signature, as the worker does) from this publish on; a task defined after finalization is
-    locked at its first publish."""
-    if not app.finalized:
-        if not app.autofinalize:
-            return None  # the app's owner finalizes it; until then, a stand-in
-        app.finalize(auto=True)  # locks its tasks (on_after_finalize)
-    task = app.tasks.get(name)
-    if task is not None and not isinstance(task, LockedTask):
-        _lock_tasks(app)
-    return task if isinstance(task, LockedTask) else None
-
-
 def _task_for(name: str, reply_to: Any = None) -> Any:
     """The task (or a stand-in) for a task name that the installed app publishing it locks:
     found by the ``reply_to`` Celery sets to its ``thread_oid`` (the signal names no app, and
@@ -117,64 +100,35 @@ def _task_for(name: str, reply_to: Any = None) -> Any:
     apps = [app for app in _configs if not reply_to or reply_to in (app.thread_oid, app.oid)]
     for app in apps:
         options = _configs.get(app, {}).get(name)
-        task = _registered(app, name) if options is not None else None
-        if task is None and app.finalized:
-            task = app.tasks.get(name)  # a task with the base class, sent by name
+        if options is not None and not app.finalized and app.autofinalize:
+            # A lazy app whose task proxy is first used (task.delay() at the end of a module) is
+            # finalized as Celery does for app.tasks, which locks its tasks (on_after_finalize)
+            # from this publish on, keyed by their own signature as the worker does. (An app
+            # its owner finalizes gets a stand-in until then.)
+            app.finalize(auto=True)
+        task = app.tasks.get(name) if app.finalized else None  # or one with the base class
+        if options is not None and task is not None and not isinstance(task, LockedTask):
+            _lock_tasks(app)  # a task defined after finalization is locked at its first publish
         if isinstance(task, LockedTask):
             return task
-        if options is not None:
-            stand_ins = _stand_ins.setdefault(app, {})
-            if name not in stand_ins:
-                stand_ins[name] = _new_stand_in(app, name, options)
-            return stand_ins[name]
+        if options is None:
+            continue
+        stand_ins = _stand_ins.setdefault(app, {})
+        if name not in stand_ins:
+            # a LockedTask with the configured options for a task this process only knows by
+            # name: Task.run's (*args, **kwargs) is not the task's, binding to it would name
+            # every call's lock after "args" and "kwargs", so it binds no signature
+            attrs = {**options, "name": name, "_singleton_lock_stand_in": True}
+            cls: type[LockedTask] = type(name.rsplit(".", 1)[-1], (LockedTask,), attrs)
+            cls.locking.signature = cls.locking.positional = None
+            stand_ins[name] = cls()
+            stand_ins[name].bind(app)
+        return stand_ins[name]
     return None
-
-
-def _new_stand_in(app: Any, name: str, options: Mapping[str, Any]) -> Any:
-    """A :class:`LockedTask` with the configured options for a task this process only knows
-    by name: it binds no signature (see :func:`_stand_in_knows_key`)."""
-    attrs = {**options, "name": name, "_singleton_lock_stand_in": True}
-    cls: type[LockedTask] = type(name.rsplit(".", 1)[-1], (LockedTask,), attrs)
-    # Task.run's (*args, **kwargs) is not the task's: binding to it would name every call's
-    # lock after "args" and "kwargs"
-    cls.locking.signature = cls.locking.positional = None
-    stand_in = cls()
-    stand_in.bind(app)
-    return stand_in
-
-
-def _stand_in_knows_key(task: Any, kwargs: Any) -> bool:
-    """Whether a stand-in names a call's lock as the worker does (which binds the arguments to
-    the task's unknown parameters): with ``lock_key``, or ``lock_unique_on`` all given by
-    keyword."""
-    options = task.locking.options
-    unique_on = options.lock_unique_on
-    return options.lock_key is not None or (
-        unique_on is not None
-        and isinstance(kwargs, Mapping)
-        and all(n in kwargs for n in unique_on)
-    )
 
 
 #: the stand-ins that said once that they leave a call's lock to the worker
 _told: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _left_to_the_worker(task: Any, task_id: Any) -> None:
-    if task in _told:
-        log.debug("%s[%s] sent by name: its lock is left to the worker", task.name, task_id)
-        return
-    _told.add(task)
-    log.warning(
-        "%s[%s] is sent by name from a process that does not import the task: its lock is "
-        "named after the arguments bound to the task's parameters, which are not known here, "
-        "so no lock is taken at publish and the worker checks the call as it starts (a "
-        "duplicate of a job that is queued or running is skipped there). For the lock at "
-        "publish, import the task's module in this process, pass lock_unique_on's arguments "
-        "by keyword, or give the task a lock_key",
-        task.name,
-        task_id,
-    )
 
 
 def _before_publish(
@@ -192,10 +146,33 @@ def _before_publish(
     except (TypeError, IndexError, KeyError):
         return
     task_id = headers.get("id")
-    if getattr(task, "_singleton_lock_stand_in", False) and not _stand_in_knows_key(task, kw):
-        # A lock under another name than the worker's would refuse another job's call and
-        # miss a duplicate: without a lock in its headers, the worker checks the message.
-        _left_to_the_worker(task, task_id)
+    options = task.locking.options
+    unique_on = options.lock_unique_on
+    if (
+        getattr(task, "_singleton_lock_stand_in", False)
+        and options.lock_key is None
+        and not (
+            isinstance(kw, Mapping) and unique_on is not None and all(n in kw for n in unique_on)
+        )
+    ):
+        # A stand-in names a call's lock as the worker does (which binds the arguments to the
+        # task's unknown parameters) only with lock_key, or lock_unique_on all given by
+        # keyword. A lock under another name than the worker's would refuse another job's
+        # call and miss a duplicate: without a lock in its headers, the worker checks it.
+        if task in _told:
+            log.debug("%s[%s] sent by name: its lock is left to the worker", task.name, task_id)
+            return
+        _told.add(task)
+        log.warning(
+            "%s[%s] is sent by name from a process that does not import the task: its lock is "
+            "named after the arguments bound to the task's parameters, which are not known here, "
+            "so no lock is taken at publish and the worker checks the call as it starts (a "
+            "duplicate of a job that is queued or running is skipped there). For the lock at "
+            "publish, import the task's module in this process, pass lock_unique_on's arguments "
+            "by keyword, or give the task a lock_key",
+            task.name,
+            task_id,
+        )
         return
     if isinstance(task_id, str):
         task.locking.mode.take_for_message(task, task_id, args, kw, headers)

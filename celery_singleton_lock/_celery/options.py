@@ -14,13 +14,7 @@ from typing import Any, TypeVar
 from .._lock import Rate, check_duration
 from .combinations import check_combination
 
-__all__ = [
-    "OPTION_NAMES",
-    "LockOptions",
-    "check_option_names",
-    "options_table",
-    "validate_options",
-]
+__all__ = ["OPTION_NAMES", "LockOptions", "check_option_names", "options_table", "validate_options"]
 
 Check = Callable[[str, str, Any], Any]
 T = TypeVar("T")
@@ -97,11 +91,7 @@ def _rate_key(task: str, name: str, value: object) -> str | Callable[..., str] |
 def _names(task: str, name: str, value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
-    if (
-        isinstance(value, str)
-        or not isinstance(value, (list, tuple))
-        or not all(isinstance(n, str) for n in value)
-    ):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
         raise TypeError(f"task {task!r}: {name} must be a list of parameter names, got {value!r}")
     return tuple(value)
 

@@ -132,14 +132,6 @@ def _client(name: str, value: Any) -> Any:
     return value
 
 
-def _prefix(name: str, value: Any) -> str:
-    return check_prefix(value, name)
-
-
-def _seconds(name: str, value: Any) -> float:
-    return check_duration(value, name)
-
-
 def _class_path(name: str, value: Any) -> Any:
     if isinstance(value, type):
         return value
@@ -179,6 +171,10 @@ def _app_path(name: str, value: Any) -> str:
 _dict = _of(dict, "a dict")
 
 
+def _seconds(name: str, value: Any) -> float:
+    return check_duration(value, name)
+
+
 @dataclass(frozen=True)
 class Setting:
     default: Any
@@ -211,12 +207,11 @@ SETTINGS: dict[str, Setting] = {
         "a ready redis-py client, or a callable returning one; wins over the URL",
         _client,
     ),
-    "singleton_lock_prefix": Setting("lock", '`"lock"`', "first part of every key", _prefix),
+    "singleton_lock_prefix": Setting(
+        "lock", '`"lock"`', "first part of every key", lambda n, v: check_prefix(v, n)
+    ),
     "singleton_lock_ttl": Setting(
-        30.0,
-        "`30` s",
-        "lease of a running lock, renewed about every ttl/3",
-        _seconds,
+        30.0, "`30` s", "lease of a running lock, renewed about every ttl/3", _seconds
     ),
     "singleton_lock_queue_ttl": Setting(
         3600.0,
@@ -263,10 +258,7 @@ SETTINGS: dict[str, Setting] = {
         _port,
     ),
     "singleton_lock_metrics_address": Setting(
-        "0.0.0.0",
-        '`"0.0.0.0"`',
-        "the address the metrics listen on",
-        _address,
+        "0.0.0.0", '`"0.0.0.0"`', "the address the metrics listen on", _address
     ),
     "singleton_lock_counts": Setting(
         True,
@@ -298,7 +290,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
         "unset: read-only",
         "environment variable, not a setting: the token that `celery locks web` asks for "
         "before a release or a purge (never on the command line, where `ps` shows it)",
-    ),
+    )
 }
 
 
@@ -320,21 +312,17 @@ def read(conf: Any) -> tuple[dict[str, Any], list[TypeError | ValueError]]:
     reads (a misspelling, or upper case without Django's ``CELERY`` namespace)."""
     values: dict[str, Any] = {}
     problems: list[TypeError | ValueError] = []
+    keys = list(conf.keys())
     for name, definition in SETTINGS.items():
         value = conf.get(name)
-        if value is None:
-            values[name] = definition.default
-            continue
-        try:
-            values[name] = definition.check(name, value)
-        except (TypeError, ValueError):
-            values[name] = definition.default
+        values[name] = definition.default
+        if value is not None:
+            spelt = next((key for key in keys if _ours(key) == name), name)
             try:
-                spelt = next((key for key in list(conf.keys()) if _ours(key) == name), name)
-                definition.check(spelt, value)
+                values[name] = definition.check(spelt, value)
             except (TypeError, ValueError) as exc:
                 problems.append(exc)
-    for key in list(conf.keys()):
+    for key in keys:
         meant = _ours(key)
         if meant is None or meant in _OTHER_PACKAGES_NAMES or conf.get(key) is None:
             continue

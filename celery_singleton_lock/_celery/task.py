@@ -70,10 +70,21 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             # a plain function as a class attribute would be bound to the task
             cls.lock_key = staticmethod(key_func)
         cls.locking = TaskLocking.of_class(cls, LockedTask)
-        _lock_the_call_chain(cls)
-        own_request = _own_request(cls)
-        if own_request is not None:
-            cls.Request = with_locked_request(own_request, cls.__qualname__)
+        # The lock holds around the whole __call__ chain: a __call__ before ours in the MRO
+        # that calls self.run itself (Flask's documented base class) is wrapped to take it
+        # first; the next one after ours is found once, here.
+        call = cls.__call__
+        if call is not LockedTask.__call__ and not getattr(call, _LOCKING_CALL, False):
+            cls.__call__ = _locking_call(call)  # type: ignore[method-assign]
+        after = cls.__mro__[cls.__mro__.index(LockedTask) + 1 :]
+        klass = next(k for k in after if "__call__" in vars(k))
+        cls.next_call = None if klass is Task else vars(klass)["__call__"]
+        for klass in cls.__mro__:  # a Request of a class other than ours and Task's
+            own = None if klass in (LockedTask, Task) else vars(klass).get("Request")
+            if own is not None:
+                if not getattr(own, "composes_locked_request", False):  # not composed already
+                    cls.Request = with_locked_request(own, cls.__qualname__)
+                break
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -198,10 +209,10 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             return super().__call__(*args, **kwargs)
         run = current_run(request)
         if run is None:
-            if type(self).next_call is None:
-                # the body comes next: run_locked marks it started without a second lookup
-                return run_locked(self, request, args, kwargs, self.run, body_is_run=True)
-            return run_locked(self, request, args, kwargs, self._call_past_locked_task)
+            # when the body comes next, run_locked marks it started without a second lookup
+            body_next = type(self).next_call is None
+            call = self.run if body_next else self._call_past_locked_task
+            return run_locked(self, request, args, kwargs, call, body_is_run=body_next)
         if not run.body_started:
             # the run's own __call__ chain on its way to the body (a base class's wrapped
             # __call__ before this one in the MRO took the lock)
@@ -253,22 +264,6 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 _LOCKING_CALL = "_singleton_lock_wraps_call"
 
 
-def _lock_the_call_chain(cls: type[LockedTask]) -> None:
-    """Make the lock hold around the whole ``__call__`` chain of ``cls``: a ``__call__`` before
-    ``LockedTask``'s in the MRO that calls ``self.run`` itself (Flask's documented base class)
-    is wrapped to take the lock first; the next one after it is found once, here."""
-    call = cls.__call__
-    if call is not LockedTask.__call__ and not getattr(call, _LOCKING_CALL, False):
-        cls.__call__ = _locking_call(call)  # type: ignore[method-assign]
-    mro = cls.__mro__
-    cls.next_call = None
-    for klass in mro[mro.index(LockedTask) + 1 :]:
-        if "__call__" in vars(klass):
-            if klass is not Task:
-                cls.next_call = vars(klass)["__call__"]
-            break
-
-
 def _locking_call(call: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(call)
     def __call__(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
@@ -279,18 +274,6 @@ def _locking_call(call: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(__call__, _LOCKING_CALL, True)
     return __call__
-
-
-def _own_request(cls: type[LockedTask]) -> Any:
-    """The ``Request`` of a class of the MRO other than ``LockedTask`` and ``Task``, unless it
-    is already composed with ours."""
-    for klass in cls.__mro__:
-        if klass in (LockedTask, Task):
-            continue
-        own = vars(klass).get("Request")
-        if own is not None:
-            return None if getattr(own, "composes_locked_request", False) else own
-    return None
 
 
 # the options' class attributes, which a subclass (or a decorator keyword) overrides

@@ -140,8 +140,11 @@ def bind_arguments(
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
             if strict_for is not None:
+                # the parameters as the task's def lists them, without annotations (x, y=2)
+                bare = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
+                listed = signature.replace(parameters=bare, return_annotation=signature.empty)
                 raise TypeError(
-                    f"task {strict_for!r} takes ({_parameters(signature)}): {exc}; its lock "
+                    f"task {strict_for!r} takes {listed}: {exc}; its lock "
                     "key is made of the arguments bound to those parameters, so they must fit"
                 ) from None
         else:
@@ -150,12 +153,6 @@ def bind_arguments(
     merged: dict[str, Any] = {f"${i}": v for i, v in enumerate(args)}
     merged.update(kwargs)
     return merged
-
-
-def _parameters(signature: inspect.Signature) -> str:
-    """The parameters as the task's ``def`` lists them, without annotations (``x, y=2``)."""
-    bare = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
-    return str(signature.replace(parameters=bare, return_annotation=signature.empty))[1:-1]
 
 
 def task_lock_name(
@@ -191,7 +188,15 @@ def task_lock_name(
         signature, args, kwargs, strict_for=task_name if strict else None, positional=positional
     )
     if unique_on is not None:
-        arguments = _unique(signature, arguments, unique_on)
+        extra: Any = {}
+        if signature is not None and not all(name in arguments for name in unique_on):
+            # a name that is not a parameter of its own is looked up in the task's **kwargs
+            # (the class check admits it there): f(user_id=7) and f(user_id=8) of
+            # def f(**options) are two jobs
+            var_kw = [p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD]
+            extra = arguments.get(var_kw[0]) if var_kw else {}
+            extra = extra if isinstance(extra, Mapping) else {}
+        arguments = {n: arguments[n] if n in arguments else extra.get(n) for n in unique_on}
     if encoder is None:
         text = _plain_json(arguments)
         if text is None:
@@ -200,24 +205,6 @@ def task_lock_name(
     else:
         text = _encoded(encoder, arguments)
     return f"{_bounded(task_name)}:{_digest(text)}"
-
-
-def _unique(
-    signature: inspect.Signature | None, arguments: dict[str, Any], unique_on: Sequence[str]
-) -> dict[str, Any]:
-    """``unique_on``'s arguments: a name that is not a parameter of its own is looked up in the
-    task's ``**kwargs`` (the class check admits it there), so ``f(user_id=7)`` and
-    ``f(user_id=8)`` of ``def f(**options)`` are two jobs."""
-    if all(name in arguments for name in unique_on):
-        return {name: arguments[name] for name in unique_on}
-    extra: Mapping[str, Any] = {}
-    if signature is not None:
-        var_kw = next(
-            (p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None
-        )
-        if var_kw is not None and isinstance(arguments.get(var_kw), Mapping):
-            extra = arguments[var_kw]
-    return {name: arguments[name] if name in arguments else extra.get(name) for name in unique_on}
 
 
 def _encoded(encoder: type[json.JSONEncoder], arguments: dict[str, Any]) -> str:

@@ -32,8 +32,7 @@ _connecting = threading.Lock()
 
 
 def on_start(sender: Any = None, **_: Any) -> None:
-    """``worker_init`` / ``beat_init``: read the settings again and check them, then run the
-    :data:`START_HOOKS`."""
+    """``worker_init`` / ``beat_init``: the settings read again and checked, then the hooks."""
     app = getattr(sender, "app", None)
     if app is None:
         return
@@ -60,7 +59,6 @@ def _on_worker_process_init(**_: Any) -> None:
 
 
 def _serve_metrics(app: Any, offset: int) -> None:
-    """Serve the metrics when ``singleton_lock_metrics_port`` is set, on port + ``offset``."""
     config = LockConfig.of(app)
     if config.metrics_port is None:
         return
