@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     from .options import LockOptions
 
-__all__ = ["check_combination"]
-
 
 def check_combination(task: str, options: LockOptions, raw: Mapping[str, Any]) -> None:
     """Options that are each valid but make no sense together: a ``ValueError`` that says

@@ -14,8 +14,6 @@ from .._lock import LockSpace
 from .counts import RecentCounter
 from .settings import SETTINGS, read
 
-__all__ = ["Bound", "LockConfig", "close", "peek", "reload_settings"]
-
 #: what an app's lock client is made from: ours and the broker's settings
 _CLIENT_INPUTS = (
     "singleton_lock_client",

@@ -21,8 +21,6 @@ from .hold import HEADER
 from .options import validate_options
 from .task import LockedTask
 
-__all__ = ["install"]
-
 log = logging.getLogger("celery_singleton_lock.install")
 
 #: the installed apps, and each one's {task name: options}; an app that is gone is forgotten

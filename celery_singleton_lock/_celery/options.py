@@ -14,8 +14,6 @@ from typing import Any, TypeVar
 from .._lock import Rate, check_duration
 from .combinations import check_combination
 
-__all__ = ["OPTION_NAMES", "LockOptions", "check_option_names", "options_table", "validate_options"]
-
 Check = Callable[[str, str, Any], Any]
 T = TypeVar("T")
 

@@ -13,18 +13,6 @@ from urllib.parse import unquote, urlsplit
 
 from .._lock import check_duration, check_prefix
 
-__all__ = [
-    "ENVIRONMENT",
-    "REDIS_SCHEMES",
-    "SETTINGS",
-    "SentinelURL",
-    "Setting",
-    "parse_sentinel_url",
-    "read",
-    "scheme_of",
-    "settings_table",
-]
-
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 #: the port of a ``sentinel://`` URL that gives none (Sentinel's, and kombu's default)
 SENTINEL_PORT = 26379

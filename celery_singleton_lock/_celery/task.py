@@ -26,8 +26,6 @@ from .options import LockOptions
 from .run import current_run, retry_keeping_lock, run_locked
 from .worker import LOCKED_REQUEST, with_locked_request
 
-__all__ = ["LockedTask"]
-
 log_release = logging.getLogger("celery_singleton_lock.release")
 
 

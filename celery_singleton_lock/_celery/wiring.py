@@ -19,8 +19,6 @@ from .canvas import note_chord_member
 from .config import LockConfig, reload_settings
 from .worker import on_task_rejected, on_task_revoked, on_task_unknown
 
-__all__ = ["START_HOOKS", "connect", "django_check", "on_start"]
-
 log = logging.getLogger("celery_singleton_lock.startup")
 
 #: ``hook(app, what)`` called at a worker's or beat's start once its settings are checked

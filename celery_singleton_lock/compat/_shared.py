@@ -11,8 +11,6 @@ from typing import Any
 from .. import LockedTask, reload_settings
 from ..lock import LockKeys
 
-__all__ = ["adopt_defaults", "dotted", "lock_name", "peer_option_errors", "seconds"]
-
 
 def seconds(name: str, value: Any) -> float:
     """``value`` as seconds > 0, or an error naming ``name`` (the peer's option or setting)."""
