@@ -12,7 +12,7 @@ from .._lock import LockSpace, LockState
 from .config import Bound, LockConfig
 from .modes import RunMode, mode_for
 from .options import OPTION_NAMES, LockOptions, check_option_names, validate_options
-from .taskkey import positional_names, task_lock_name
+from .taskkey import task_lock_name
 
 
 def run_signature(cls: type) -> inspect.Signature | None:
@@ -48,7 +48,12 @@ class TaskLocking:
         #: the class whose extension points (``key_prefix``, ``queue_lease``, ``key_encoder``)
         self.task_class = task_class
         self.signature = signature
-        self.positional = positional_names(signature)
+        #: the parameter names when every one may be given by position (``bind_arguments``'s
+        #: short way), else ``None``
+        self.positional: tuple[str, ...] | None = None
+        params = () if signature is None else signature.parameters.values()
+        if signature is not None and all(p.kind <= p.POSITIONAL_OR_KEYWORD for p in params):
+            self.positional = tuple(signature.parameters)
         #: arguments that do not fit the signature raise ``TypeError`` (as ``Task.typing``)
         self.strict = strict
         self.mode: RunMode = mode_for(options)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-__all__ = ["MAX_PART", "bind_arguments", "canonical", "positional_names", "task_lock_name"]
+__all__ = ["MAX_PART", "bind_arguments", "canonical", "task_lock_name"]
 
 #: the longest argument part (or task name) kept as written; longer ones are hashed
 MAX_PART = 128
@@ -107,17 +107,6 @@ def canonical(value: Any, where: str) -> Any:
         "(returning a str from the arguments) or lock_unique_on=[...] (naming the arguments "
         "that identify the job)"
     )
-
-
-def positional_names(signature: inspect.Signature | None) -> tuple[str, ...] | None:
-    """The parameter names when every one may be given by position (``bind_arguments``'s
-    short way, worked out once per task class), else ``None``."""
-    if signature is None:
-        return None
-    params = signature.parameters.values()
-    if all(p.kind <= p.POSITIONAL_OR_KEYWORD for p in params):
-        return tuple(p.name for p in params)
-    return None
 
 
 def bind_arguments(

@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
+from celery.app.task import Context
 from celery.worker.request import Request
 from kombu.utils.imports import symbol_by_name
 
@@ -17,31 +18,30 @@ from .config import LockConfig
 from .hold import MessageLock
 from .lifecycle import AT_RETRY, DROPPABLE
 from .modes.queue import QUEUED
-from .modes.wake import WAIT_HEADER, request_wait, wait_of
+from .modes.wake import request_wait
 
 log = logging.getLogger("celery_singleton_lock.release")
 
 _CHILD_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, KeyboardInterrupt)
 
 
-def release_for_request(
-    task: Any, task_id: str, args: Any, kwargs: Any, headers: Any, why: str, **how: Any
-) -> None:
-    """Release the holds of ``task_id`` on its job's lock (the mode's ``release_for``, ``how``
-    its options); ``headers``: the message's. Never raises: a lock not released ends with its
+def release_for_request(task: Any, request: Any, why: str, **how: Any) -> None:
+    """Release the holds of ``request`` (the task's request Context) on its job's lock (the
+    mode's ``release_for``, ``how`` its options). Never raises: a lock not released ends with its
     lease."""
     mode = getattr(getattr(task, "locking", None), "mode", None)
     if mode is None:
         return  # not a locked task
     try:
-        message = mode.message_lock_of(task, headers, args, kwargs)
-        mode.release_for(task, task_id, message, why, **how)
+        message = mode.message_lock_of(task, request, request.args, request.kwargs)
+        # a queued copy's wake or fallback: the copy will not run, its wait ends
+        mode.release_for(task, request.id, message, why, wait=request_wait(request), **how)
     except Exception as exc:
         log.error(
             "could not release the lock of %s[%s] after %s: %s; it frees itself when its "
             "lease ends (a release that Redis failed is sent again in the background meanwhile)",
             getattr(task, "name", task),
-            task_id,
+            request.id,
             why,
             exc,
         )
@@ -49,18 +49,9 @@ def release_for_request(
 
 def on_task_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
     """``task_revoked``: a task revoked while it runs, or when a worker reaches its message."""
-    if request is None:
-        return
-    release_for_request(
-        sender,
-        request.id,
-        request.args,
-        request.kwargs,
-        request,
-        "revoke" + (" (terminated)" if kwargs.get("terminated") else ""),
-        # a queued copy's wake or fallback: the copy will not run, its wait ends
-        wait=request_wait(request),
-    )
+    if request is not None:
+        why = "revoke" + (" (terminated)" if kwargs.get("terminated") else "")
+        release_for_request(sender, request, why)
 
 
 def _release_dropped(consumer: Any, message: Any, why: str) -> None:
@@ -81,11 +72,11 @@ def _release_dropped(consumer: Any, message: Any, why: str) -> None:
             # job's lock for it: nothing else will ever free it.
             task = getattr(app, "tasks", {}).get(headers.get("task"))
             mode = getattr(getattr(task, "locking", None), "mode", None)
-            run = space.named(lock.name[: -len(QUEUED)], getattr(mode, "limit", 1))
+            run = space.named(lock.name.removesuffix(QUEUED), getattr(mode, "limit", 1))
             if run.force_release(holder=task_id, states=(AT_RETRY,)):
                 freed, job = True, run
                 if task is not None and mode is not None:  # its waiting copy comes now
-                    job_space = task.locking.bound(app).space
+                    job_space = task.locking.space(app)
                     mode.released(task, job_space.named(run.name, mode.limit), task_id, True, None)
     except Exception as exc:
         log.error(
@@ -117,18 +108,7 @@ class LockedRequest(Request):  # type: ignore[misc]  # celery ships no type info
     """The request class of :class:`~._celery.task.LockedTask` in the worker's main process."""
 
     def _release(self, why: str, requeued: bool = False) -> None:
-        message = self.request_dict
-        release_for_request(
-            self.task,
-            self.id,
-            self.args,
-            self.kwargs,
-            message,
-            why,
-            requeued=requeued,
-            ran=True,
-            wait=wait_of(message.get(WAIT_HEADER), message.get("retries")),
-        )
+        release_for_request(self.task, Context(self.request_dict), why, requeued=requeued, ran=True)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)

@@ -20,7 +20,7 @@ from ..rate import Waited
 from ..run import TaskRun
 from .base import Attempt
 from .publish import PublishMode
-from .wake import claim_wait, end_claim, replace_waiter, request_wait, wait_for_run, wake_waiting
+from .wake import claim_wait, replace_waiter, request_wait, wait_for_run, wake_waiting
 
 log = logging.getLogger("celery_singleton_lock.run")
 
@@ -59,7 +59,7 @@ class QueueMode(PublishMode):
         if reply.acquired or (wait is None and self.has_place(at)):
             return self.take_run(at)
         if wait is not None:
-            end_claim(self.job_of(at), request.id, wait)
+            wake_waiting(task, self.job_of(at), request.id, wait, 0.0, wake=False)
         # replaced by a later call since it looked; else a duplicate of the queued copy
         self.skip_if_replaced(at)
         log.info(
@@ -111,7 +111,8 @@ class QueueMode(PublishMode):
         # held, and so wrote its wait record before this read.
         run.after_end = partial(wake_waiting, task, job, task_id, wait)
         # A woken copy that retries: its retry waits for nothing, so its claim ends as it parks.
-        run.after_park = None if wait is None else partial(end_claim, job, task_id, wait)
+        if wait is not None:
+            run.after_park = partial(wake_waiting, task, job, task_id, wait, 0.0, wake=False)
         return run
 
     def park_place(self, at: Attempt, held: ReentrantLock, lease: float) -> None:

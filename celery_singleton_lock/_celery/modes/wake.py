@@ -160,16 +160,6 @@ def claim_wait(task: Any, request: Any, job: NamedLock, queued_key: str, wait: W
     raise Ignore()
 
 
-def end_claim(job: NamedLock, task_id: str, wait: Wait) -> None:
-    """The copy whose wait this message claimed will not run: drop its record (best effort)."""
-    try:
-        waiters(job, drop=task_id, token=wait.token, claim=wait.claim, listing=False)
-    except LockBackendError as exc:
-        log.warning(
-            "could not drop the wait record of task %s beside %s: %s", task_id, job.name, exc
-        )
-
-
 def _payload(task: Any, request: Any, retries: int, headers: dict[str, Any]) -> str:
     """The copy's message as a wake sends it again: its retry's signature, serialized with the
     task's serializer, base64."""
@@ -235,17 +225,23 @@ def wake_waiting(
 ) -> None:
     """A run of ``job`` let its lock (or slot) go just before: send every waiting copy's message
     again (``wake``), in ``countdown`` seconds (a cooldown), and drop ``task_id``'s own record
-    of ``wait``. Never raises: a copy not woken comes back by its fallback."""
+    of ``wait`` (alone, without ``wake``: the copy whose wait it claimed will not run). Never
+    raises: a copy not woken comes back by its fallback."""
     drop, token, claim = ("", "", "") if wait is None else (task_id, wait.token, wait.claim)
     try:
         waiting = waiters(job, drop=drop, token=token, claim=claim, listing=wake)
     except LockBackendError as exc:
-        log.warning(
-            "could not read the copies waiting for %s (%s); they come back by their fallback, "
-            "within a lease",
-            job.keys[0].lock,
-            exc,
-        )
+        if wake:
+            log.warning(
+                "could not read the copies waiting for %s (%s); they come back by their "
+                "fallback, within a lease",
+                job.keys[0].lock,
+                exc,
+            )
+        else:
+            log.warning(
+                "could not drop the wait record of task %s beside %s: %s", task_id, job.name, exc
+            )
         return
     for waiter, record in waiting.items():
         try:
