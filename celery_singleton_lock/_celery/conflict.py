@@ -17,8 +17,6 @@ from .canvas import chord_member_of
 from .hold import report_duplicate, store_skipped
 from .options import LockOptions
 
-__all__ = ["Conflict", "conflict_for"]
-
 log = logging.getLogger("celery_singleton_lock.run")
 
 #: seconds before a retried duplicate's first retry; each later one waits twice as long

@@ -17,8 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-__all__ = ["MAX_PART", "bind_arguments", "canonical", "task_lock_name"]
-
 #: the longest argument part (or task name) kept as written; longer ones are hashed
 MAX_PART = 128
 
