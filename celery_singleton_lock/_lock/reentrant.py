@@ -32,12 +32,14 @@ class Leased:
 
     _name: str
     _ttl: float
+    _owner: str | None
     _timeout: float | None
     #: the :class:`LockTimeoutError` of ``with`` (formatted with the object)
     _timed_out = "could not acquire lock {0.name!r} within {0._timeout} s"
 
     if TYPE_CHECKING:
 
+        def _hold(self) -> Hold | None: ...
         def _take(self, wait: float | None) -> AcquireReply | Hold: ...
         def release(self) -> None: ...
 
@@ -49,6 +51,11 @@ class Leased:
     def ttl(self) -> float:
         """The lease in seconds (of each permit, for a semaphore)."""
         return self._ttl
+
+    @property
+    def owner(self) -> str:
+        """The owner token this object acts as, for the calling thread."""
+        return self._owner if self._owner is not None else default_owner()
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Acquire or re-enter the lock (a semaphore: a permit); whether it is held.
@@ -68,6 +75,34 @@ class Leased:
         if isinstance(taken, Hold):
             return AcquireReply(True, taken.count, taken.fence)
         return taken
+
+    @property
+    def hold_count(self) -> int:
+        """How many times this owner holds the lock (a permit) in this process (0: not held)."""
+        hold = self._hold()
+        return 0 if hold is None else hold.count
+
+    @property
+    def fence(self) -> int | None:
+        """The fencing token of the current hold (of a semaphore: of its permit held, each has
+        its own), larger for every new holder (``None``: not held): pass it to a store that
+        refuses writes with a smaller one."""
+        hold = self._hold()
+        return None if hold is None else hold.fence
+
+    def ensure_held(self) -> None:
+        """Raise :class:`LockLostError` unless this owner still holds an unexpired lease (of a
+        semaphore: a permit) (no round trip)."""
+        hold = self._hold()
+        if hold is None:
+            raise LockLostError(f"lock {self._name!r} is not held by owner {self.owner!r}")
+        if hold.lost.is_set():
+            raise LockLostError(f"the lease of lock {self._name!r} was lost")
+        if hold.lease_left() <= 0:
+            hold.lost.set()
+            raise LockLostError(
+                f"the lease of lock {self._name!r} ran out before it could be renewed"
+            )
 
     def __enter__(self) -> Self:
         if not self.acquire():
@@ -158,11 +193,6 @@ class ReentrantLock(Leased):
     def key(self) -> str:
         """The Redis key of the lock hash."""
         return self._keys.lock
-
-    @property
-    def owner(self) -> str:
-        """The owner token this lock object acts as, for the calling thread."""
-        return self._owner if self._owner is not None else default_owner()
 
     def _hold(self) -> Hold | None:
         return LockRuntime.of(self._client).holds.find(self._keys.lock, self.owner)
@@ -340,19 +370,6 @@ class ReentrantLock(Leased):
             return commands.is_held(self._client, self._keys)
 
     @property
-    def hold_count(self) -> int:
-        """How many times this owner holds the lock in this process (0: not held)."""
-        hold = self._hold()
-        return 0 if hold is None else hold.count
-
-    @property
-    def fence(self) -> int | None:
-        """The fencing token of the current hold, larger for every new holder (``None``: not
-        held): pass it to a store that refuses writes with a smaller one."""
-        hold = self._hold()
-        return None if hold is None else hold.fence
-
-    @property
     def lost(self) -> threading.Event:
         """Set the moment the heartbeat finds the lease gone or cannot renew it in time."""
         hold = self._hold() or self._last_hold
@@ -361,20 +378,6 @@ class ReentrantLock(Leased):
         if self._never_lost is None:
             self._never_lost = threading.Event()
         return self._never_lost
-
-    def ensure_held(self) -> None:
-        """Raise :class:`LockLostError` unless this owner still holds an unexpired lease (no
-        round trip)."""
-        hold = self._hold()
-        if hold is None:
-            raise LockLostError(f"lock {self._name!r} is not held by owner {self.owner!r}")
-        if hold.lost.is_set():
-            raise LockLostError(f"the lease of lock {self._name!r} was lost")
-        if hold.lease_left() <= 0:
-            hold.lost.set()
-            raise LockLostError(
-                f"the lease of lock {self._name!r} ran out before it could be renewed"
-            )
 
     def __repr__(self) -> str:
         return (

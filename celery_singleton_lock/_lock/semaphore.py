@@ -16,6 +16,7 @@ from . import commands
 from .checks import RedisClient, check_backend_timeout, check_lease_ms, check_wait
 from .commands import ALL_HOLDS, NOT_OWNED, AcquireReply, ReleaseReply
 from .deadline import bounded
+from .hold import Hold
 from .keys import LockKeys
 from .reentrant import Leased, ReentrantLock
 from .runtime import LockRuntime
@@ -153,7 +154,7 @@ class Semaphore(Leased):
             else (ReentrantLock(client, name, **options),)
         )
         self._client: Any = client
-        self._name, self._ttl = name, self._locks[0].ttl
+        self._name, self._ttl, self._owner = name, self._locks[0].ttl, options.get("owner")
         self._timeout = check_wait(options.get("timeout"), "timeout")
         self._backend_timeout = check_backend_timeout(options.get("backend_timeout"))
         self._keys = permit_keys(options.get("prefix", "lock"), name, count)
@@ -163,11 +164,6 @@ class Semaphore(Leased):
         self._refused_by: ReentrantLock | None = None
 
     _timed_out = "no permit of {0.name!r} ({0.permits}) came free in {0._timeout} s"
-
-    @property
-    def owner(self) -> str:
-        """The owner token this semaphore acts as, for the calling thread."""
-        return self._locks[0].owner
 
     @property
     def permits(self) -> int:
@@ -188,19 +184,9 @@ class Semaphore(Leased):
         """The ``lost`` of the permit held (or taken last)."""
         return (self.held or self._last or self._locks[0]).lost
 
-    @property
-    def fence(self) -> int | None:
-        """The fencing token of the permit held (each permit has its own); ``None``: none."""
-        return (self.held or self._locks[0]).fence
-
-    @property
-    def hold_count(self) -> int:
-        """How many times this owner holds its permit in this process (0: none)."""
-        return (self.held or self._locks[0]).hold_count
-
-    def ensure_held(self) -> None:
-        """Raise :class:`LockLostError` unless this owner holds a permit with its lease."""
-        (self.held or self._last or self._locks[0]).ensure_held()
+    def _hold(self) -> Hold | None:
+        holds, owner = LockRuntime.of(self._client).holds, self.owner
+        return next(filter(None, (holds.find(keys.lock, owner) for keys in self._keys)), None)
 
     def holders(self) -> dict[str, int]:
         """Owner -> hold count over every permit, as Redis has them now."""
