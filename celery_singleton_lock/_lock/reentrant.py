@@ -91,8 +91,8 @@ class Leased:
         return None if hold is None else hold.fence
 
     def ensure_held(self) -> None:
-        """Raise :class:`LockLostError` unless this owner still holds an unexpired lease (of a
-        semaphore: a permit) (no round trip)."""
+        """Raise :class:`LockLostError` unless this owner still holds an unexpired lease (a
+        semaphore: on a permit); no round trip."""
         hold = self._hold()
         if hold is None:
             raise LockLostError(f"lock {self._name!r} is not held by owner {self.owner!r}")
