@@ -7,7 +7,7 @@ import time
 import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from .._errors import LockLostError, LockNotOwnedError, LockTimeoutError
 from . import commands, observe
@@ -27,7 +27,94 @@ from .owner import default_owner, new_request_id
 from .runtime import LockRuntime
 
 
-class ReentrantLock:
+class Leased:
+    """What :class:`ReentrantLock` and :class:`Semaphore` share: acquiring, ``with``."""
+
+    _name: str
+    _ttl: float
+    _owner: str | None
+    _timeout: float | None
+    #: the :class:`LockTimeoutError` of ``with`` (formatted with the object)
+    _timed_out = "could not acquire lock {0.name!r} within {0._timeout} s"
+
+    if TYPE_CHECKING:
+
+        def _hold(self) -> Hold | None: ...
+        def _take(self, wait: float | None) -> AcquireReply | Hold: ...
+        def release(self) -> None: ...
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def ttl(self) -> float:
+        """The lease in seconds (of each permit, for a semaphore)."""
+        return self._ttl
+
+    @property
+    def owner(self) -> str:
+        """The owner token this object acts as, for the calling thread."""
+        return self._owner if self._owner is not None else default_owner()
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Acquire or re-enter the lock (a semaphore: a permit); whether it is held.
+        ``blocking=False`` tries once; else wait up to ``timeout`` seconds (``None``: the
+        object's own ``timeout``), woken by a holder's release or at the latest when its lease
+        ends. Raises :class:`LockBackendError` when Redis fails, :class:`LockLostError` when
+        re-entering a hold whose lease was lost."""
+        taken = self._take(wait_of(blocking, timeout, self._timeout))
+        return type(taken) is Hold or taken.acquired  # type: ignore[union-attr]  # Hold checked
+
+    def try_acquire(self, timeout: float | None = 0.0) -> AcquireReply:
+        """:meth:`acquire` that says what happened (``timeout=0``: one try; ``None``: the
+        object's own ``timeout``). A refusal names the holder (``holder``), the seconds left on
+        its lease (``lease_left``) and whether it is another run of this owner (``other_run``);
+        a semaphore's is the refusal of the permit that frees first."""
+        taken = self._take(self._timeout if timeout is None else check_wait(timeout))
+        if isinstance(taken, Hold):
+            return AcquireReply(True, taken.count, taken.fence)
+        return taken
+
+    @property
+    def hold_count(self) -> int:
+        """How many times this owner holds the lock (a permit) in this process (0: not held)."""
+        hold = self._hold()
+        return 0 if hold is None else hold.count
+
+    @property
+    def fence(self) -> int | None:
+        """The fencing token of the current hold (of a semaphore: of its permit held, each has
+        its own), larger for every new holder (``None``: not held): pass it to a store that
+        refuses writes with a smaller one."""
+        hold = self._hold()
+        return None if hold is None else hold.fence
+
+    def ensure_held(self) -> None:
+        """Raise :class:`LockLostError` unless this owner still holds an unexpired lease (a
+        semaphore: on a permit); no round trip."""
+        hold = self._hold()
+        if hold is None:
+            raise LockLostError(f"lock {self._name!r} is not held by owner {self.owner!r}")
+        if hold.lost.is_set():
+            raise LockLostError(f"the lease of lock {self._name!r} was lost")
+        if hold.lease_left() <= 0:
+            hold.lost.set()
+            raise LockLostError(
+                f"the lease of lock {self._name!r} ran out before it could be renewed"
+            )
+
+    def __enter__(self) -> Self:
+        if not self.acquire():
+            message = self._timed_out.format(self)
+            raise LockTimeoutError(message, name=self._name, timeout=self._timeout)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class ReentrantLock(Leased):
     """A reentrant lock held in one Redis hash: field = owner token, value = hold count.
 
     ``ttl`` is the lease in seconds, renewed about every ``ttl/3`` while held with ``renew``.
@@ -103,43 +190,12 @@ class ReentrantLock:
         return lock
 
     @property
-    def name(self) -> str:
-        return self._name
-
-    @property
     def key(self) -> str:
         """The Redis key of the lock hash."""
         return self._keys.lock
 
-    @property
-    def ttl(self) -> float:
-        return self._ttl
-
-    @property
-    def owner(self) -> str:
-        """The owner token this lock object acts as, for the calling thread."""
-        return self._owner if self._owner is not None else default_owner()
-
     def _hold(self) -> Hold | None:
         return LockRuntime.of(self._client).holds.find(self._keys.lock, self.owner)
-
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Acquire or re-enter the lock; whether it is held. ``blocking=False`` tries once;
-        else wait up to ``timeout`` seconds (``None``: the lock's own ``timeout``), woken by the
-        holder's release or at the latest when its lease ends. Raises
-        :class:`LockBackendError` when Redis fails, :class:`LockLostError` when re-entering a
-        hold whose lease was lost."""
-        taken = self._take(wait_of(blocking, timeout, self._timeout))
-        return type(taken) is Hold or taken.acquired  # type: ignore[union-attr]  # Hold checked
-
-    def try_acquire(self, timeout: float | None = 0.0) -> AcquireReply:
-        """:meth:`acquire` that says what happened (``timeout=0``: one try; ``None``: the
-        lock's own ``timeout``). A refusal names the holder (``holder``), the seconds left on
-        its lease (``lease_left``) and whether it is another run of this owner (``other_run``)."""
-        taken = self._take(self._timeout if timeout is None else check_wait(timeout))
-        if isinstance(taken, Hold):
-            return AcquireReply(True, taken.count, taken.fence)
-        return taken
 
     def _take(self, wait: float | None) -> AcquireReply | Hold:
         """Redis's reply, or the hold when re-entered here (the hot path: allocates nothing)."""
@@ -303,18 +359,6 @@ class ReentrantLock:
         with bounded(self._backend_timeout):
             return commands.park(self._client, self._keys, self.owner, lease_ms, info, state)
 
-    def __enter__(self) -> ReentrantLock:
-        if not self.acquire():
-            raise LockTimeoutError(
-                f"could not acquire lock {self._name!r} within {self._timeout} s",
-                name=self._name,
-                timeout=self._timeout,
-            )
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
-
     def owned(self) -> bool:
         """Whether this owner holds the lock in Redis now (one round trip)."""
         with bounded(self._backend_timeout), commands.backend_errors("check", self._name):
@@ -326,19 +370,6 @@ class ReentrantLock:
             return commands.is_held(self._client, self._keys)
 
     @property
-    def hold_count(self) -> int:
-        """How many times this owner holds the lock in this process (0: not held)."""
-        hold = self._hold()
-        return 0 if hold is None else hold.count
-
-    @property
-    def fence(self) -> int | None:
-        """The fencing token of the current hold, larger for every new holder (``None``: not
-        held): pass it to a store that refuses writes with a smaller one."""
-        hold = self._hold()
-        return None if hold is None else hold.fence
-
-    @property
     def lost(self) -> threading.Event:
         """Set the moment the heartbeat finds the lease gone or cannot renew it in time."""
         hold = self._hold() or self._last_hold
@@ -347,20 +378,6 @@ class ReentrantLock:
         if self._never_lost is None:
             self._never_lost = threading.Event()
         return self._never_lost
-
-    def ensure_held(self) -> None:
-        """Raise :class:`LockLostError` unless this owner still holds an unexpired lease (no
-        round trip)."""
-        hold = self._hold()
-        if hold is None:
-            raise LockLostError(f"lock {self._name!r} is not held by owner {self.owner!r}")
-        if hold.lost.is_set():
-            raise LockLostError(f"the lease of lock {self._name!r} was lost")
-        if hold.lease_left() <= 0:
-            hold.lost.set()
-            raise LockLostError(
-                f"the lease of lock {self._name!r} ran out before it could be renewed"
-            )
 
     def __repr__(self) -> str:
         return (

@@ -11,13 +11,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, Unpack
 
-from .._errors import LockBackendError, LockTimeoutError
+from .._errors import LockBackendError
 from . import commands
-from .checks import RedisClient, check_backend_timeout, check_lease_ms, check_wait, wait_of
+from .checks import RedisClient, check_backend_timeout, check_lease_ms, check_wait
 from .commands import ALL_HOLDS, NOT_OWNED, AcquireReply, ReleaseReply
 from .deadline import bounded
+from .hold import Hold
 from .keys import LockKeys
-from .reentrant import ReentrantLock
+from .reentrant import Leased, ReentrantLock
 from .runtime import LockRuntime
 
 
@@ -131,7 +132,7 @@ class _Permit(ReentrantLock):
         self._quiet = True
 
 
-class Semaphore:
+class Semaphore(Leased):
     """``permits`` leases of one name: at most that many owners hold it at once.
 
     Each permit is a :class:`ReentrantLock` of the ``options`` (``ttl``, ``owner``, ...: those
@@ -153,6 +154,7 @@ class Semaphore:
             else (ReentrantLock(client, name, **options),)
         )
         self._client: Any = client
+        self._name, self._ttl, self._owner = name, self._locks[0].ttl, options.get("owner")
         self._timeout = check_wait(options.get("timeout"), "timeout")
         self._backend_timeout = check_backend_timeout(options.get("backend_timeout"))
         self._keys = permit_keys(options.get("prefix", "lock"), name, count)
@@ -161,19 +163,7 @@ class Semaphore:
         #: the permit whose refusal :meth:`try_acquire` returned last
         self._refused_by: ReentrantLock | None = None
 
-    @property
-    def name(self) -> str:
-        return self._locks[0].name
-
-    @property
-    def owner(self) -> str:
-        """The owner token this semaphore acts as, for the calling thread."""
-        return self._locks[0].owner
-
-    @property
-    def ttl(self) -> float:
-        """The lease of a permit, in seconds."""
-        return self._locks[0].ttl
+    _timed_out = "no permit of {0.name!r} ({0.permits}) came free in {0._timeout} s"
 
     @property
     def permits(self) -> int:
@@ -194,19 +184,9 @@ class Semaphore:
         """The ``lost`` of the permit held (or taken last)."""
         return (self.held or self._last or self._locks[0]).lost
 
-    @property
-    def fence(self) -> int | None:
-        """The fencing token of the permit held (each permit has its own); ``None``: none."""
-        return (self.held or self._locks[0]).fence
-
-    @property
-    def hold_count(self) -> int:
-        """How many times this owner holds its permit in this process (0: none)."""
-        return (self.held or self._locks[0]).hold_count
-
-    def ensure_held(self) -> None:
-        """Raise :class:`LockLostError` unless this owner holds a permit with its lease."""
-        (self.held or self._last or self._locks[0]).ensure_held()
+    def _hold(self) -> Hold | None:
+        holds, owner = LockRuntime.of(self._client).holds, self.owner
+        return next(filter(None, (holds.find(keys.lock, owner) for keys in self._keys)), None)
 
     def holders(self) -> dict[str, int]:
         """Owner -> hold count over every permit, as Redis has them now."""
@@ -222,14 +202,6 @@ class Semaphore:
                 name = commands.text(owner)
                 counts[name] = counts.get(name, 0) + int(count)
         return counts
-
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Take or re-enter a permit; whether one is held (as :meth:`ReentrantLock.acquire`)."""
-        return self._take(wait_of(blocking, timeout, self._timeout)).acquired
-
-    def try_acquire(self, timeout: float | None = 0.0) -> AcquireReply:
-        """:meth:`acquire` with the reply; a refusal is the one of the permit that frees first."""
-        return self._take(self._timeout if timeout is None else check_wait(timeout))
 
     def _take(self, wait: float | None) -> AcquireReply:
         if len(self._locks) == 1:
@@ -289,15 +261,6 @@ class Semaphore:
         """:meth:`ReentrantLock.park` of this owner's permit; ``False`` when it held none."""
         check_lease_ms(lease)
         return any([lock.park(lease, info) for lock in self._owned()])
-
-    def __enter__(self) -> Semaphore:
-        if not self.acquire():
-            message = f"no permit of {self.name!r} ({self.permits}) came free in {self._timeout} s"
-            raise LockTimeoutError(message, name=self.name, timeout=self._timeout)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
 
     def __repr__(self) -> str:
         return f"<Semaphore {self._keys[0].lock!r} permits={self.permits} owner={self.owner!r}>"
