@@ -116,7 +116,7 @@ class TaskRate:
             reply = limiter.acquire(timeout=self.max_delay, call_id=request.id)
         else:
             reply = limiter.try_acquire(request.id)
-            left = self.max_delay - (reply.at - (Waited.of(request).since or reply.at))
+            left = self.delay_left(request, reply)
             if not reply.admitted and not reply.paused and reply.wait <= min(NEAR_TURN, left):
                 # A turn this near is the window's last starts leaving it: wait here, not by a
                 # comeback, which would take longer and come back late again.
@@ -125,6 +125,10 @@ class TaskRate:
         if reply.admitted:
             return Turn(limiter, reply)
         self.wait_turn(task, request, limiter, reply, conflict, let_go)
+
+    def delay_left(self, request: Any, reply: RateReply) -> float:
+        """Seconds of ``lock_rate_max_delay`` left at ``reply``, from the first refusal."""
+        return self.max_delay - (reply.at - (Waited.of(request).since or reply.at))
 
     def paused(
         self, task: Any, request: Any, turn: Turn, seconds: float, conflict: Any, let_go: LetGo
@@ -157,7 +161,7 @@ class TaskRate:
         report_refusal(task, "rate")
         waited = Waited.of(request)
         since = waited.since or reply.at
-        if request.is_eager or reply.wait > self.max_delay - (reply.at - since):
+        if request.is_eager or reply.wait > self.delay_left(request, reply):
             try:
                 limiter.cancel(request.id)
             finally:
